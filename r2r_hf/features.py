@@ -1,0 +1,103 @@
+"""The SLM features a router reads, computed the same way everywhere.
+
+Generation, the LogitsProcessor form and the labeling pipeline all call these
+functions, so the router sees at inference exactly what it was trained on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+
+
+class HiddenStateCapture:
+    """Keeps the input of the model's ``lm_head``: the last hidden state after the final norm.
+
+    A forward pre-hook avoids ``output_hidden_states=True``, which would keep every
+    layer's states. Use as a context manager around one or many forwards.
+
+    Args:
+        model: a causal LM whose ``get_output_embeddings()`` is its lm_head.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.hidden: torch.Tensor | None = None
+        self._handle = None
+
+    def _hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        self.hidden = args[0]
+
+    def __enter__(self) -> HiddenStateCapture:
+        head = self.model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(self.model).__name__} has no output embeddings (lm_head); R2R needs a causal LM.")
+        self._handle = head.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self.hidden = None
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where a model wants its input ids: the device of its input embedding.
+
+    Models dispatched by accelerate move inputs themselves; an embedding that
+    accelerate offloaded (weights on ``meta``) gets its inputs on the CPU.
+    """
+    weight = model.get_input_embeddings().weight
+    return torch.device("cpu") if weight.device.type == "meta" else weight.device
+
+
+def output_device(model: nn.Module) -> torch.device:
+    """The device of the model's lm_head, where its logits and hidden states appear."""
+    weight = model.get_output_embeddings().weight
+    return torch.device("cpu") if weight.device.type == "meta" else weight.device
+
+
+def lm_forward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    cache: Cache | None,
+    logits_to_keep: int = 1,
+) -> torch.Tensor:
+    """One forward of a causal LM over ``input_ids`` (appended to ``cache``); returns its logits.
+
+    Args:
+        model: the SLM or LLM.
+        input_ids: [B, T] new tokens only.
+        attention_mask: [B, past + T] mask over the whole sequence, or None when nothing is padded.
+        position_ids: [B, T] positions of the new tokens.
+        cache: the model's KV cache (extended in place), or None for a cache-free forward.
+        logits_to_keep: compute logits for the last n positions only (0 = all).
+    """
+    device = input_device(model)
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=None if attention_mask is None else attention_mask.to(device),
+        position_ids=None if position_ids is None else position_ids.to(device),
+        past_key_values=cache,
+        use_cache=cache is not None,
+        logits_to_keep=logits_to_keep,
+        return_dict=True,
+    )
+    return out.logits
+
+
+def topk_logits(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest raw logits along the last axis, sorted descending, as float32."""
+    return torch.topk(logits, k, dim=-1, sorted=True).values.float()
+
+
+def embed_tokens(slm: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """The SLM's own input embedding of ``tokens`` (the table is never copied)."""
+    embedding = slm.get_input_embeddings()
+    return embedding(tokens.to(input_device(slm)))

@@ -1,0 +1,178 @@
+"""Loading the SLM and LLM a router names, and checking that the three fit together."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from .config import R2RConfig
+
+logger = logging.getLogger(__name__)
+
+# Keyword arguments of `from_pretrained` that say where and how to fetch files; they apply to
+# the router and, unless overridden in slm_kwargs/llm_kwargs, to the SLM and LLM as well.
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "proxies")
+# Keyword arguments that place or shape model weights; at top level they apply to the SLM and LLM.
+MODEL_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "max_memory", "offload_folder")
+
+# Padded vocabularies (e.g. 151,936 vs 152,064 for Qwen2.5 sizes) differ by a few hundred rows;
+# a larger gap means two different tokenizers.
+MAX_VOCAB_PADDING = 1024
+
+
+def load_base_model(
+    role: str,
+    name_or_path: str | None,
+    revision: str | None,
+    kwargs: dict[str, Any],
+) -> PreTrainedModel:
+    """Load the SLM or LLM with ``AutoModelForCausalLM``, turning failures into one clear sentence.
+
+    Args:
+        role: ``"slm"`` or ``"llm"`` (used in messages).
+        name_or_path: Hub id or local folder.
+        revision: Hub revision, or None for the default branch.
+        kwargs: extra ``from_pretrained`` arguments (device_map, dtype, quantization_config...).
+    """
+    if not name_or_path:
+        raise ValueError(
+            f"The router config names no {role.upper()}; pass {role}=<Hub id, local folder or loaded model> "
+            "to R2RForCausalLM.from_pretrained."
+        )
+    kwargs = dict(kwargs)
+    if revision and "revision" not in kwargs:
+        kwargs["revision"] = revision
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError) as err:
+        raise OSError(
+            f"Could not load the {role.upper()} {name_or_path!r}: {err}\n"
+            f"Pass {role}=<a local folder or an already-loaded model> to R2RForCausalLM.from_pretrained "
+            f"(or fix the {role}_name_or_path in the router's config.json)."
+        ) from err
+
+
+def split_loading_kwargs(
+    kwargs: dict[str, Any], slm_kwargs: dict[str, Any] | None, llm_kwargs: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Split ``from_pretrained`` keyword arguments into (router, slm, llm) argument sets.
+
+    Hub arguments go to all three; placement arguments (dtype, device_map...) go to the
+    SLM and LLM only, because the router stays in float32 next to the SLM's lm_head.
+    """
+    if "quantization_config" in kwargs:
+        raise ValueError(
+            "quantization_config applies to one model: pass it in llm_kwargs (or slm_kwargs), "
+            "e.g. llm_kwargs={'quantization_config': BitsAndBytesConfig(load_in_4bit=True)}."
+        )
+    router_kwargs = dict(kwargs)
+    shared = {k: router_kwargs[k] for k in HUB_KWARGS if k in router_kwargs}
+    placement = {k: router_kwargs.pop(k) for k in MODEL_KWARGS if k in router_kwargs}
+    slm = {**shared, **placement, **(slm_kwargs or {})}
+    llm = {**shared, **placement, **(llm_kwargs or {})}
+    return router_kwargs, slm, llm
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    """Width of the model's lm_head (its padded vocabulary)."""
+    head = model.get_output_embeddings()
+    width = getattr(head, "out_features", None)
+    return int(width) if width else int(model.config.get_text_config().vocab_size)
+
+
+def hidden_size(model: PreTrainedModel) -> int:
+    """Width of the hidden state the lm_head reads."""
+    head = model.get_output_embeddings()
+    width = getattr(head, "in_features", None)
+    return int(width) if width else int(model.config.get_text_config().hidden_size)
+
+
+def shared_vocab_size(slm: PreTrainedModel, llm: PreTrainedModel) -> int:
+    """The vocabulary both models can write; refuses pairs that cannot share one tokenizer."""
+    slm_vocab, llm_vocab = vocab_size(slm), vocab_size(llm)
+    if abs(slm_vocab - llm_vocab) > MAX_VOCAB_PADDING:
+        raise ValueError(
+            f"R2R needs one tokenizer shared by both models, but the SLM has a vocabulary of {slm_vocab} "
+            f"and the LLM of {llm_vocab}; pick an SLM and LLM from the same family."
+        )
+    check_same_tokenizer(slm, llm)
+    return min(slm_vocab, llm_vocab)
+
+
+def _local_tokenizer(model: PreTrainedModel):
+    path = getattr(model, "name_or_path", None) or model.config.name_or_path
+    if not path:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception:  # noqa: BLE001 - no tokenizer stored with the model: nothing to compare
+        return None
+
+
+def check_same_tokenizer(slm: PreTrainedModel, llm: PreTrainedModel) -> None:
+    """Compare the two models' tokenizers where both are stored locally; refuse different vocabularies.
+
+    A model without a locally stored tokenizer cannot be checked and passes.
+    """
+    slm_tok, llm_tok = _local_tokenizer(slm), _local_tokenizer(llm)
+    if slm_tok is None or llm_tok is None:
+        return
+    slm_vocab, llm_vocab = slm_tok.get_vocab(), llm_tok.get_vocab()
+    if slm_vocab != llm_vocab:
+        differing = len(set(slm_vocab.items()) ^ set(llm_vocab.items()))
+        raise ValueError(
+            f"R2R needs one tokenizer shared by both models, but the tokenizers of {slm.name_or_path!r} and "
+            f"{llm.name_or_path!r} differ in {differing} vocabulary entries; pick models that share a tokenizer."
+        )
+
+
+def check_router_fits(config: R2RConfig, slm: PreTrainedModel) -> None:
+    """Refuse an SLM whose hidden or embedding width differs from what the router was built for."""
+    if config.router_type != "mlp":
+        return
+    slm_hidden = hidden_size(slm)
+    slm_embed = slm.get_input_embeddings().embedding_dim
+    if config.slm_hidden_size != slm_hidden:
+        raise ValueError(
+            f"The router reads SLM hidden states of size {config.slm_hidden_size}, but the SLM "
+            f"{slm.name_or_path!r} has hidden size {slm_hidden}; load the SLM this router was trained for "
+            f"({config.slm_name_or_path!r})."
+        )
+    if config.slm_embedding_size != slm_embed:
+        raise ValueError(
+            f"The router reads token embeddings of size {config.slm_embedding_size}, but the SLM "
+            f"{slm.name_or_path!r} has embedding size {slm_embed}; load the SLM this router was trained for "
+            f"({config.slm_name_or_path!r})."
+        )
+    vocab = vocab_size(slm)
+    if config.num_topk_logits > vocab:
+        raise ValueError(
+            f"The router reads the top {config.num_topk_logits} logits but the SLM has only {vocab} tokens; "
+            "use a smaller num_topk_logits."
+        )
+
+
+def model_revision(model: PreTrainedModel) -> str | None:
+    """The Hub revision a model was loaded from, where transformers recorded it."""
+    return getattr(model.config, "_commit_hash", None) or None
+
+
+def config_from_models(slm: PreTrainedModel, llm: PreTrainedModel, **overrides: Any) -> R2RConfig:
+    """An R2RConfig sized from the SLM that names both models (Hub id or folder)."""
+    values: dict[str, Any] = dict(
+        slm_name_or_path=slm.name_or_path or None,
+        llm_name_or_path=llm.name_or_path or None,
+        slm_revision=model_revision(slm),
+        llm_revision=model_revision(llm),
+        slm_hidden_size=hidden_size(slm),
+        slm_embedding_size=slm.get_input_embeddings().embedding_dim,
+    )
+    values.update(overrides)
+    return R2RConfig(**values)
+
+
+def is_loaded_model(value: object) -> bool:
+    return isinstance(value, torch.nn.Module)

@@ -1,0 +1,164 @@
+"""Routers: from the SLM's features at one position to a score in [0, 1].
+
+Every router reads the same three features of the SLM at the current step:
+
+* ``topk_logits`` [B, k]: the k largest raw SLM logits, sorted descending;
+* ``token_embedding`` [B, E]: the SLM's own input embedding of the token it proposes;
+* ``hidden`` [B, H]: the SLM's last hidden state after the final norm.
+
+and returns ``score`` [B]; the LLM writes the token where ``score >= threshold``.
+
+``MLPRouter`` is the paper's neural router. Its parameter names and block
+structure match the official checkpoints one to one, so published weights load
+without renaming. ``EntropyRouter`` and ``RandomRouter`` are the baselines the
+paper compares against; they share the interface so every evaluation can swap them in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import R2RConfig
+
+
+class Router(nn.Module):
+    """Interface of every router: ``scores(topk_logits, token_embedding, hidden) -> [B]`` in [0, 1]."""
+
+    def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Called at the start of every generate call (stateful baselines restart here)."""
+
+
+class BackboneLinear(nn.Linear):
+    """A Linear of the backbone: the paper initialises these Kaiming-normal (the projections keep torch's default)."""
+
+
+class ResidualBlock(nn.Module):
+    """Pre-LN residual MLP block: ``x -> dim_change(x) + mlp(layer_norm(x))``."""
+
+    def __init__(self, dim_in: int, dim_out: int, expansion: int, dropout: float) -> None:
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(dim_in)
+        self.mlp = nn.Sequential(
+            BackboneLinear(dim_in, expansion * dim_in),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            BackboneLinear(expansion * dim_in, dim_out),
+            nn.Dropout(dropout),
+        )
+        self.dim_change = BackboneLinear(dim_in, dim_out) if dim_in != dim_out else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = x if self.dim_change is None else self.dim_change(x)
+        return skip + self.mlp(self.layer_norm(x))
+
+
+class Backbone(nn.Module):
+    """Input projection, the residual blocks, then LayerNorm and one output logit."""
+
+    def __init__(self, hidden_dims: list[int], expansion: int, dropout: float) -> None:
+        super().__init__()
+        self.input_projection = BackboneLinear(hidden_dims[0], hidden_dims[0])
+        dims = list(hidden_dims) + [hidden_dims[-1]]
+        self.blocks = nn.ModuleList(
+            ResidualBlock(dims[i], dims[i + 1], expansion, dropout) for i in range(len(hidden_dims))
+        )
+        self.output_layer = nn.Sequential(nn.LayerNorm(dims[-1]), BackboneLinear(dims[-1], 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.input_projection(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.output_layer(x).squeeze(-1)
+
+
+class MLPRouter(Router):
+    """The paper's router: concat[hidden, token embedding, projected logits] -> residual MLP -> logit.
+
+    Args:
+        config: gives ``slm_hidden_size`` (H), ``slm_embedding_size`` (E),
+            ``num_topk_logits`` (k), ``router_hidden_dims``, ``router_expansion``,
+            ``router_dropout`` and ``normalize_input``.
+    """
+
+    def __init__(self, config: R2RConfig) -> None:
+        super().__init__()
+        if config.slm_hidden_size is None:
+            raise ValueError(
+                "R2RConfig.slm_hidden_size is not set; build the config with R2RForCausalLM.from_models(slm, llm) "
+                "or pass slm_hidden_size=<the SLM's hidden size>."
+            )
+        hidden, embed, k = config.slm_hidden_size, config.slm_embedding_size, config.num_topk_logits
+        self.normalize_input = config.normalize_input
+        if self.normalize_input:
+            self.layer_norm_hidden_states = nn.LayerNorm(hidden)
+            self.layer_norm_token = nn.LayerNorm(embed)
+        self.logits_projection = nn.Linear(k, hidden)
+        self.combined_projection = nn.Linear(hidden + embed + hidden, config.router_hidden_dims[0])
+        self.backbone = Backbone(config.router_hidden_dims, config.router_expansion, config.router_dropout)
+
+    def forward(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Returns the router logit [B]; ``sigmoid`` of it is the score."""
+        dtype = self.logits_projection.weight.dtype
+        topk_logits, token_embedding, hidden = topk_logits.to(dtype), token_embedding.to(dtype), hidden.to(dtype)
+        if self.normalize_input:
+            hidden = self.layer_norm_hidden_states(hidden)
+            token_embedding = self.layer_norm_token(token_embedding)
+            topk_logits = topk_logits.softmax(-1)
+        # Concatenation order is the official one: [hidden, token embedding, projected logits].
+        x = torch.cat([hidden, token_embedding, self.logits_projection(topk_logits)], dim=-1)
+        return self.backbone(self.combined_projection(x))
+
+    def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self(topk_logits, token_embedding, hidden)).float()
+
+
+class EntropyRouter(Router):
+    """Baseline: entropy of the SLM's top-k distribution, divided by ln(k) so it lies in [0, 1]."""
+
+    def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        logp = topk_logits.float().log_softmax(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        return entropy / math.log(max(topk_logits.shape[-1], 2))
+
+
+class RandomRouter(Router):
+    """Baseline: a uniform score from a private, seeded generator (routes about ``1 - threshold``).
+
+    It never touches the global random stream, so sampling stays reproducible.
+    """
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def reset(self) -> None:
+        self.generator.manual_seed(self.seed)
+
+    def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        draw = torch.rand(topk_logits.shape[0], generator=self.generator)
+        return draw.to(topk_logits.device)
+
+
+def build_router(config: R2RConfig) -> Router:
+    """The router named by ``config.router_type``."""
+    if config.router_type == "mlp":
+        return MLPRouter(config)
+    if config.router_type == "entropy":
+        return EntropyRouter()
+    return RandomRouter(config.random_seed)
+
+
+def init_router_module(module: nn.Module) -> None:
+    """Initialise one router module as the paper does (Kaiming-normal backbone, default projections)."""
+    if isinstance(module, BackboneLinear):
+        nn.init.kaiming_normal_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, (nn.Linear, nn.LayerNorm)):
+        module.reset_parameters()

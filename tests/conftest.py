@@ -1,0 +1,48 @@
+"""Shared tiny fixtures: a Qwen2 SLM (hidden 64) and a Llama LLM (hidden 128) with one word-level tokenizer."""
+
+import pytest
+import torch
+
+from r2r_hf import R2RForCausalLM
+from r2r_hf.testing import make_tiny_llm, make_tiny_slm, make_tokenizer, save_tiny_pair
+
+torch.set_num_threads(1)
+
+PROMPTS = ["the old man said that he was", "water"]
+SMALL_ROUTER = dict(router_hidden_dims=[32, 32], router_expansion=2)
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def slm():
+    return make_tiny_slm()
+
+
+@pytest.fixture(scope="session")
+def llm():
+    return make_tiny_llm()
+
+
+@pytest.fixture(scope="session")
+def model(slm, llm):
+    return R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER)
+
+
+@pytest.fixture(scope="session")
+def pair_dir(tmp_path_factory):
+    """Tiny SLM and LLM saved as local folders (with the tokenizer), as a Hub download would be."""
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+@pytest.fixture
+def batch(tok):
+    return tok(PROMPTS, return_tensors="pt", padding=True)
+
+
+@pytest.fixture
+def single(tok):
+    return tok(PROMPTS[:1], return_tensors="pt")
