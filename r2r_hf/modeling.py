@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 import torch
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
 from .config import R2RConfig
@@ -49,9 +49,29 @@ _UNSUPPORTED = {
     "guidance_scale": "classifier-free guidance",
     "output_attentions": "returning attentions (two models write the tokens)",
     "output_hidden_states": "returning hidden states (two models write the tokens)",
+    "assistant_model": "assisted generation",
+    "custom_generate": "a custom decoding loop would replace R2R's",
+    "past_key_values": "R2R keeps one cache per model",
 }
 _NEUTRAL_VALUES = {"num_beams": 1, "num_beam_groups": 1, "guidance_scale": 1.0}
 _CACHES = (None, "dynamic", "static")
+
+
+def refuse_unsupported(options: dict[str, Any]) -> None:
+    """Raise one ValueError naming every generate option R2R cannot honour."""
+    problems = []
+    for name, what in _UNSUPPORTED.items():
+        value = options.get(name)
+        if value is not None and value is not False and value != 0 and value != _NEUTRAL_VALUES.get(name):
+            shown = type(value).__name__ if isinstance(value, torch.nn.Module) else repr(value)
+            problems.append(f"{name}={shown} ({what})")
+    if options.get("cache_implementation") not in _CACHES:
+        problems.append(f"cache_implementation={options['cache_implementation']!r} (use 'dynamic' or 'static')")
+    if problems:
+        raise ValueError(
+            f"R2RForCausalLM.generate cannot honour {', '.join(problems)}: R2R writes one token per step, "
+            "greedy or sampled, with one cache per model. Remove the option."
+        )
 
 
 class R2RForCausalLM(PreTrainedModel, GenerationMixin):
@@ -181,7 +201,14 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         return model
 
     # -------------------------------------------------------------- generation
-    def generate(self, inputs: torch.Tensor | None = None, *args: Any, threshold: float | None = None, **kwargs: Any):
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        *args: Any,
+        threshold: float | None = None,
+        **kwargs: Any,
+    ):
         """HF ``generate`` with R2R routing; every HF generate argument keeps its meaning.
 
         Args:
@@ -200,29 +227,21 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             threshold = self.config.threshold
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold):
             raise ValueError(f"threshold must be a number (route where score >= threshold), got {threshold!r}.")
+        # HF diverts some modes (contrastive, DoLa, custom_generate) before its own validation.
+        refuse_unsupported({**(generation_config.to_dict() if generation_config else {}), **kwargs})
         token = _CALL_THRESHOLD.set(float(threshold))
         try:
-            return super().generate(inputs, *args, **kwargs)
+            return super().generate(inputs, generation_config, *args, **kwargs)
         finally:
             _CALL_THRESHOLD.reset(token)
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
-        # Private HF hook (tests/test_hf_internals.py guards it): here the call's final
-        # generation config is known, so every option R2R cannot honour is named at once.
-        problems = []
-        for name, what in _UNSUPPORTED.items():
-            value = getattr(generation_config, name, None)
-            if value not in (None, False, 0, _NEUTRAL_VALUES.get(name)):
-                problems.append(f"{name}={value!r} ({what})")
-        if generation_mode_kwargs.get("assistant_model") is not None:
-            problems.append("assistant_model (assisted generation)")
-        if generation_config.cache_implementation not in _CACHES:
-            problems.append(f"cache_implementation={generation_config.cache_implementation!r} (use 'dynamic' or 'static')")
-        if problems:
-            raise ValueError(
-                f"R2RForCausalLM.generate cannot honour {', '.join(problems)}: R2R writes one token per step, "
-                "greedy or sampled. Remove the option."
-            )
+        # Private HF hook (tests/test_hf_internals.py guards it): here the call's final generation
+        # config is known, including options inherited from model.generation_config.
+        options = {name: getattr(generation_config, name, None) for name in _UNSUPPORTED}
+        options["cache_implementation"] = generation_config.cache_implementation
+        options["assistant_model"] = generation_mode_kwargs.get("assistant_model")
+        refuse_unsupported(options)
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def _prepare_cache_for_generation(self, *args: Any, **kwargs: Any) -> None:

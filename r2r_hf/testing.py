@@ -7,13 +7,22 @@ in chunks and in one pass then agree token for token.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
-from transformers.tokenization_utils_tokenizers import TokenizersBackend
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2Tokenizer,
+)
 
 WORDS = (
     "the of and to a in is it you that he was for on are with as his they be at one have this from or had by "
@@ -25,59 +34,96 @@ WORDS = (
     "differ turn cause much mean before move right boy old too same tell does set three want air well also play "
     "small end put home read hand port large spell add even land here must big high such follow act why ask men "
     "change went light kind off need house picture try us again animal point mother world near build self earth "
-    "father def return if else for while print x y n 0 1 2 3 + - * = ( ) : , . ! ? ; answer step so therefore"
+    "father def return else while print answer step therefore"
 ).split()
-SPECIAL = ("<pad>", "<eos>", "<bos>", "<user>", "<assistant>")
+SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PAD_ID, EOS_ID = 0, 2  # <|endoftext|> pads, <|im_end|> ends a turn (as in Qwen2.5-Instruct)
+TOKENIZER_VOCAB = 400
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ '<' + m['role'] + '> ' + m['content'] + ' ' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<assistant> ' }}{% endif %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
 
-def make_tokenizer(words: tuple[str, ...] | list[str] = WORDS) -> TokenizersBackend:
-    """A whitespace word-level tokenizer over ``words`` plus pad/eos/bos and chat-role tokens."""
-    vocab: dict[str, int] = {}
-    for token in list(SPECIAL) + ["<unk>"] + list(dict.fromkeys(words)):
-        vocab.setdefault(token, len(vocab))
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = TokenizersBackend(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+def _corpus() -> list[str]:
+    lines = []
+    for i in range(0, len(WORDS), 7):
+        chunk = WORDS[i : i + 7]
+        lines += [" ".join(chunk) + ".", "def " + "_".join(chunk[:2]) + "(x): return x + 1", " ".join(chunk[::-1]) + "?"]
+    return lines
+
+
+@functools.lru_cache(maxsize=1)
+def _trained_bpe() -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=list(SPECIAL),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
+    backend.train_from_iterator(_corpus(), trainer=trainer)
+    state = json.loads(backend.to_str())["model"]
+    merges = tuple(tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"])
+    return state["vocab"], merges
+
+
+def make_tokenizer() -> PreTrainedTokenizerBase:
+    """A small byte-level BPE tokenizer of the Qwen2 kind (vocabulary 400, Qwen's special tokens).
+
+    It is trained deterministically on a fixed English and code word list, and loads
+    back through ``AutoTokenizer`` as a ``Qwen2Tokenizer``, like the real Qwen pairs.
+    """
+    vocab, merges = _trained_bpe()
+    tok = Qwen2Tokenizer(vocab=dict(vocab), merges=list(merges), pad_token=SPECIAL[0], eos_token=SPECIAL[2])
     tok.padding_side = "left"
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
+@functools.lru_cache(maxsize=1)
+def _unwritable_ids() -> tuple[int, ...]:
+    """Token ids the tiny models never prefer: control bytes and partial UTF-8 (keeps demo text readable)."""
+    tok = make_tokenizer()
+    ids = []
+    for i in range(len(SPECIAL), TOKENIZER_VOCAB):
+        text = tok.decode([i])
+        if "\ufffd" in text or any(not ch.isprintable() and ch not in " \n" for ch in text):
+            ids.append(i)
+    return tuple(ids)
+
+
 def _spread_lm_head(model: PreTrainedModel, scale: float, seed: int) -> PreTrainedModel:
-    # Rows past the tokenizer's vocabulary are padding: zero them so, as in trained models,
-    # no model ever prefers a token the tokenizer cannot decode.
+    # Rows past the tokenizer's vocabulary are padding: zero them (and the rows of control
+    # bytes) so that, as in trained models, no model ever prefers a token it should not write.
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         head = model.get_output_embeddings().weight
         head.copy_(torch.randn(head.shape, generator=generator) * scale / head.shape[1] ** 0.5)
-        head[len(make_tokenizer()) :] = 0.0
+        head[TOKENIZER_VOCAB:] = 0.0
+        head[list(_unwritable_ids())] = 0.0
     return model.eval()
 
 
-def make_tiny_slm(vocab_size: int = 256, hidden_size: int = 64, seed: int = 0, **overrides) -> Qwen2ForCausalLM:
+def make_tiny_slm(vocab_size: int = 416, hidden_size: int = 64, seed: int = 0, **overrides) -> Qwen2ForCausalLM:
     """A 2-layer Qwen2 with hidden size 64 and random weights."""
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides,
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, **overrides,
     )
     return _spread_lm_head(Qwen2ForCausalLM(config), scale=12.0, seed=seed + 100)
 
 
-def make_tiny_llm(vocab_size: int = 288, hidden_size: int = 128, seed: int = 1, **overrides) -> LlamaForCausalLM:
+def make_tiny_llm(vocab_size: int = 448, hidden_size: int = 128, seed: int = 1, **overrides) -> LlamaForCausalLM:
     """A 3-layer Llama with hidden size 128 (bitsandbytes-friendly) and a padded vocabulary."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
-        pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides,
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, **overrides,
     )
     return _spread_lm_head(LlamaForCausalLM(config), scale=12.0, seed=seed + 100)
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 INF = float("inf")
-GREEDY = dict(max_new_tokens=14, do_sample=False, pad_token_id=0, eos_token_id=1)
-SAMPLING = dict(max_new_tokens=14, do_sample=True, temperature=0.7, top_k=40, top_p=0.9, pad_token_id=0, eos_token_id=1)
+GREEDY = dict(max_new_tokens=14, do_sample=False, pad_token_id=0, eos_token_id=2)
+SAMPLING = dict(max_new_tokens=14, do_sample=True, temperature=0.7, top_k=40, top_p=0.9, pad_token_id=0, eos_token_id=2)
 
 
 def _inputs(request, name):
@@ -46,7 +46,7 @@ def test_sampling_keeps_hf_random_stream(model, slm, llm, inputs, seed, request)
 
 
 def test_row_that_hits_eos_early_is_padded_and_never_routed(model, slm, batch):
-    free = slm.generate(**batch, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=1)
+    free = slm.generate(**batch, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=2)
     prompt = batch["input_ids"].shape[1]
     eos = int(free[1, prompt + 2])  # row 1 ends after its third token; row 0 must not contain it earlier
     assert eos not in free[0, prompt : prompt + 10].tolist() or pytest.skip("fixture produced a shared token")
