@@ -42,7 +42,9 @@ class R2RConfig(PreTrainedConfig):
         threshold_recall_target: divergent-class recall the threshold was calibrated for.
         expected_llm_token_rate: share of tokens routed at ``threshold`` on the
             calibration data.
-        calibration: free-form calibration metadata (method, data, metrics).
+        calibration: how the threshold was picked (method, target, recall, LLM token rate...).
+        training: how the router was trained (data, label statistics, epochs...).
+        evaluation: benchmark results to show in the model card.
         random_seed: seed of the random baseline's private generator.
     """
 
@@ -64,6 +66,8 @@ class R2RConfig(PreTrainedConfig):
     threshold_recall_target: float | None = None
     expected_llm_token_rate: float | None = None
     calibration: dict[str, Any] | None = None
+    training: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = None
     random_seed: int = 0
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -82,4 +86,6 @@ class R2RConfig(PreTrainedConfig):
             raise ValueError(f"threshold must be a number (route when score >= threshold), got {self.threshold!r}.")
         self.threshold = float(self.threshold)
         self.calibration = dict(self.calibration or {})
+        self.training = dict(self.training or {})
+        self.evaluation = dict(self.evaluation or {})
         super().__post_init__(**kwargs)

@@ -15,9 +15,12 @@ import contextvars
 import copy
 import math
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import CommitOperationAdd, HfApi
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
@@ -25,6 +28,7 @@ from .config import R2RConfig
 from .decoding import r2r_decode
 from .features import HiddenStateCapture, embed_tokens, lm_forward, output_device, topk_logits
 from .loading import (
+    HUB_KWARGS,
     check_router_fits,
     config_from_models,
     is_loaded_model,
@@ -32,6 +36,7 @@ from .loading import (
     shared_vocab_size,
     split_loading_kwargs,
 )
+from .model_card import CARD_MARKER, render_model_card
 from .outputs import R2RForwardOutput
 from .router import Router, build_router, init_router_module
 
@@ -191,14 +196,74 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
                 ``dtype``, ``device_map`` and ``attn_implementation`` here apply to both models.
         """
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
-        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **router_kwargs)
-        config = model.config
+        hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
+        config = router_kwargs.pop("config", None)
+        if config is None:
+            config, router_kwargs = R2RConfig.from_pretrained(
+                pretrained_model_name_or_path, return_unused_kwargs=True, **router_kwargs
+            )
+            router_kwargs.update(hub)
+        if config.router_type == "mlp":
+            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **router_kwargs)
+        else:  # baseline routers have no weights to load
+            model = cls(config).eval()
         if not is_loaded_model(slm):
             slm = load_base_model("slm", slm or config.slm_name_or_path, None if slm else config.slm_revision, slm_load)
         if not is_loaded_model(llm):
             llm = load_base_model("llm", llm or config.llm_name_or_path, None if llm else config.llm_revision, llm_load)
         model.set_models(slm, llm)
         return model
+
+    # ------------------------------------------------------------ publishing
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, repo_id: str | None = None, **kwargs: Any):
+        """Save the router (``config.json``, ``model.safetensors``) and its model card ``README.md``.
+
+        A README.md that r2r_hf did not write is left untouched.
+
+        Args:
+            save_directory: target folder.
+            repo_id: Hub id shown in the card's usage snippet.
+            kwargs: as ``PreTrainedModel.save_pretrained``.
+        """
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        readme = Path(save_directory, "README.md")
+        if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
+            readme.write_text(render_model_card(self.config, repo_id=repo_id), encoding="utf-8")
+        return result
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        commit_message: str | None = None,
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        create_pr: bool = False,
+        **save_kwargs: Any,
+    ) -> Any:
+        """Upload the router and its model card to the Hub (the SLM and LLM stay in their own repos).
+
+        Args:
+            repo_id: ``"org/name"``; created if missing.
+            commit_message: defaults to "Upload R2R router".
+            private: visibility of a newly created repo.
+            token: Hub token (default: the logged-in one).
+            revision: branch to push to.
+            create_pr: open a pull request instead of committing.
+        """
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        with tempfile.TemporaryDirectory() as folder:
+            self.save_pretrained(folder, repo_id=repo_id, **save_kwargs)
+            files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
+            operations = [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files]
+            return api.create_commit(
+                repo_id=repo_id,
+                operations=operations,
+                commit_message=commit_message or "Upload R2R router",
+                revision=revision,
+                create_pr=create_pr,
+            )
 
     # -------------------------------------------------------------- generation
     def generate(

@@ -1,0 +1,1 @@
+"""Model-card template and shipped routers; the template is installed as package data r2r_hf._hub_cards."""

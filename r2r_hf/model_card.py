@@ -1,0 +1,145 @@
+"""The README.md model card written next to every saved or pushed router.
+
+The skeleton is ``hub_cards/template.md`` (installed as ``r2r_hf._hub_cards``); this
+module fills it from the router's config: the pair, the threshold and its
+calibration, training statistics and evaluation results where they are recorded.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard, try_to_load_from_cache
+
+from .config import R2RConfig
+
+CARD_MARKER = "Card written by r2r_hf"  # a README.md carrying it may be regenerated; any other is the user's
+
+
+def _template() -> str:
+    return importlib.resources.files("r2r_hf._hub_cards").joinpath("template.md").read_text(encoding="utf-8")
+
+
+def _is_hub_id(name: str | None) -> bool:
+    return bool(name) and not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/"))
+
+
+def _license_of(name_or_path: str | None, revision: str | None = None) -> str | None:
+    """The ``license`` in a model's own README front matter, read from its folder or the HF cache."""
+    if not name_or_path:
+        return None
+    if os.path.isdir(name_or_path):
+        readme: str | Any = os.path.join(name_or_path, "README.md")
+    else:
+        readme = try_to_load_from_cache(name_or_path, "README.md", revision=revision)
+    if not isinstance(readme, str) or not os.path.isfile(readme):
+        return None
+    try:
+        return ModelCard.load(Path(readme)).data.get("license")
+    except Exception:  # noqa: BLE001 - a malformed third-party card just means "unknown"
+        return None
+
+
+def _metadata(config: R2RConfig) -> str:
+    lines = ["library_name: r2r_hf", "pipeline_tag: text-generation"]
+    bases = [name for name in (config.slm_name_or_path, config.llm_name_or_path) if _is_hub_id(name)]
+    if bases:
+        lines += ["base_model:"] + [f"- {name}" for name in bases]
+    licenses = {_license_of(config.slm_name_or_path, config.slm_revision), _license_of(config.llm_name_or_path, config.llm_revision)}
+    if len(licenses) == 1 and None not in licenses:
+        lines.append(f"license: {licenses.pop()}")
+    elif None not in licenses:
+        lines.append("license: other")
+    lines += ["tags:", "- r2r", "- token-routing", "- mixture-of-models", "- efficient-inference"]
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
+    body = "\n".join("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |" for row in rows)
+    return head + "\n" + body
+
+
+def _threshold_section(config: R2RConfig) -> str:
+    text = f"Default threshold: **{config.threshold:.4g}** (the LLM writes a token where the router's score >= threshold)."
+    cal = config.calibration
+    if not cal and config.threshold_recall_target is None:
+        return text + " It was not calibrated on labelled data."
+    details = []
+    if config.threshold_recall_target is not None:
+        details.append(f"target divergent-class recall {config.threshold_recall_target:.3g}")
+    if "recall" in cal:
+        details.append(f"measured recall {_fmt(cal['recall'])}")
+    if config.expected_llm_token_rate is not None:
+        details.append(f"expected LLM token rate {config.expected_llm_token_rate:.1%}")
+    if "method" in cal:
+        details.append(f"method: {cal['method']}")
+    if "data" in cal:
+        details.append(f"calibration data: {cal['data']}")
+    return text + " Calibrated with " + "; ".join(details) + "."
+
+
+def _training_section(config: R2RConfig) -> str:
+    info = dict(config.training)
+    if not info:
+        return "No training record is stored with this router."
+    parts = []
+    stats = info.pop("label_statistics", None)
+    if isinstance(stats, dict) and stats:
+        parts.append("Label statistics (response tokens):\n\n" + _table([{"class": k, **v} if isinstance(v, dict) else {"class": k, "value": v} for k, v in stats.items()]))
+    if info:
+        parts.append("\n".join(f"- **{key}**: {_fmt(value)}" for key, value in info.items()))
+    return "\n\n".join(parts)
+
+
+def _evaluation_section(config: R2RConfig) -> str:
+    evaluation = dict(config.evaluation)
+    if not evaluation:
+        return "No evaluation is recorded with this router."
+    rows = evaluation.pop("results", None)
+    parts = []
+    if evaluation:
+        parts.append("\n".join(f"- **{key}**: {_fmt(value)}" for key, value in evaluation.items()))
+    if isinstance(rows, list) and rows:
+        parts.append(_table(rows))
+    return "\n\n".join(parts)
+
+
+def render_model_card(config: R2RConfig, repo_id: str | None = None) -> str:
+    """The model card text for a router.
+
+    Args:
+        config: the router's config (pair, threshold, calibration, training, evaluation).
+        repo_id: where the router is published, used in the usage snippet.
+    """
+    from . import __version__
+
+    router = (
+        f"a {config.router_type} router over {len(config.router_hidden_dims)} residual blocks of width "
+        f"{config.router_hidden_dims[0]}" if config.router_type == "mlp" else f"the {config.router_type} baseline router"
+    )
+    return _template().format(
+        metadata=_metadata(config),
+        title=f"R2R router: {config.slm_name_or_path} + {config.llm_name_or_path}",
+        num_topk_logits=config.num_topk_logits,
+        router_description=router,
+        slm=config.slm_name_or_path,
+        llm=config.llm_name_or_path,
+        slm_revision=config.slm_revision or "default branch",
+        llm_revision=config.llm_revision or "default branch",
+        repo_id=repo_id or "path/to/this-router",
+        threshold_section=_threshold_section(config),
+        training_section=_training_section(config),
+        evaluation_section=_evaluation_section(config),
+        version=__version__,
+    )
