@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -45,14 +46,18 @@ def load_base_model(
     kwargs = dict(kwargs)
     if revision and "revision" not in kwargs:
         kwargs["revision"] = revision
+    hint = (
+        f"pass {role}=<a local folder or an already-loaded model> to R2RForCausalLM.from_pretrained "
+        f"(or fix {role}_name_or_path in the router's config.json)"
+    )
+    looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
+    if looks_local and not os.path.isdir(name_or_path):
+        raise OSError(f"Could not load the {role.upper()} {name_or_path!r}: no such folder; {hint}.")
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as err:
-        raise OSError(
-            f"Could not load the {role.upper()} {name_or_path!r}: {err}\n"
-            f"Pass {role}=<a local folder or an already-loaded model> to R2RForCausalLM.from_pretrained "
-            f"(or fix the {role}_name_or_path in the router's config.json)."
-        ) from err
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OSError(f"Could not load the {role.upper()} {name_or_path!r} ({reason}); {hint}.") from err
 
 
 def split_loading_kwargs(

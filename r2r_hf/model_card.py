@@ -33,8 +33,10 @@ def _license_of(name_or_path: str | None, revision: str | None = None) -> str | 
         return None
     if os.path.isdir(name_or_path):
         readme: str | Any = os.path.join(name_or_path, "README.md")
-    else:
+    elif _is_hub_id(name_or_path):
         readme = try_to_load_from_cache(name_or_path, "README.md", revision=revision)
+    else:
+        return None
     if not isinstance(readme, str) or not os.path.isfile(readme):
         return None
     try:
@@ -125,7 +127,7 @@ def render_model_card(config: R2RConfig, repo_id: str | None = None) -> str:
     from . import __version__
 
     router = (
-        f"a {config.router_type} router over {len(config.router_hidden_dims)} residual blocks of width "
+        f"an MLP router over {len(config.router_hidden_dims)} residual blocks of width "
         f"{config.router_hidden_dims[0]}" if config.router_type == "mlp" else f"the {config.router_type} baseline router"
     )
     return _template().format(

@@ -102,7 +102,7 @@ def _spread_lm_head(model: PreTrainedModel, scale: float, seed: int) -> PreTrain
         head = model.get_output_embeddings().weight
         head.copy_(torch.randn(head.shape, generator=generator) * scale / head.shape[1] ** 0.5)
         head[TOKENIZER_VOCAB:] = 0.0
-        head[list(_unwritable_ids())] = 0.0
+        head[[i for i in _unwritable_ids() if i < head.shape[0]]] = 0.0
     return model.eval()
 
 

@@ -63,8 +63,10 @@ def test_config_kwargs_override_at_load(model, slm, llm, tmp_path):
     assert loaded.config.threshold == 0.123
 
 
-def test_top_level_dtype_applies_to_both_models_not_the_router(pair_dir, model, tmp_path):
-    model.config.slm_name_or_path, model.config.llm_name_or_path = pair_dir
+def test_top_level_dtype_applies_to_both_models_not_the_router(pair_dir, slm, llm, tmp_path):
+    model = R2RForCausalLM.from_models(
+        slm, llm, slm_name_or_path=pair_dir[0], llm_name_or_path=pair_dir[1], **SMALL_ROUTER
+    )
     model.save_pretrained(tmp_path)
     loaded = R2RForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert loaded.slm.dtype == torch.bfloat16 and loaded.llm.dtype == torch.bfloat16
