@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from .config import R2RConfig
 from .modeling import R2RForCausalLM
 from .outputs import R2RForwardOutput, R2RGenerateOutput
+from .processor import R2RLogitsProcessor
 from .router import EntropyRouter, MLPRouter, RandomRouter, Router, build_router
 
 __version__ = "0.1.0"
@@ -24,6 +25,7 @@ __all__ = [
     "R2RForCausalLM",
     "R2RForwardOutput",
     "R2RGenerateOutput",
+    "R2RLogitsProcessor",
     "RandomRouter",
     "Router",
     "build_router",

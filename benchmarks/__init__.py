@@ -1,0 +1,1 @@
+"""Benchmarks: loop overhead, speed, and the real-pair evaluation."""

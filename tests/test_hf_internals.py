@@ -1,0 +1,46 @@
+"""Fail loudly when a transformers release changes the private generate() hooks R2R overrides.
+
+R2RForCausalLM replaces ``_sample`` (where generate dispatches greedy and sampling),
+``_validate_generation_mode`` and ``_prepare_cache_for_generation``. If any of these
+moves, these tests name the hook to re-check before the pin in pyproject.toml is widened.
+"""
+
+import inspect
+
+import transformers
+from packaging.version import Version
+from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMixin
+
+from r2r_hf import R2RForCausalLM, R2RGenerateOutput
+
+
+def test_transformers_version_is_the_pinned_one():
+    assert Version("5.23") <= Version(transformers.__version__) < Version("5.24")
+
+
+def test_greedy_and_sampling_dispatch_to_sample():
+    assert GENERATION_MODES_MAPPING[GenerationMode.GREEDY_SEARCH] == "_sample"
+    assert GENERATION_MODES_MAPPING[GenerationMode.SAMPLE] == "_sample"
+
+
+def test_sample_signature_is_what_r2r_replaces():
+    params = list(inspect.signature(GenerationMixin._sample).parameters)
+    assert params[:5] == ["self", "input_ids", "logits_processor", "stopping_criteria", "generation_config"]
+    assert {"synced_gpus", "streamer", "model_kwargs"} <= set(params)
+    ours = list(inspect.signature(R2RForCausalLM._sample).parameters)
+    assert ours == params
+
+
+def test_validate_generation_mode_signature():
+    params = list(inspect.signature(GenerationMixin._validate_generation_mode).parameters)
+    assert params == ["self", "generation_mode", "generation_config", "generation_mode_kwargs"]
+
+
+def test_cache_hook_still_exists():
+    assert hasattr(GenerationMixin, "_prepare_cache_for_generation")
+
+
+def test_generate_reaches_the_r2r_loop(model, single):
+    out = model.generate(**single, max_new_tokens=3, return_dict_in_generate=True)
+    assert isinstance(out, R2RGenerateOutput) and out.routed is not None
