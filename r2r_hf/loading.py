@@ -136,26 +136,30 @@ def check_same_tokenizer(slm: PreTrainedModel, llm: PreTrainedModel) -> None:
 
 def check_router_fits(config: R2RConfig, slm: PreTrainedModel) -> None:
     """Refuse an SLM whose hidden or embedding width differs from what the router was built for."""
+    check_router_sizes(
+        config, hidden_size(slm), slm.get_input_embeddings().embedding_dim, vocab_size(slm), slm.name_or_path
+    )
+
+
+def check_router_sizes(config: R2RConfig, slm_hidden: int, slm_embed: int, slm_vocab: int, slm_name: str) -> None:
+    """The size checks of ``check_router_fits``, from sizes alone (e.g. read from the SLM's config)."""
     if config.router_type != "mlp":
         return
-    slm_hidden = hidden_size(slm)
-    slm_embed = slm.get_input_embeddings().embedding_dim
     if config.slm_hidden_size != slm_hidden:
         raise ValueError(
             f"The router reads SLM hidden states of size {config.slm_hidden_size}, but the SLM "
-            f"{slm.name_or_path!r} has hidden size {slm_hidden}; load the SLM this router was trained for "
+            f"{slm_name!r} has hidden size {slm_hidden}; load the SLM this router was trained for "
             f"({config.slm_name_or_path!r})."
         )
     if config.slm_embedding_size != slm_embed:
         raise ValueError(
             f"The router reads token embeddings of size {config.slm_embedding_size}, but the SLM "
-            f"{slm.name_or_path!r} has embedding size {slm_embed}; load the SLM this router was trained for "
+            f"{slm_name!r} has embedding size {slm_embed}; load the SLM this router was trained for "
             f"({config.slm_name_or_path!r})."
         )
-    vocab = vocab_size(slm)
-    if config.num_topk_logits > vocab:
+    if config.num_topk_logits > slm_vocab:
         raise ValueError(
-            f"The router reads the top {config.num_topk_logits} logits but the SLM has only {vocab} tokens; "
+            f"The router reads the top {config.num_topk_logits} logits but the SLM has only {slm_vocab} tokens; "
             "use a smaller num_topk_logits."
         )
 

@@ -37,6 +37,7 @@ from .loading import (
     split_loading_kwargs,
 )
 from .model_card import CARD_MARKER, render_model_card
+from .official import find_official_file, official_config_and_weights, read_official_checkpoint, resolve_pair
 from .outputs import R2RForwardOutput
 from .router import Router, build_router, init_router_module
 
@@ -198,21 +199,76 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
         hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
         config = router_kwargs.pop("config", None)
-        if config is None:
-            config, router_kwargs = R2RConfig.from_pretrained(
-                pretrained_model_name_or_path, return_unused_kwargs=True, **router_kwargs
-            )
-            router_kwargs.update(hub)
-        if config.router_type == "mlp":
-            model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **router_kwargs)
-        else:  # baseline routers have no weights to load
-            model = cls(config).eval()
+        official = None if config is not None else find_official_file(pretrained_model_name_or_path, hub.get("subfolder"), hub)
+        if official:  # a router published as an official R2R .pt file: convert it on the fly
+            model = cls._from_official_file(official, pretrained_model_name_or_path, hub.get("subfolder"), slm, llm)
+            for key, value in router_kwargs.items():
+                if key not in hub and hasattr(model.config, key):
+                    setattr(model.config, key, value)
+            config = model.config
+            slm = slm if is_loaded_model(slm) else None
+            llm = llm if is_loaded_model(llm) else None
+        else:
+            if config is None:
+                config, router_kwargs = R2RConfig.from_pretrained(
+                    pretrained_model_name_or_path, return_unused_kwargs=True, **router_kwargs
+                )
+                router_kwargs.update(hub)
+            if config.router_type == "mlp":
+                model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **router_kwargs)
+            else:  # baseline routers have no weights to load
+                model = cls(config).eval()
         if not is_loaded_model(slm):
             slm = load_base_model("slm", slm or config.slm_name_or_path, None if slm else config.slm_revision, slm_load)
         if not is_loaded_model(llm):
             llm = load_base_model("llm", llm or config.llm_name_or_path, None if llm else config.llm_revision, llm_load)
         model.set_models(slm, llm)
         return model
+
+    @classmethod
+    def from_official(
+        cls,
+        source: str | os.PathLike,
+        subfolder: str | None = None,
+        slm: str | PreTrainedModel | None = None,
+        llm: str | PreTrainedModel | None = None,
+        **hub_kwargs: Any,
+    ) -> R2RForCausalLM:
+        """A router (no models attached) converted from an official R2R ``.pt`` checkpoint.
+
+        The file is read with ``torch.load(weights_only=True)`` only. Use
+        ``from_pretrained`` to also load the pair, or ``save_pretrained`` to keep the conversion.
+
+        Args:
+            source: a ``.pt`` file, a folder, or a Hub repo (e.g. ``"nics-efc/R2R_router"``).
+            subfolder: folder inside the repo (e.g. ``"Qwen3-0.6B+Qwen3-8B"``).
+            slm, llm: names or loaded models; default: the published-router table.
+            hub_kwargs: revision, cache_dir, token, local_files_only.
+        """
+        path = find_official_file(source, subfolder, hub_kwargs)
+        if path is None:
+            raise ValueError(
+                f"No official R2R router file (.pt) found at {source}"
+                f"{'/' + subfolder if subfolder else ''} (it holds a config.json or no .pt file)."
+            )
+        return cls._from_official_file(path, source, subfolder, slm, llm)
+
+    @classmethod
+    def _from_official_file(cls, path: str, location: Any, subfolder: str | None, slm: Any, llm: Any) -> R2RForCausalLM:
+        checkpoint = read_official_checkpoint(path)
+        trained_for = (checkpoint.get("init_args") or {}).get("pretrained_model_name")
+        slm_name, llm_name = resolve_pair(location, subfolder, slm, llm, trained_for)
+        source = str(location) if os.path.exists(str(location)) else "/".join(
+            part for part in (str(location), subfolder, Path(path).name) if part
+        )
+        config, state = official_config_and_weights(checkpoint, slm_name, llm_name, source)
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(
+                f"{source} does not match the R2R router layout: missing {sorted(missing)}, unexpected {sorted(unexpected)}."
+            )
+        return model.eval()
 
     # ------------------------------------------------------------ publishing
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, repo_id: str | None = None, **kwargs: Any):

@@ -1,7 +1,11 @@
-"""Shared tiny fixtures: a Qwen2 SLM (hidden 64) and a Llama LLM (hidden 128) with one word-level tokenizer."""
+"""Shared tiny fixtures: a Qwen2 SLM (hidden 64) and a Llama LLM (hidden 128) with one byte-level BPE tokenizer."""
 
-import pytest
-import torch
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network; set before huggingface_hub loads
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from r2r_hf import R2RForCausalLM
 from r2r_hf.testing import make_tiny_llm, make_tiny_slm, make_tokenizer, save_tiny_pair
