@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -60,6 +61,164 @@ register(
     "import-official", "convert an official R2R .pt router into an r2r_hf router folder",
     _setup_import_official, _run_import_official,
 )
+
+
+# --------------------------------------------------------------- label / train / calibrate / push
+def _setup_label(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slm", required=True, help="SLM Hub id or folder")
+    p.add_argument("--llm", required=True, help="LLM Hub id or folder")
+    p.add_argument("--verifier", help="judge model (Hub id or folder; default: the LLM)")
+    p.add_argument("--prompts", required=True, help='JSON lines: {"id", "prompt"} or {"id", "messages"}')
+    p.add_argument("--out", required=True, help="run folder (an existing one with the same settings is resumed)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=1024, help="bound on the LLM's reference answers")
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per shard and per batch")
+    p.add_argument("--limit", type=_positive_int, help="label only the first N prompts")
+    p.add_argument("--dtype", default="bfloat16", help="compute dtype of every model (default bfloat16)")
+    p.add_argument("--continuation-max-tokens", type=_positive_int, default=128,
+                   help="bound on an LLM continuation to its sentence end")
+    p.add_argument("--context-tokens", type=int, default=384, help="preceding answer tokens the verifier sees")
+    p.add_argument("--steps", default=",".join(_STEPS), help=f"comma-separated subset of {','.join(_STEPS)}")
+    p.add_argument("--threads", type=_positive_int, help="torch CPU threads")
+
+
+def _run_label(args: argparse.Namespace) -> int:
+    from .pipeline import LabelSettings, label
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = LabelSettings(
+        slm=args.slm, llm=args.llm, verifier=args.verifier, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, continuation_max_tokens=args.continuation_max_tokens,
+        context_tokens=args.context_tokens,
+    )
+    steps = tuple(s.strip() for s in args.steps.split(",") if s.strip())
+    summary = label(settings, args.prompts, args.out, limit=args.limit, steps=steps, progress=not args.quiet)
+    if summary is not None:
+        shares = summary["shares"]
+        print(f"{summary['tokens']} tokens labelled in {args.out}: identical {shares['identical']:.1%}, "
+              f"neutral {shares['neutral']:.1%}, divergent {shares['divergent']:.1%}, "
+              f"unparsable verdicts {summary['unparsable_verdicts']}")
+    return 0
+
+
+def _add_target(p: argparse.ArgumentParser, default_recall: float | None) -> None:
+    target = p.add_mutually_exclusive_group(required=default_recall is None)
+    target.add_argument("--recall", type=_unit, default=default_recall,
+                        help="divergent-class recall to calibrate for" + (f" (default {default_recall})" if default_recall else ""))
+    target.add_argument("--llm-rate", type=_unit, help="calibrate for this LLM token rate instead")
+
+
+def _setup_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="a finished `r2r-hf label` folder")
+    p.add_argument("--out", required=True, help="folder for the trained router")
+    _add_target(p, 0.95)
+    p.add_argument("--epochs", type=_positive_int, default=50)
+    p.add_argument("--batch-size", type=_positive_int, default=1024)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--patience", type=_positive_int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--router-type", choices=("mlp", "entropy", "random"), default="mlp")
+    p.add_argument("--hidden-dims", help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
+    p.add_argument("--expansion", type=_positive_int, default=4, help="MLP expansion inside each block")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--device", default="cpu")
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from .training import TrainSettings, train_router
+
+    settings = TrainSettings(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                             weight_decay=args.weight_decay, patience=args.patience, seed=args.seed)
+    extra = {"router_type": args.router_type, "router_expansion": args.expansion, "router_dropout": args.dropout}
+    if args.hidden_dims:
+        try:
+            extra["router_hidden_dims"] = [int(d) for d in args.hidden_dims.split(",")]
+        except ValueError:
+            raise ValueError(f"--hidden-dims must be comma-separated integers, got {args.hidden_dims!r}.") from None
+    model = train_router(args.data, args.out, settings, recall=args.recall, llm_rate=args.llm_rate,
+                         device=args.device, progress=not args.quiet, **extra)
+    _print_calibration(args.out, model.config)
+    return 0
+
+
+def _setup_calibrate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--router", required=True, help="router folder to calibrate (updated in place)")
+    p.add_argument("--data", required=True, help="a finished `r2r-hf label` folder")
+    p.add_argument("--split", choices=("validation", "train", "all"), default="validation")
+    p.add_argument("--seed", type=int, default=0, help="the split seed used in training")
+    _add_target(p, None)
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    from .modeling import R2RForCausalLM
+    from .pipeline import load_labels
+    from .training import calibrate_router
+
+    _require_dir(args.router, "router")
+    model = R2RForCausalLM.from_pretrained(args.router, load_pair=False)
+    data = load_labels(args.data, seed=args.seed)
+    if args.split != "all":
+        data = data.split_of(args.split)
+    calibrate_router(model, data, recall=args.recall, llm_rate=args.llm_rate, out_dir=args.router)
+    _print_calibration(args.router, model.config)
+    return 0
+
+
+def _setup_push(p: argparse.ArgumentParser) -> None:
+    p.add_argument("router", help="router folder (config.json, model.safetensors, README.md...)")
+    p.add_argument("repo_id", help="Hub repo, e.g. org/my-router (created if missing)")
+    p.add_argument("--private", action="store_true")
+    p.add_argument("--revision", help="branch to push to")
+
+
+def _run_push(args: argparse.Namespace) -> int:
+    from .hub import push_folder
+
+    _require_dir(args.router, "router")
+    url = push_folder(args.router, args.repo_id, private=args.private or None, revision=args.revision)
+    print(f"pushed {args.router} to {args.repo_id} {url or ''}".rstrip())
+    return 0
+
+
+def _print_calibration(folder: str, config) -> None:
+    rate = config.expected_llm_token_rate
+    recall = config.calibration.get("recall")
+    print(f"router in {folder}: threshold {config.threshold:.4g}, expected LLM token rate "
+          f"{rate:.1%}" + (f", divergent recall {recall:.1%}" if recall is not None else ""))
+
+
+_STEPS = ("responses", "features", "continuations", "verdicts", "labels")
+register("label", "label which SLM/LLM differences are divergent (resumable)", _setup_label, _run_label)
+register("train", "train and calibrate a router on a labeling run", _setup_train, _run_train)
+register("calibrate", "re-calibrate a router's threshold on labelled data", _setup_calibrate, _run_calibrate)
+register("push", "upload a router folder to the Hugging Face Hub", _setup_push, _run_push)
+
+
+# --------------------------------------------------------------- option types and checks
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _unit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}")
+    return value
+
+
+def _require_dir(path: str, what: str) -> None:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"The {what} folder {path} does not exist.")
 
 
 # --------------------------------------------------------------- entry point

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub import CommitOperationAdd, HfApi
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
 from .config import R2RConfig
 from .decoding import r2r_decode
+from .hub import commit_folder
 from .features import HiddenStateCapture, embed_tokens, lm_forward, output_device, topk_logits
 from .loading import (
     HUB_KWARGS,
@@ -183,6 +183,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         llm: str | PreTrainedModel | None = None,
         slm_kwargs: dict[str, Any] | None = None,
         llm_kwargs: dict[str, Any] | None = None,
+        load_pair: bool = True,
         **kwargs: Any,
     ) -> R2RForCausalLM:
         """Load a router, then the SLM and LLM its config names (or the ones given).
@@ -193,6 +194,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             llm: a loaded model, or a Hub id / folder that replaces the config's LLM.
             slm_kwargs: extra ``AutoModelForCausalLM.from_pretrained`` arguments for the SLM.
             llm_kwargs: the same for the LLM (e.g. ``device_map``, ``quantization_config``).
+            load_pair: set False to load the router alone (to inspect, calibrate or push it).
             kwargs: router loading arguments (revision, subfolder, cache_dir, token...);
                 ``dtype``, ``device_map`` and ``attn_implementation`` here apply to both models.
         """
@@ -218,6 +220,8 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
                 model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **router_kwargs)
             else:  # baseline routers have no weights to load
                 model = cls(config).eval()
+        if not load_pair:
+            return model
         if not is_loaded_model(slm):
             slm = load_base_model("slm", slm or config.slm_name_or_path, None if slm else config.slm_revision, slm_load)
         if not is_loaded_model(llm):
@@ -307,19 +311,10 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             revision: branch to push to.
             create_pr: open a pull request instead of committing.
         """
-        api = HfApi(token=token)
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
         with tempfile.TemporaryDirectory() as folder:
             self.save_pretrained(folder, repo_id=repo_id, **save_kwargs)
-            files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
-            operations = [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files]
-            return api.create_commit(
-                repo_id=repo_id,
-                operations=operations,
-                commit_message=commit_message or "Upload R2R router",
-                revision=revision,
-                create_pr=create_pr,
-            )
+            return commit_folder(folder, repo_id, commit_message or "Upload R2R router", private=private,
+                                 token=token, revision=revision, create_pr=create_pr)
 
     # -------------------------------------------------------------- generation
     def generate(

@@ -128,8 +128,26 @@ def make_tiny_llm(vocab_size: int = 448, hidden_size: int = 128, seed: int = 1, 
     return _spread_lm_head(LlamaForCausalLM(config), scale=12.0, seed=seed + 100)
 
 
-def save_tiny_pair(directory: str | os.PathLike) -> tuple[str, str]:
+def make_related_llm(slm: PreTrainedModel, noise: float = 0.07, seed: int = 5) -> PreTrainedModel:
+    """A copy of ``slm`` with every weight perturbed: it agrees with the SLM on most tokens (~85 %
+    greedy agreement at the default noise), like a real small/large pair of one family."""
+    import copy
+
+    llm = copy.deepcopy(slm)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in llm.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * noise * param.std())
+    return llm.eval()
+
+
+def save_tiny_pair(directory: str | os.PathLike, related: bool = False) -> tuple[str, str]:
     """Save a tiny SLM and LLM, each with the shared tokenizer, under ``directory``.
+
+    Args:
+        directory: parent folder.
+        related: make the LLM a perturbed copy of the SLM (mostly agreeing, for labeling tests)
+            instead of an independent Llama (disagreeing almost everywhere).
 
     Returns:
         The two folders (slm, llm); each loads with ``from_pretrained``.
@@ -137,7 +155,9 @@ def save_tiny_pair(directory: str | os.PathLike) -> tuple[str, str]:
     root = Path(directory)
     tokenizer = make_tokenizer()
     paths = []
-    for name, model in (("tiny-slm", make_tiny_slm()), ("tiny-llm", make_tiny_llm())):
+    slm = make_tiny_slm()
+    llm = make_related_llm(slm) if related else make_tiny_llm()
+    for name, model in (("tiny-slm", slm), ("tiny-llm", llm)):
         path = root / name
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -145,3 +165,48 @@ def save_tiny_pair(directory: str | os.PathLike) -> tuple[str, str]:
         tokenizer.save_pretrained(path)
         paths.append(str(path))
     return paths[0], paths[1]
+
+
+def make_tiny_verifier(seed: int = 2) -> LlamaForCausalLM:
+    """A tiny random "judge" that only says 0 or 1, about half of each depending on its input.
+
+    Its lm_head keeps the rows of "0" and "1" only, set to plus and minus the direction in which
+    its final hidden state varies most across sample requests, so the answer follows the input.
+    """
+    from .pipeline.verify import render
+
+    model = make_tiny_llm(vocab_size=TOKENIZER_VOCAB, seed=seed)
+    tok = make_tokenizer()
+    zero, one = (tok.convert_tokens_to_ids(t) for t in ("0", "1"))
+    g = torch.Generator().manual_seed(seed)
+
+    def text(n: int) -> str:
+        return tok.decode(torch.randint(len(SPECIAL), TOKENIZER_VOCAB, (n,), generator=g).tolist())
+
+    requests = [render(tok, text(i * 13 % 400), text(3) + "<<" + text(1) + ">>" + text(5 + i % 15),
+                       text(3) + "<<" + text(1) + ">>" + text(5 + i * 7 % 15)) for i in range(48)]
+    with torch.no_grad():
+        hidden = []
+        for ids in requests:
+            out = model(torch.tensor([ids]), output_hidden_states=True)
+            hidden.append(out.hidden_states[-1][0, -1])
+        hidden = torch.stack(hidden)
+        direction = torch.linalg.svd(hidden - hidden.mean(0), full_matrices=False).Vh[0]
+        direction -= (direction @ hidden.mean(0)) / hidden.mean(0).norm() ** 2 * hidden.mean(0)
+        head = model.get_output_embeddings().weight
+        head.zero_()
+        head[one] = 50 * direction / direction.norm()
+        head[zero] = -head[one]
+    return model
+
+
+def save_tiny_verifier(directory: str | os.PathLike) -> str:
+    """Save ``make_tiny_verifier()`` with the shared tokenizer; returns the folder."""
+    path = Path(directory) / "tiny-verifier"
+    tokenizer = make_tokenizer()
+    model = make_tiny_verifier()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -1,0 +1,240 @@
+"""Training a router on a labeling run, and calibrating its threshold.
+
+The recipe is the paper's: weighted BCE (positive weight = negatives / positives), AdamW
+(lr 5e-5, weight decay 5e-4), fp32, early stopping on validation loss with the best epoch
+restored. The validation split is by sample, never by token. Baseline routers (entropy,
+random) have nothing to train; they are only calibrated.
+
+Router size: the paper trains a 56M-parameter router on ~7.6M labels. A labeling run on a
+CPU yields ~10^5 labels with a few thousand divergent tokens, on which a 56M router overfits in
+an epoch. ``auto_hidden_dims`` therefore scales the residual blocks with the training set:
+256 x 3 below 200k tokens, 512 x 4 below 2M, and the paper's 1024 x 6 above.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .calibration import calibration_report
+from .config import R2RConfig
+from .modeling import R2RForCausalLM
+from .pipeline.dataset import LabelData, load_labels
+from .router import Router
+
+logger = logging.getLogger(__name__)
+METRICS_FILE = "router_metrics.json"
+
+
+@dataclass
+class TrainSettings:
+    """Optimisation settings (the paper's defaults).
+
+    Args:
+        epochs: at most this many passes over the training split.
+        batch_size: rows per step.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        patience: stop after this many epochs without a better validation loss.
+        validation_fraction: share of samples held out.
+        seed: data split, shuffling, initialisation and dropout.
+    """
+
+    epochs: int = 50
+    batch_size: int = 1024
+    lr: float = 5e-5
+    weight_decay: float = 5e-4
+    patience: int = 10
+    validation_fraction: float = 0.1
+    seed: int = 0
+
+
+def auto_hidden_dims(train_tokens: int) -> list[int]:
+    """Residual block widths sized to the amount of training data (see the module docstring)."""
+    if train_tokens < 200_000:
+        return [256] * 3
+    if train_tokens < 2_000_000:
+        return [512] * 4
+    return [1024] * 6
+
+
+def _count(data: LabelData) -> tuple[int, int, dict[str, int]]:
+    tokens = positives = 0
+    classes = {"identical": 0, "neutral": 0, "divergent": 0}
+    for index in data.shards:
+        labels = data.shard(index)["label"]
+        tokens += len(labels)
+        for name, value in (("identical", 0), ("neutral", 1), ("divergent", 2)):
+            classes[name] += int((labels == value).sum())
+    positives = classes["divergent"]
+    return tokens, positives, classes
+
+
+def scores_on(router: Router, data: LabelData, batch_size: int = 4096) -> dict[str, torch.Tensor]:
+    """Router scores, divergent targets and mismatch flags for every usable row of ``data``."""
+    router.eval()
+    parts: dict[str, list[torch.Tensor]] = {"scores": [], "targets": [], "mismatch": []}
+    device = next(iter(router.parameters()), torch.empty(0)).device
+    with torch.no_grad():
+        for batch in data.batches(batch_size):
+            parts["scores"].append(router.scores(*(batch[k].to(device) for k in ("topk_logits", "token_embedding", "hidden"))).cpu())
+            parts["targets"].append(batch["target"])
+            parts["mismatch"].append(batch["slm_token"] != batch["real_token"])
+    return {k: torch.cat(v) if v else torch.zeros(0) for k, v in parts.items()}
+
+
+def _weighted_loss(router: Router, batch: dict, pos_weight: torch.Tensor, device) -> torch.Tensor:
+    logits = router(*(batch[k].to(device) for k in ("topk_logits", "token_embedding", "hidden")))
+    return torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, batch["target"].to(device), pos_weight=pos_weight, reduction="sum"
+    )
+
+
+def train_router(
+    data_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    settings: TrainSettings | None = None,
+    recall: float | None = 0.95,
+    llm_rate: float | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+    **config_kwargs,
+) -> R2RForCausalLM:
+    """Train (MLP) or set up (baselines) a router on a labeling run, calibrate it, save it.
+
+    Writes ``out_dir/config.json``, ``model.safetensors``, ``README.md`` and ``router_metrics.json``.
+
+    Args:
+        data_dir: the ``--out`` folder of ``r2r-hf label``.
+        out_dir: where the router is written.
+        settings: optimisation settings.
+        recall: calibrate for this divergent-class recall (default 0.95) ...
+        llm_rate: ... or for this LLM token rate instead.
+        device: where to train.
+        progress: show a tqdm bar over epochs.
+        config_kwargs: ``R2RConfig`` fields (router_type, router_hidden_dims, router_dropout...).
+    """
+    settings = settings or TrainSettings()
+    if llm_rate is not None:
+        recall = None
+    torch.manual_seed(settings.seed)
+    data = load_labels(data_dir, validation_fraction=settings.validation_fraction, seed=settings.seed)
+    train, val = data.split_of("train"), data.split_of("validation")
+    train_tokens, train_pos, _ = _count(train)
+    val_tokens, val_pos, _ = _count(val)
+    if val_tokens == 0 or train_tokens == 0:
+        raise ValueError(f"{data_dir} is too small to split by sample; label more prompts or change validation_fraction.")
+    manifest = data.manifest
+    first = data.shard(data.shards[0])
+    config_kwargs.setdefault("router_hidden_dims", auto_hidden_dims(train_tokens))
+    config = R2RConfig(
+        slm_name_or_path=manifest["slm"], llm_name_or_path=manifest["llm"],
+        slm_hidden_size=first["hidden"].shape[1], slm_embedding_size=first["token_embedding"].shape[1],
+        num_topk_logits=first["topk_logits"].shape[1], **config_kwargs,
+    )
+    model = R2RForCausalLM(config)
+    router = model.router.to(device)
+    history: list[dict] = []
+    started = time.perf_counter()
+    best_epoch = None
+    if config.router_type == "mlp":
+        if train_pos == 0:
+            raise ValueError(f"The training split of {data_dir} holds no divergent tokens; label more prompts.")
+        pos_weight = torch.tensor((train_tokens - train_pos) / train_pos, device=device)
+        optimizer = torch.optim.AdamW(router.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        best_loss, best_state, waited = math.inf, None, 0
+        bar = tqdm(range(settings.epochs), desc="train", unit="epoch", disable=not progress)
+        for epoch in bar:
+            router.train()
+            total = 0.0
+            for batch in train.batches(settings.batch_size, shuffle=True, seed=settings.seed * 1000 + epoch):
+                optimizer.zero_grad()
+                loss = _weighted_loss(router, batch, pos_weight, device)
+                (loss / len(batch["target"])).backward()
+                optimizer.step()
+                total += loss.item()
+            router.eval()
+            with torch.no_grad():
+                val_loss = sum(_weighted_loss(router, b, pos_weight, device).item() for b in val.batches(4096))
+            history.append({"epoch": epoch + 1, "train_loss": total / train_tokens, "val_loss": val_loss / val_tokens})
+            bar.set_postfix(val_loss=f"{val_loss / val_tokens:.4f}")
+            if val_loss < best_loss:
+                best_loss, best_state, best_epoch, waited = val_loss, copy.deepcopy(router.state_dict()), epoch + 1, 0
+            else:
+                waited += 1
+                if waited >= settings.patience:
+                    break
+        router.load_state_dict(best_state)
+    router.eval()
+    model.router = router.cpu()
+    model.config.training = {
+        "data": str(data_dir),
+        "train_tokens": train_tokens, "train_divergent": train_pos,
+        "validation_tokens": val_tokens, "validation_divergent": val_pos,
+        "label_statistics": _label_statistics(data),
+        "epochs_run": len(history), "best_epoch": best_epoch,
+        "seconds": round(time.perf_counter() - started, 1),
+        "settings": asdict(settings),
+    }
+    calibrate_router(model, val, recall=recall, llm_rate=llm_rate, out_dir=out_dir, history=history)
+    return model
+
+
+def _label_statistics(data: LabelData) -> dict:
+    summary = data.summary
+    counts, judged = summary["counts"], summary["tokens"] - summary["counts"]["excluded"]
+    return {name: {"count": counts[name], "share": round(counts[name] / max(judged, 1), 4)}
+            for name in ("identical", "neutral", "divergent")} | {"excluded": {"count": counts["excluded"], "share": 0}}
+
+
+def calibrate_router(
+    model: R2RForCausalLM,
+    data: LabelData,
+    recall: float | None = 0.95,
+    llm_rate: float | None = None,
+    out_dir: str | os.PathLike | None = None,
+    history: list[dict] | None = None,
+) -> dict:
+    """Pick the threshold on ``data`` and store it, its recall and expected LLM token rate in the config.
+
+    With ``out_dir``, saves the router there with ``router_metrics.json`` beside it.
+
+    Args:
+        model: the router (no SLM/LLM needed).
+        data: calibration data (usually the validation split).
+        recall: divergent-class recall target ...
+        llm_rate: ... or LLM token rate target.
+        out_dir: where to save.
+        history: training curve to record in the metrics.
+    """
+    if llm_rate is not None:
+        recall = None
+    scored = scores_on(model.router, data)
+    threshold, report = calibration_report(scored["scores"], scored["targets"], scored["mismatch"], recall, llm_rate)
+    at = report["all_tokens"]["at_threshold"]
+    model.config.threshold = float(threshold) if math.isfinite(threshold) else threshold
+    model.config.threshold_recall_target = recall
+    model.config.expected_llm_token_rate = at["llm_token_rate"]
+    model.config.calibration = {
+        "method": f"lowest LLM token rate with recall >= {recall}" if recall is not None
+        else f"LLM token rate {llm_rate}",
+        "data": f"{data.root} ({data.split or 'all'} split, {at['tokens']} tokens)",
+        "recall": at["recall"], "precision": at["precision"], "llm_token_rate": at["llm_token_rate"],
+    }
+    if history is not None:
+        report["training_curve"] = history
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir)
+        with open(Path(out_dir) / METRICS_FILE, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    return report
