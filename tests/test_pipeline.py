@@ -200,12 +200,16 @@ def test_killed_run_resumes_to_the_same_dataset(finished_run, models, tmp_path):
 def test_two_accelerate_processes_label_the_same_as_one(finished_run, models, tmp_path):
     reference, prompts, _ = finished_run
     out = tmp_path / "work"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--cpu",
+    # On a CPU-only machine accelerate starts several processes through its torchrun launcher
+    # (--multi_gpu); its --cpu flag would start a single one.
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "-m", "r2r_hf.cli", "--quiet", "label", *_label_args(models, prompts, out)]
+               "-m", "r2r_hf.cli", "label", *_label_args(models, prompts, out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    bars = result.stderr.replace("\r", "\n")
+    assert "responses (process 0)" in bars and "responses (process 1)" in bars, "two processes shared the work"
     _same_run(reference, out)
 
 

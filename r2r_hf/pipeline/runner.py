@@ -8,6 +8,7 @@ the labels and the summary. Every shard is written atomically and skipped on a r
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 from dataclasses import asdict, dataclass
@@ -83,7 +84,9 @@ def _process_state():
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from accelerate import PartialState
 
-        state = PartialState()
+        # Without GPUs accelerate forms a process group only when told it is on the CPU (gloo).
+        # Steps take hours and processes may reach a barrier far apart: wait up to a day, not 30 minutes.
+        state = PartialState(cpu=not torch.cuda.is_available(), timeout=datetime.timedelta(hours=24))
         return state.process_index, state.num_processes, state.wait_for_everyone, state.device
     return 0, 1, (lambda: None), None
 
