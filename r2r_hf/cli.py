@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from . import cli_generate
+
 Setup = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 COMMANDS: dict[str, tuple[str, Setup, Run]] = {}
@@ -189,6 +191,9 @@ def _print_calibration(folder: str, config) -> None:
 
 
 _STEPS = ("responses", "features", "continuations", "verdicts", "labels")
+register("generate", "stream an answer; the LLM's tokens are coloured", cli_generate.setup_generate,
+         cli_generate.run_generate)
+register("chat", "interactive multi-turn chat with routing colours", cli_generate.setup_chat, cli_generate.run_chat)
 register("label", "label which SLM/LLM differences are divergent (resumable)", _setup_label, _run_label)
 register("train", "train and calibrate a router on a labeling run", _setup_train, _run_train)
 register("calibrate", "re-calibrate a router's threshold on labelled data", _setup_calibrate, _run_calibrate)

@@ -237,6 +237,8 @@ def r2r_decode(
             if keep_logits:
                 logits_out += (raw.float(),)
             if streamer is not None:
+                if hasattr(streamer, "put_routing"):  # r2r_hf streamers also learn who wrote each token
+                    streamer.put_routing(routed.cpu(), router_scores.cpu())
                 streamer.put(token.cpu())
             running = running & ~stopping_criteria(seq.view(), scores_out)
             step += 1

@@ -1,0 +1,29 @@
+"""R2R inside a transformers pipeline: existing pipeline code works unchanged.
+
+    python examples/pipeline_usage.py [--router DIR] [--slm DIR --llm DIR]
+"""
+
+import argparse
+
+from transformers import AutoTokenizer, pipeline
+
+from r2r_hf import R2RForCausalLM
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
+parser.add_argument("--slm")
+parser.add_argument("--llm")
+parser.add_argument("--max-new-tokens", type=int, default=96)
+args = parser.parse_args()
+
+model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm)
+tok = AutoTokenizer.from_pretrained(args.slm or model.config.slm_name_or_path)
+
+generator = pipeline("text-generation", model=model, tokenizer=tok)
+chat = [{"role": "user", "content": "Write a one-line Python expression that squares every item of xs."}]
+result = generator(chat, max_new_tokens=args.max_new_tokens, do_sample=False)
+print(result[0]["generated_text"][-1]["content"])
+
+# Per-call generation settings, including R2R's threshold, pass through the pipeline.
+result = generator("def is_prime(n):", max_new_tokens=args.max_new_tokens, do_sample=False, threshold=0.0)
+print(result[0]["generated_text"])

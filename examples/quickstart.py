@@ -1,0 +1,34 @@
+"""Quickstart: load a router with its SLM and LLM, generate, and see which tokens the LLM wrote.
+
+    python examples/quickstart.py                                  # the prebuilt Qwen2.5-Coder router
+    python examples/quickstart.py --router org/router --slm DIR --llm DIR
+"""
+
+import argparse
+
+import torch
+from transformers import AutoTokenizer
+
+from r2r_hf import R2RForCausalLM
+from r2r_hf.visualize import to_ansi, use_color
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
+parser.add_argument("--slm", help="local SLM folder (default: the Hub id in the router's config)")
+parser.add_argument("--llm", help="local LLM folder")
+parser.add_argument("--max-new-tokens", type=int, default=128)
+args = parser.parse_args()
+
+# The router's config.json names the SLM and LLM; slm=/llm= override them (e.g. with local folders).
+model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm, dtype=torch.bfloat16)
+tok = AutoTokenizer.from_pretrained(args.slm or model.config.slm_name_or_path)
+
+messages = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]
+inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+# An ordinary HF generate call; return_dict_in_generate adds the routing record.
+out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+
+print(to_ansi(out, tok, color=use_color()))
+print(f"\n{int(out.generated_mask.sum())} tokens, {int(out.routed.sum())} written by the LLM "
+      f"(LLM token rate {out.llm_token_rate:.1%}, threshold {out.threshold:.3g})")

@@ -1,0 +1,213 @@
+"""``r2r-hf generate`` and ``r2r-hf chat``: stream an answer with the LLM's tokens in colour."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+
+from .streaming import RoutingStreamer
+from .visualize import to_html
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--router", required=True, help="router folder or Hub id")
+    p.add_argument("--slm", help="SLM Hub id or folder (default: the one the router names)")
+    p.add_argument("--llm", help="LLM Hub id or folder (default: the one the router names)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto (accelerate device map)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+
+
+def add_generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=_positive, default=256)
+    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--temperature", type=_non_negative)
+    p.add_argument("--top-p", type=_unit)
+    p.add_argument("--top-k", type=_non_negative_int)
+    p.add_argument("--seed", type=int, help="random seed for sampling")
+    p.add_argument("--threshold", type=_non_negative, help="routing threshold for this run (default: the router's)")
+    p.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    p.add_argument("--system", help="system message (chat template only)")
+
+
+def load(args: argparse.Namespace):
+    """The model and tokenizer an invocation asks for, with one-sentence errors."""
+    from .modeling import R2RForCausalLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    router = args.router
+    looks_local = os.path.isabs(router) or router.startswith(".") or router.count("/") != 1 or os.sep + os.sep in router
+    if looks_local and not os.path.exists(router):
+        raise FileNotFoundError(f"The router folder {router} does not exist.")
+    kwargs = {}
+    if args.dtype != "auto":
+        kwargs["dtype"] = getattr(torch, args.dtype)
+    if args.device != "cpu":
+        kwargs["device_map"] = args.device
+    try:
+        model = R2RForCausalLM.from_pretrained(router, slm=args.slm, llm=args.llm, **kwargs)
+    except OSError as err:
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "Could not load the" in text:
+            raise
+        raise OSError(f"Could not load the router {router!r} ({text}); pass a local folder or a Hub id.") from err
+    name = args.slm or model.config.slm_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(name if isinstance(name, str) and name else model.slm.name_or_path)
+    return model, tokenizer
+
+
+def context_limit(model) -> int | None:
+    limits = [getattr(m.config.get_text_config(), "max_position_embeddings", None) for m in (model.slm, model.llm)]
+    limits = [x for x in limits if x]
+    return min(limits) if limits else None
+
+
+def encode(tokenizer, messages: list[dict], raw: bool, model, max_new_tokens: int) -> dict:
+    """Token ids for a turn; refuses prompts that do not fit the models' context."""
+    if raw or not getattr(tokenizer, "chat_template", None):
+        ids = tokenizer("\n".join(m["content"] for m in messages if m["role"] != "system"), return_tensors="pt")
+    else:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    limit = context_limit(model)
+    length = ids["input_ids"].shape[1]
+    if limit and length + max_new_tokens > limit:
+        raise ValueError(
+            f"The prompt has {length} tokens; with --max-new-tokens {max_new_tokens} it exceeds the models' context "
+            f"of {limit} tokens. Shorten it or lower --max-new-tokens."
+        )
+    device = model.device
+    return {k: v.to(device) for k, v in ids.items()}
+
+
+def generation_kwargs(args: argparse.Namespace) -> dict:
+    kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample, "return_dict_in_generate": True}
+    for name in ("temperature", "top_p", "top_k", "threshold"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    return kwargs
+
+
+def stats_line(out, seconds: float) -> str:
+    n = int(out.generated_mask.sum())
+    return (f"[{n} tokens, LLM token rate {out.llm_token_rate:.1%}, {n / max(seconds, 1e-9):.1f} tokens/s, "
+            f"{seconds:.1f} s]")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    model, tokenizer = load(args)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}]
+    inputs = encode(tokenizer, messages, args.no_chat_template, model, args.max_new_tokens)
+    streamer = RoutingStreamer(tokenizer)
+    start = time.perf_counter()
+    out = model.generate(**inputs, **generation_kwargs(args), streamer=streamer)
+    seconds = time.perf_counter() - start
+    print(stats_line(out, seconds), file=sys.stderr)
+    if args.html:
+        Path(args.html).write_text(to_html(out, tokenizer, title="R2R: " + args.prompt[:60]), encoding="utf-8")
+        print(f"[wrote {args.html}]", file=sys.stderr)
+    return 0
+
+
+class _StopFlag(StoppingCriteria):
+    """Ends generation at the next step once ``set``; Ctrl-C sets it during a chat turn."""
+
+    def __init__(self) -> None:
+        self.stop = False
+
+    def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.stop, dtype=torch.bool, device=input_ids.device)
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    model, tokenizer = load(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("r2r chat: LLM-written tokens are coloured. Ctrl-C stops a turn; Ctrl-D or /exit quits.", file=sys.stderr)
+    while True:
+        try:
+            text = input("you> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        except KeyboardInterrupt:
+            print("\n(Ctrl-D or /exit to quit)", file=sys.stderr)
+            continue
+        if text.strip() in ("/exit", "/quit"):
+            return 0
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+        try:
+            inputs = encode(tokenizer, messages, args.no_chat_template, model, args.max_new_tokens)
+        except ValueError as err:  # the conversation outgrew the context: say so, keep the chat alive
+            messages.pop()
+            print(f"error: {err} Start a new chat to reset the history.", file=sys.stderr)
+            continue
+        flag = _StopFlag()
+        previous = signal.signal(signal.SIGINT, lambda *_: setattr(flag, "stop", True))
+        try:
+            start = time.perf_counter()
+            out = model.generate(**inputs, **generation_kwargs(args), streamer=RoutingStreamer(tokenizer),
+                                 stopping_criteria=StoppingCriteriaList([flag]))
+            seconds = time.perf_counter() - start
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        prompt_length = inputs["input_ids"].shape[1]
+        reply = tokenizer.decode(out.sequences[0, prompt_length:], skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": reply})
+        print(("[stopped] " if flag.stop else "") + stats_line(out, seconds), file=sys.stderr)
+
+
+def setup_generate(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    add_generation_options(p)
+    p.add_argument("--html", help="also write a standalone HTML view of the routing to this file")
+    p.add_argument("prompt", help="the prompt (the chat template is applied unless --no-chat-template)")
+
+
+def setup_chat(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    add_generation_options(p)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _non_negative(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _unit(text: str) -> float:
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
