@@ -1,0 +1,242 @@
+"""How fast R2R runs against its cost model, side by side with plain and assisted HF generation.
+
+    python -m benchmarks.speed                                   # CPU: random Qwen2.5-0.5B + 1.5B, 1 thread
+    python -m benchmarks.speed --slm qwen2.5-1.5b --llm qwen2.5-32b --device cuda --batch-sizes 1,4,8
+
+Weights are random (no download): speed does not depend on them, only acceptance-based methods
+do (HF assisted generation accepts almost nothing between two random models, so its number is a
+floor, reported with its acceptance rate). The routed share p is forced by ``ForcedRouter``,
+which runs the real paper-sized router every step (its cost counts) and then routes on a fixed
+schedule: every row at steps where floor((t + 1) p) > floor(t p), so the LLM's catch-up gap is 1/p.
+``--per-row`` instead routes each row independently with probability p, as a real router would
+in a batch, so the LLM runs whenever any row routes.
+
+Per token, R2R should cost t_SLM + t_router + p * t_LLM(g = 1/p) (one LLM forward over the g tokens
+since its last call). Loop efficiency = that ideal / the measured time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.cache_utils import DynamicCache
+
+from r2r_hf import R2RForCausalLM
+from r2r_hf.router import MLPRouter, Router
+
+CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                        num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+}
+SHARES = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class ForcedRouter(Router):
+    """Runs a real router (so its cost is paid) and then routes on a fixed schedule with share ``p``."""
+
+    def __init__(self, inner: Router, share: float, per_row: bool = False, seed: int = 0) -> None:
+        super().__init__()
+        self.inner, self.share, self.per_row, self.seed = inner, share, per_row, seed
+        self.reset()
+
+    def reset(self) -> None:
+        self.step = 0
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    def scores(self, topk_logits, token_embedding, hidden):
+        real = self.inner.scores(topk_logits, token_embedding, hidden)
+        if self.per_row:
+            draw = torch.rand(real.shape[0], generator=self.generator).to(real.device) < self.share
+        else:
+            due = math.floor((self.step + 1) * self.share) > math.floor(self.step * self.share)
+            draw = torch.full_like(real, due, dtype=torch.bool)
+        self.step += 1
+        return draw.float() + 0 * real  # keeps the dependency on the real scores
+
+
+def random_model(name: str, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096))
+    return model.to(dtype).eval()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, repeats: int) -> float:
+    """Best wall time of ``repeats`` runs after one warm-up."""
+    fn()
+    best = math.inf
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@torch.no_grad()
+def components(slm, llm, router, batch: int, context: int, device: str, repeats: int) -> dict:
+    """t_SLM (one-token step), t_router, and t_LLM(g) for catch-up chunks of g tokens, in seconds."""
+    ids = torch.randint(0, 1000, (batch, 2 * context + 64), device=device)
+
+    def step(model, new):
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :context], past_key_values=cache, logits_to_keep=1)
+
+        def run():
+            model(ids[:, context : context + new], past_key_values=cache, logits_to_keep=1)
+            cache.crop(-new)  # back to the context length for the next run
+        return run
+
+    hidden = slm.config.hidden_size
+    features = (torch.randn(batch, 100, device=device), torch.randn(batch, hidden, device=device),
+                torch.randn(batch, hidden, device=device))
+    out = {"t_slm": timed(step(slm, 1), device, repeats * 5), "t_router": timed(lambda: router.scores(*features), device, repeats * 5)}
+    out["t_llm"] = {g: timed(step(llm, g), device, repeats * 3) for g in (1, 2, 5, 10, 20, 64)}
+    out["t_llm"][context] = timed(step(llm, context), device, repeats)  # the first catch-up reads the prompt too
+    return out
+
+
+def t_llm_at(chunk: float, table: dict[int, float]) -> float:
+    """Catch-up cost of a chunk of ``chunk`` tokens: linear between measured sizes, extrapolated above."""
+    sizes = sorted(table)
+    if chunk <= sizes[0]:
+        return table[sizes[0]]
+    for low, high in zip(sizes, sizes[1:]):
+        if chunk <= high:
+            return table[low] + (table[high] - table[low]) * (chunk - low) / (high - low)
+    low, high = sizes[-2], sizes[-1]
+    return table[high] + (table[high] - table[low]) * (chunk - high) / (high - low)
+
+
+def ideal_per_token(share: float, batch: int, per_row: bool, parts: dict, prompt: int, tokens: int) -> float:
+    """The cost model per generated token: t_SLM + t_router, plus the LLM's catch-up forwards.
+
+    With the fixed schedule the catch-ups are simulated exactly (the first one also reads the
+    prompt); with per-row routing the LLM runs with probability 1 - (1 - p)^B per step, over a
+    chunk of 1 / that probability tokens.
+    """
+    base = parts["t_slm"] + parts["t_router"]
+    if share == 0:
+        return base
+    if per_row:
+        p_llm = 1 - (1 - share) ** batch
+        return base + p_llm * t_llm_at(1 / p_llm, parts["t_llm"])
+    seen, total = 0, 0.0
+    for step in range(tokens):
+        if math.floor((step + 1) * share) > math.floor(step * share):
+            length = prompt + step
+            total += t_llm_at(length - seen, parts["t_llm"])
+            seen = length
+    return base + total / tokens
+
+
+@torch.no_grad()
+def measure(args: argparse.Namespace) -> dict:
+    dtype = getattr(torch, args.dtype)
+    slm = random_model(args.slm, dtype, args.device, 0)
+    llm = random_model(args.llm, dtype, args.device, 1)
+    model = R2RForCausalLM.from_models(slm, llm)  # the paper's router, sized from the SLM
+    real_router = model.router.to(dtype=torch.float32)
+    results = {"conditions": {
+        "slm": args.slm, "llm": args.llm, "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
+        "new_tokens": args.tokens, "prompt_tokens": args.prompt, "repeats": args.repeats, "per_row": args.per_row,
+        "cache": args.cache or "dynamic", "router_params": sum(p.numel() for p in real_router.parameters()),
+        "hardware": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
+        "torch": torch.__version__, "transformers": transformers.__version__, "weights": "random",
+    }, "batches": {}}
+    gen = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)
+    if args.cache:
+        gen["cache_implementation"] = args.cache
+    for batch in args.batch_sizes:
+        prompt = torch.randint(0, 1000, (batch, args.prompt), device=args.device,
+                               generator=torch.Generator(device=args.device).manual_seed(batch))
+        parts = components(slm, llm, real_router, batch, args.prompt + args.tokens // 2, args.device, args.repeats)
+        row = {"components_ms": {"t_slm": 1e3 * parts["t_slm"], "t_router": 1e3 * parts["t_router"],
+                                 "t_llm": {str(g): 1e3 * t for g, t in parts["t_llm"].items()}}}
+        t_slm_gen = timed(lambda: slm.generate(prompt, **gen), args.device, args.repeats) / args.tokens
+        t_llm_gen = timed(lambda: llm.generate(prompt, **gen), args.device, args.repeats) / args.tokens
+        row["slm_generate_ms"], row["llm_generate_ms"] = 1e3 * t_slm_gen, 1e3 * t_llm_gen
+        if batch == 1 and not args.no_assisted:
+            assisted = {}
+            t_assist = timed(lambda: assisted.update(out=llm.generate(prompt, assistant_model=slm, **gen)),
+                             args.device, args.repeats) / args.tokens
+            row["assisted_ms"] = 1e3 * t_assist
+            row["assisted_speedup"] = t_llm_gen / t_assist
+        row["r2r"] = []
+        for share in SHARES:
+            model.router = ForcedRouter(real_router, share, per_row=args.per_row)
+            measured = timed(lambda: model.generate(prompt, **gen, threshold=0.5), args.device, args.repeats) / args.tokens
+            ideal = ideal_per_token(share, batch, args.per_row, parts, args.prompt, args.tokens)
+            row["r2r"].append({
+                "p": share, "ms_per_token": 1e3 * measured, "tokens_per_s": batch / measured,
+                "speedup_vs_llm": t_llm_gen / measured, "ideal_ms": 1e3 * ideal, "loop_efficiency": ideal / measured,
+                "p_llm_call": 1 - (1 - share) ** batch if args.per_row else share,
+            })
+        row["never_route_vs_slm_generate"] = row["r2r"][0]["ms_per_token"] / row["slm_generate_ms"]
+        row["always_route_vs_llm_plus_slm"] = row["r2r"][-1]["ms_per_token"] / (row["llm_generate_ms"] + row["slm_generate_ms"])
+        results["batches"][str(batch)] = row
+        print_batch(batch, row)
+    model.router = real_router
+    return results
+
+
+def print_batch(batch: int, row: dict) -> None:
+    c = row["components_ms"]
+    print(f"\nbatch {batch}: t_SLM {c['t_slm']:.2f} ms, t_router {c['t_router']:.2f} ms, "
+          f"t_LLM(1) {c['t_llm']['1']:.2f} ms, t_LLM(10) {c['t_llm']['10']:.2f} ms; "
+          f"slm.generate {row['slm_generate_ms']:.2f} ms/token, llm.generate {row['llm_generate_ms']:.2f} ms/token"
+          + (f", assisted {row['assisted_ms']:.2f} ms/token" if "assisted_ms" in row else ""))
+    print(f"{'p':>6} {'ms/token':>9} {'tokens/s':>9} {'vs LLM':>7} {'ideal ms':>9} {'efficiency':>10}")
+    for r in row["r2r"]:
+        print(f"{r['p']:6.2f} {r['ms_per_token']:9.2f} {r['tokens_per_s']:9.2f} {r['speedup_vs_llm']:6.2f}x "
+              f"{r['ideal_ms']:9.2f} {r['loop_efficiency']:10.3f}")
+    print(f"never-route / slm.generate = {row['never_route_vs_slm_generate']:.3f}; "
+          f"always-route / (llm.generate + slm.generate) = {row['always_route_vs_llm_plus_slm']:.3f}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--slm", default="qwen2.5-0.5b", choices=sorted(CONFIGS))
+    parser.add_argument("--llm", default="qwen2.5-1.5b", choices=sorted(CONFIGS))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per run")
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-sizes", default="1,4,8")
+    parser.add_argument("--per-row", action="store_true", help="route rows independently (Bernoulli p)")
+    parser.add_argument("--cache", choices=("dynamic", "static"), help="cache_implementation for every run")
+    parser.add_argument("--no-assisted", action="store_true")
+    parser.add_argument("--out", default="benchmarks/results/speed.json")
+    args = parser.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    torch.set_num_threads(args.threads)
+    results = measure(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
