@@ -2,11 +2,12 @@
 
     python -m benchmarks.humaneval --router hub_cards/r2r-qwen2.5-coder-0.5b-1.5b --labels work/ \
         [--systems slm,llm,r2r,r2r-low,r2r-high,entropy,random] [--threads 1] [--limit N]
-    python -m benchmarks.humaneval --timing [--timing-tasks 16]      # tokens/s, side by side, one thread
+    python -m benchmarks.humaneval --timing [--timing-tasks 16]      # tokens/s: batch 1, one thread, side by side
     python -m benchmarks.humaneval --report                          # writes benchmarks/results/humaneval.json
 
-Every system answers all 164 tasks greedily (batch 1, chat template, ``--max-new-tokens``) with the
-instruction used for the training prompts; the first ```python block of the answer is run against
+Every system answers all 164 tasks greedily (chat template, ``--max-new-tokens``, batches of
+``--batch-size`` tasks of similar length, the same for every system) with the instruction used for
+the training prompts; the first ```python block of the answer is run against
 the task's tests in a sandboxed subprocess (``benchmarks.sandbox``). Answers are appended per task to
 ``benchmarks/results/humaneval/<system>.jsonl``, so an interrupted run resumes where it stopped.
 
@@ -68,17 +69,24 @@ class Runner:
     def __init__(self, router_dir: str, labels: str | None, max_new_tokens: int, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from r2r_hf import R2RForCausalLM
-
         self.slm_dir, self.llm_dir = fetch("slm", quiet=True), fetch("llm", quiet=True)
         self.slm = AutoModelForCausalLM.from_pretrained(self.slm_dir, dtype=dtype).eval()
         self.llm = AutoModelForCausalLM.from_pretrained(self.llm_dir, dtype=dtype).eval()
         self.tok = AutoTokenizer.from_pretrained(self.slm_dir)
-        self.r2r = R2RForCausalLM.from_pretrained(router_dir, slm=self.slm, llm=self.llm)
+        self.router_dir, self._r2r = router_dir, None
         self.labels, self.max_new_tokens = labels, max_new_tokens
         self.params = {"slm": sum(p.numel() for p in self.slm.parameters()),
                        "llm": sum(p.numel() for p in self.llm.parameters())}
         self._baselines: dict[str, R2RForCausalLM] = {}
+
+    @property
+    def r2r(self):
+        """The trained router with the pair attached (loaded on first use)."""
+        from r2r_hf import R2RForCausalLM
+
+        if self._r2r is None:
+            self._r2r = R2RForCausalLM.from_pretrained(self.router_dir, slm=self.slm, llm=self.llm)
+        return self._r2r
 
     def _validation_scores(self, model) -> torch.Tensor:
         from r2r_hf.pipeline import load_labels
@@ -111,24 +119,32 @@ class Runner:
             self._baselines[kind] = model
         return self._baselines[kind]
 
-    def generate(self, system: str, problem: dict, threshold: float | None) -> dict:
-        inputs = self.tok.apply_chat_template(humaneval_messages(problem), add_generation_prompt=True,
-                                              return_tensors="pt", return_dict=True)
-        greedy = dict(max_new_tokens=self.max_new_tokens, do_sample=False, repetition_penalty=1.0)
+    def generate(self, system: str, problems: list[dict], threshold: float | None) -> list[dict]:
+        """Greedy answers of one system to a batch of tasks (left-padded)."""
+        texts = [self.tok.apply_chat_template(humaneval_messages(p), add_generation_prompt=True, tokenize=False)
+                 for p in problems]
+        self.tok.padding_side = "left"
+        inputs = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        greedy = dict(max_new_tokens=self.max_new_tokens, do_sample=False, repetition_penalty=1.0,
+                      pad_token_id=self.tok.pad_token_id)
         prompt = inputs["input_ids"].shape[1]
+        eos = {self.tok.eos_token_id, self.tok.pad_token_id}
         if system in ("slm", "llm"):
             model = self.slm if system == "slm" else self.llm
-            ids = model.generate(**inputs, **greedy, pad_token_id=self.tok.pad_token_id)[0, prompt:]
-            routed = len(ids) if system == "llm" else 0
+            sequences = model.generate(**inputs, **greedy)[:, prompt:]
+            routed = None
         else:
             model = self.r2r if system.startswith("r2r") else self.baseline(system)
             out = model.generate(**inputs, **greedy, threshold=threshold, return_dict_in_generate=True)
-            ids = out.sequences[0, prompt:][out.generated_mask[0]]
-            routed = int(out.routed.sum())
-        eos = {self.tok.eos_token_id, self.tok.pad_token_id}
-        generated = ids.tolist()
-        text = self.tok.decode([t for t in generated if t not in eos], skip_special_tokens=True)
-        return {"answer": text, "generated_tokens": len(generated), "routed_tokens": routed}
+            sequences, routed = out.sequences[:, prompt:], out.routed & out.generated_mask
+        rows = []
+        for i, row in enumerate(sequences.tolist()):
+            end = next((j for j, t in enumerate(row) if t in eos), None)
+            generated = row if end is None else row[: end + 1]
+            n_routed = len(generated) if system == "llm" else 0 if routed is None else int(routed[i].sum())
+            rows.append({"answer": self.tok.decode([t for t in generated if t not in eos], skip_special_tokens=True),
+                         "generated_tokens": len(generated), "routed_tokens": n_routed})
+        return rows
 
 
 def _read(path: Path) -> dict[str, dict]:
@@ -163,15 +179,18 @@ def run_systems(args: argparse.Namespace) -> None:
         r2r_rows = _read(folder / "r2r.jsonl")
         threshold = None if system in ("slm", "llm") else runner.threshold(
             system, _measured_rate(r2r_rows) if len(r2r_rows) == 164 else None)
-        with open(path, "a", encoding="utf-8") as f:
-            for problem in tqdm([p for p in problems if p["task_id"] not in done], desc=system, unit="task"):
-                row = runner.generate(system, problem, threshold)
-                outcome = run_program(program_for(problem, extract_code(row["answer"])), timeout=args.exec_timeout)
-                row.update(task_id=problem["task_id"], status=outcome.status, detail=outcome.detail,
-                           threshold=threshold)
-                f.write(json.dumps(row) + "\n")
+        todo = sorted((p for p in problems if p["task_id"] not in done), key=lambda p: len(p["prompt"]))
+        with open(path, "a", encoding="utf-8") as f, tqdm(total=len(todo), desc=system, unit="task") as bar:
+            for start in range(0, len(todo), args.batch_size):  # similar lengths batch together: little padding
+                batch = todo[start : start + args.batch_size]
+                for problem, row in zip(batch, runner.generate(system, batch, threshold)):
+                    outcome = run_program(program_for(problem, extract_code(row["answer"])), timeout=args.exec_timeout)
+                    row.update(task_id=problem["task_id"], status=outcome.status, detail=outcome.detail,
+                               threshold=threshold)
+                    f.write(json.dumps(row) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+                bar.update(len(batch))
 
 
 def run_timing(args: argparse.Namespace) -> None:
@@ -185,11 +204,11 @@ def run_timing(args: argparse.Namespace) -> None:
     thresholds = {s: (None if s in ("slm", "llm") else _read(folder / f"{s}.jsonl")[problems[0]["task_id"]]["threshold"])
                   for s in SYSTEMS}
     totals = {s: {"tokens": 0, "seconds": 0.0} for s in SYSTEMS}
-    runner.generate("slm", problems[0], None)  # warm-up
+    runner.generate("slm", problems[:1], None)  # warm-up
     for problem in problems:
         for system in SYSTEMS:
             start = time.perf_counter()
-            row = runner.generate(system, problem, thresholds[system])
+            row = runner.generate(system, [problem], thresholds[system])[0]
             totals[system]["seconds"] += time.perf_counter() - start
             totals[system]["tokens"] += row["generated_tokens"]
     timing = {s: {**t, "tokens_per_s": t["tokens"] / t["seconds"]} for s, t in totals.items()}
@@ -201,7 +220,8 @@ def run_timing(args: argparse.Namespace) -> None:
 def _conditions(args: argparse.Namespace, timing: str) -> dict:
     return {
         "hardware": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "timing": timing,
-        "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "decoding": "greedy", "batch_size": 1,
+        "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "decoding": "greedy",
+        "accuracy_batch_size": args.batch_size, "threads": args.threads,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "models": "Qwen2.5-Coder-0.5B/1.5B-Instruct from Q4_K_M GGUF wheels, dequantised to bf16 (benchmarks/models.py)",
     }
@@ -253,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=8, help="tasks per batch in the accuracy runs")
     parser.add_argument("--exec-timeout", type=float, default=10.0)
     parser.add_argument("--timing", action="store_true", help="measure tokens/s instead of running the tasks")
     parser.add_argument("--timing-tasks", type=int, default=16)

@@ -19,13 +19,14 @@ equals ``llm.generate``, token for token, under the same seed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
-from .features import HiddenStateCapture, embed_tokens, lm_forward, topk_logits
+from .features import HiddenStateCapture, embed_tokens, input_device, lm_forward, output_device, topk_logits
 from .outputs import R2RGenerateOutput
 from .router import Router
 
@@ -113,7 +114,8 @@ def propose(
 
 
 def route(
-    router: Router,
+    scorer: Callable,
+    router_device: torch.device,
     slm: torch.nn.Module,
     logits: torch.Tensor,
     hidden: torch.Tensor,
@@ -122,11 +124,13 @@ def route(
     threshold: float,
     running: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 2: router scores [B] for the proposed tokens, and which running rows go to the LLM."""
-    device = next(iter(router.parameters()), logits).device
-    scores = router.scores(
-        topk_logits(logits, num_topk).to(device), embed_tokens(slm, token).to(device), hidden.to(device)
-    ).to(running.device)
+    """Step 2: router scores [B] for the proposed tokens, and which running rows go to the LLM.
+
+    ``scorer`` is ``router.scores`` or a compiled version of it; ``router_device`` is where it runs.
+    """
+    d = router_device
+    scores = scorer(topk_logits(logits, num_topk).to(d), embed_tokens(slm, token).to(d), hidden.to(d))
+    scores = scores.to(running.device)
     return scores, (scores >= threshold) & running
 
 
@@ -138,12 +142,26 @@ def catch_up(llm: torch.nn.Module, seq: Committed, seen: int, cache: Cache) -> t
 
 
 def slm_step(
-    slm: torch.nn.Module, seq: Committed, cache: Cache, capture: HiddenStateCapture, start: int
+    slm: torch.nn.Module, seq: Committed, cache: Cache, start: int, compiled: Callable | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 5: the SLM reads ``seq[start:]``; returns its next-token logits and post-norm hidden state."""
+    """Step 5: the SLM reads ``seq[start:]``; returns its next-token logits and post-norm hidden state.
+
+    ``compiled`` (a compiled ``slm.__call__``, static cache only) runs one-token steps with fixed
+    shapes: the whole mask buffer, and the last hidden state from ``output_hidden_states``.
+    """
     end = seq.length
-    logits = lm_forward(slm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end], cache)
-    return logits[:, -1], capture.hidden[:, -1]
+    if compiled is not None and end - start == 1:
+        device = input_device(slm)
+        out = compiled(
+            input_ids=seq.ids[:, start:end].to(device).clone(memory_format=torch.contiguous_format),
+            attention_mask=None if seq.mask is None else seq.mask.to(device),
+            position_ids=seq.positions[:, start:end].to(device).clone(memory_format=torch.contiguous_format),
+            past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True, return_dict=True,
+        )
+        return out.logits[:, -1], out.hidden_states[-1][:, -1]
+    with HiddenStateCapture(slm) as capture:
+        logits = lm_forward(slm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end], cache)
+        return logits[:, -1], capture.hidden[:, -1]
 
 
 def r2r_decode(
@@ -160,6 +178,8 @@ def r2r_decode(
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
     streamer=None,
+    compiled_slm: Callable | None = None,
+    router_scores_fn: Callable | None = None,
 ) -> R2RGenerateOutput | torch.Tensor:
     """Generate with token-level routing; called by ``R2RForCausalLM.generate`` once HF has prepared everything.
 
@@ -173,6 +193,8 @@ def r2r_decode(
         attention_mask: [B, P], or None when nothing is padded.
         position_ids: [B, P] positions of the prompt tokens.
         streamer: an HF streamer; it already received the prompt.
+        compiled_slm: a compiled ``slm.__call__`` for the one-token steps (needs a static cache).
+        router_scores_fn: a compiled ``router.scores``.
     """
     batch, prompt_len = input_ids.shape
     device = input_ids.device
@@ -198,55 +220,57 @@ def r2r_decode(
     logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
 
     router.reset()
-    with HiddenStateCapture(slm) as capture:
-        slm_logits, slm_hidden = slm_step(slm, seq, slm_cache, capture, start=0)  # prefill the prompt
-        step = 0
-        while True:
-            # 1. The SLM proposes (the RNG state is kept so the LLM can redraw in its place).
-            rng = rng_state(device) if do_sample else None
-            scores, token = propose(slm_logits, seq, logits_processor, vocab_size, do_sample)
-            raw = slm_logits[:, :vocab_size] if keep_logits else None
+    scorer = router_scores_fn or router.scores
+    param = next(iter(router.parameters()), None)
+    router_device = param.device if param is not None else output_device(slm)
+    slm_logits, slm_hidden = slm_step(slm, seq, slm_cache, start=0)  # prefill the prompt
+    step = 0
+    while True:
+        # 1. The SLM proposes (the RNG state is kept so the LLM can redraw in its place).
+        rng = rng_state(device) if do_sample else None
+        scores, token = propose(slm_logits, seq, logits_processor, vocab_size, do_sample)
+        raw = slm_logits[:, :vocab_size] if keep_logits else None
 
-            # 2. The router scores the proposal.
-            router_scores, routed = route(
-                router, slm, slm_logits, slm_hidden, token, num_topk_logits, threshold, running
-            )
+        # 2. The router scores the proposal.
+        router_scores, routed = route(
+            scorer, router_device, slm, slm_logits, slm_hidden, token, num_topk_logits, threshold, running
+        )
 
-            # 3. Routed rows: the LLM catches up in one chunk, then writes their token.
-            if routed.any():
-                llm_logits = catch_up(llm, seq, llm_seen, llm_cache)
-                llm_seen = seq.length
-                if do_sample:
-                    set_rng_state(device, rng)
-                llm_scores, llm_token = propose(llm_logits, seq, logits_processor, vocab_size, do_sample)
-                token = torch.where(routed, llm_token, token)
-                if keep_scores:
-                    scores = torch.where(routed[:, None], llm_scores, scores)
-                if keep_logits:
-                    raw = torch.where(routed[:, None], llm_logits[:, :vocab_size].to(raw.device), raw)
-
-            # 4. Commit: finished rows get the pad token; stream; check stopping.
-            if pad_finished:
-                token = torch.where(running, token, pad)
-            seq.append(token)
-            routed_record[:, step] = routed
-            score_record[:, step] = torch.where(running, router_scores, float("nan"))
-            generated_record[:, step] = running
+        # 3. Routed rows: the LLM catches up in one chunk, then writes their token.
+        if routed.any():
+            llm_logits = catch_up(llm, seq, llm_seen, llm_cache)
+            llm_seen = seq.length
+            if do_sample:
+                set_rng_state(device, rng)
+            llm_scores, llm_token = propose(llm_logits, seq, logits_processor, vocab_size, do_sample)
+            token = torch.where(routed, llm_token, token)
             if keep_scores:
-                scores_out += (scores,)
+                scores = torch.where(routed[:, None], llm_scores, scores)
             if keep_logits:
-                logits_out += (raw.float(),)
-            if streamer is not None:
-                if hasattr(streamer, "put_routing"):  # r2r_hf streamers also learn who wrote each token
-                    streamer.put_routing(routed.cpu(), router_scores.cpu())
-                streamer.put(token.cpu())
-            running = running & ~stopping_criteria(seq.view(), scores_out)
-            step += 1
-            if not running.any() or seq.length >= max_len:
-                break
+                raw = torch.where(routed[:, None], llm_logits[:, :vocab_size].to(raw.device), raw)
 
-            # 5. The SLM reads the committed token.
-            slm_logits, slm_hidden = slm_step(slm, seq, slm_cache, capture, start=seq.length - 1)
+        # 4. Commit: finished rows get the pad token; stream; check stopping.
+        if pad_finished:
+            token = torch.where(running, token, pad)
+        seq.append(token)
+        routed_record[:, step] = routed
+        score_record[:, step] = torch.where(running, router_scores, float("nan"))
+        generated_record[:, step] = running
+        if keep_scores:
+            scores_out += (scores,)
+        if keep_logits:
+            logits_out += (raw.float(),)
+        if streamer is not None:
+            if hasattr(streamer, "put_routing"):  # r2r_hf streamers also learn who wrote each token
+                streamer.put_routing(routed.cpu(), router_scores.cpu())
+            streamer.put(token.cpu())
+        running = running & ~stopping_criteria(seq.view(), scores_out)
+        step += 1
+        if not running.any() or seq.length >= max_len:
+            break
+
+        # 5. The SLM reads the committed token.
+        slm_logits, slm_hidden = slm_step(slm, seq, slm_cache, start=seq.length - 1, compiled=compiled_slm)
 
     if streamer is not None:
         streamer.end()

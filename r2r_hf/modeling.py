@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.configuration_utils import CompileConfig, GenerationMode
 
 from .config import R2RConfig
 from .decoding import r2r_decode
@@ -39,7 +39,7 @@ from .loading import (
 from .model_card import CARD_MARKER, render_model_card
 from .official import find_official_file, official_config_and_weights, read_official_checkpoint, resolve_pair
 from .outputs import R2RForwardOutput
-from .router import Router, build_router, init_router_module
+from .router import MLPRouter, Router, build_router, init_router_module
 
 # The threshold of the generate call in progress. A context variable (not an attribute) keeps
 # concurrent generate calls from different threads apart.
@@ -102,6 +102,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         object.__setattr__(self, "_slm", None)
         object.__setattr__(self, "_llm", None)
         object.__setattr__(self, "shared_vocab_size", None)
+        object.__setattr__(self, "_compiled_router", None)
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:
@@ -378,6 +379,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         if synced_gpus:
             raise ValueError("R2RForCausalLM.generate does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
         threshold = _CALL_THRESHOLD.get()
+        compiled_slm, router_fn = self._compiled_steps(generation_config)
         return r2r_decode(
             self.slm,
             self.llm,
@@ -392,7 +394,34 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             attention_mask=model_kwargs.get("attention_mask"),
             position_ids=model_kwargs.get("position_ids"),
             streamer=streamer,
+            compiled_slm=compiled_slm,
+            router_scores_fn=router_fn,
         )
+
+    def _compiled_steps(self, generation_config) -> tuple[Any, Any]:
+        """Compiled SLM one-token step and router, when the call allows and asks for them.
+
+        As in HF generate: only with a static cache, never with ``disable_compile``, automatically
+        on CUDA/XPU, and on other devices when a ``compile_config`` is given. The LLM's catch-up
+        (variable length) stays eager.
+        """
+        if generation_config.cache_implementation != "static" or generation_config.disable_compile:
+            return None, None
+        config = generation_config.compile_config
+        if config is None and output_device(self.slm).type not in ("cuda", "xpu"):
+            return None, None
+        placements = set(getattr(self.slm, "hf_device_map", {}).values())
+        if getattr(self.slm, "hf_quantizer", None) is not None or len(placements) > 1:
+            return None, None
+        config = config or CompileConfig()
+        compiled_slm = self.slm.get_compiled_call(config)
+        if not isinstance(self.router, MLPRouter):  # baselines are cheap (and the random one is stateful)
+            return compiled_slm, None
+        key = (config.fullgraph, config.dynamic, config.backend, config.mode, id(self.router))
+        if self._compiled_router is None or self._compiled_router[0] != key:
+            options = {k: v for k, v in config.to_dict().items() if k in ("fullgraph", "dynamic", "backend", "mode", "options")}
+            object.__setattr__(self, "_compiled_router", (key, torch.compile(self.router.scores, **options)))
+        return compiled_slm, self._compiled_router[1]
 
     # ------------------------------------------------------------ scoring
     def forward(

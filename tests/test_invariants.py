@@ -107,3 +107,17 @@ def test_per_call_threshold_changes_nothing_stored(model, single):
     before = model.config.threshold
     model.generate(**single, **GREEDY, threshold=0.0)
     assert model.config.threshold == before
+
+
+def test_compiled_static_step_equals_eager(model, batch):
+    """The compiled SLM + router step (static cache) writes the same tokens and routes the same way."""
+    from transformers.generation.configuration_utils import CompileConfig
+
+    probe = model.generate(**batch, **GREEDY, threshold=INF, return_dict_in_generate=True)
+    threshold = probe.router_scores[probe.generated_mask].median().item()
+    kwargs = dict(**GREEDY, threshold=threshold, cache_implementation="static", return_dict_in_generate=True)
+    eager = model.generate(**batch, **kwargs)
+    compiled = model.generate(**batch, **kwargs, compile_config=CompileConfig(mode="default"))
+    assert model._compiled_router is not None, "the compiled path ran"
+    assert torch.equal(compiled.sequences, eager.sequences) and torch.equal(compiled.routed, eager.routed)
+    torch.testing.assert_close(compiled.router_scores, eager.router_scores, equal_nan=True, rtol=1e-5, atol=1e-5)
