@@ -1,5 +1,7 @@
-# Two entry points for a fresh machine: `make test` and `make demo`.
-# Both create .venv (CPU torch from the local wheel cache where one exists) and install the package.
+# Two entry points for a fresh machine:
+#   make demo   sets everything up and runs the prebuilt router on a sample prompt (coloured output + demo.html)
+#   make test   sets everything up and runs the test suite (what .ci/run calls)
+# Both create .venv with a CPU build of torch (from the local wheel where one exists).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,6 +15,13 @@ $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: test
+$(VENV)/.installed-demo: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e ".[bench]"
+	touch $@
+
+.PHONY: test demo
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q tests
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/python -m benchmarks.demo
