@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except torch.OutOfMemoryError as err:
+    except (torch.OutOfMemoryError, MemoryError) as err:
         if args.debug:
             raise
         print(f"error: out of memory ({_one_sentence(err)}); try a smaller dtype (--dtype bfloat16), "
