@@ -122,3 +122,21 @@ def test_model_card_is_written_and_a_users_readme_is_kept(model, tmp_path):
     (tmp_path / "README.md").write_text("my own notes")
     model.save_pretrained(tmp_path)
     assert (tmp_path / "README.md").read_text() == "my own notes"
+
+
+def test_cli_push_uploads_the_folder_as_is(model, tmp_path):
+    from r2r_hf.cli import main as cli_main
+
+    folder = tmp_path / "router"
+    model.save_pretrained(folder)
+    (folder / "router_metrics.json").write_text("{}")
+    cache = tmp_path / "hub"
+    with fake_hub(cache) as uploaded:
+        assert cli_main(["push", str(folder), "org/pushed-router"]) == 0
+    assert set(uploaded) == {"README.md", "config.json", "generation_config.json", "model.safetensors",
+                             "router_metrics.json"}
+    not_a_router = tmp_path / "plain"
+    not_a_router.mkdir()
+    (not_a_router / "config.json").write_text('{"model_type": "llama"}')
+    with fake_hub(cache):
+        assert cli_main(["push", str(not_a_router), "org/x"]) == 2
