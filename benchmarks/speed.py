@@ -188,12 +188,12 @@ def measure(args: argparse.Namespace) -> dict:
             measured = timed(lambda: model.generate(prompt, **gen, threshold=0.5), args.device, args.repeats) / args.tokens
             ideal = ideal_per_token(share, batch, args.per_row, parts, args.prompt, args.tokens)
             row["r2r"].append({
-                "p": share, "ms_per_token": 1e3 * measured, "tokens_per_s": batch / measured,
+                "p": share, "ms_per_step": 1e3 * measured, "tokens_per_s": batch / measured,
                 "speedup_vs_llm": t_llm_gen / measured, "ideal_ms": 1e3 * ideal, "loop_efficiency": ideal / measured,
                 "p_llm_call": 1 - (1 - share) ** batch if args.per_row else share,
             })
-        row["never_route_vs_slm_generate"] = row["r2r"][0]["ms_per_token"] / row["slm_generate_ms"]
-        row["always_route_vs_llm_plus_slm"] = row["r2r"][-1]["ms_per_token"] / (row["llm_generate_ms"] + row["slm_generate_ms"])
+        row["never_route_vs_slm_generate"] = row["r2r"][0]["ms_per_step"] / row["slm_generate_ms"]
+        row["always_route_vs_llm_plus_slm"] = row["r2r"][-1]["ms_per_step"] / (row["llm_generate_ms"] + row["slm_generate_ms"])
         results["batches"][str(batch)] = row
         print_batch(batch, row)
     model.router = real_router
@@ -206,9 +206,9 @@ def print_batch(batch: int, row: dict) -> None:
           f"t_LLM(1) {c['t_llm']['1']:.2f} ms, t_LLM(10) {c['t_llm']['10']:.2f} ms; "
           f"slm.generate {row['slm_generate_ms']:.2f} ms/token, llm.generate {row['llm_generate_ms']:.2f} ms/token"
           + (f", assisted {row['assisted_ms']:.2f} ms/token" if "assisted_ms" in row else ""))
-    print(f"{'p':>6} {'ms/token':>9} {'tokens/s':>9} {'vs LLM':>7} {'ideal ms':>9} {'efficiency':>10}")
+    print(f"{'p':>6} {'ms/step':>9} {'tokens/s':>9} {'vs LLM':>7} {'ideal ms':>9} {'efficiency':>10}")
     for r in row["r2r"]:
-        print(f"{r['p']:6.2f} {r['ms_per_token']:9.2f} {r['tokens_per_s']:9.2f} {r['speedup_vs_llm']:6.2f}x "
+        print(f"{r['p']:6.2f} {r['ms_per_step']:9.2f} {r['tokens_per_s']:9.2f} {r['speedup_vs_llm']:6.2f}x "
               f"{r['ideal_ms']:9.2f} {r['loop_efficiency']:10.3f}")
     print(f"never-route / slm.generate = {row['never_route_vs_slm_generate']:.3f}; "
           f"always-route / (llm.generate + slm.generate) = {row['always_route_vs_llm_plus_slm']:.3f}")
