@@ -155,12 +155,14 @@ def measure(args: argparse.Namespace) -> dict:
     dtype = getattr(torch, args.dtype)
     slm = random_model(args.slm, dtype, args.device, 0)
     llm = random_model(args.llm, dtype, args.device, 1)
-    model = R2RForCausalLM.from_models(slm, llm)  # the paper's router, sized from the SLM
-    real_router = model.router.to(dtype=torch.float32)
+    dims = [int(args.router_dims.split("x")[0])] * int(args.router_dims.split("x")[1])
+    model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=dims)  # 1024x6 = the paper's router
+    real_router = model.router.to(dtype=getattr(torch, args.router_dtype))
     results = {"conditions": {
         "slm": args.slm, "llm": args.llm, "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
         "new_tokens": args.tokens, "prompt_tokens": args.prompt, "repeats": args.repeats, "per_row": args.per_row,
         "cache": args.cache or "dynamic", "router_params": sum(p.numel() for p in real_router.parameters()),
+        "router": f"{args.router_dims} blocks, {args.router_dtype}",
         "hardware": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
         "torch": torch.__version__, "transformers": transformers.__version__, "weights": "random",
     }, "batches": {}}
@@ -228,6 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--per-row", action="store_true", help="route rows independently (Bernoulli p)")
     parser.add_argument("--cache", choices=("dynamic", "static"), help="cache_implementation for every run")
     parser.add_argument("--no-assisted", action="store_true")
+    parser.add_argument("--router-dims", default="1024x6", help="block width x blocks (default: the paper's)")
+    parser.add_argument("--router-dtype", default="float32", help="router weights' dtype")
     parser.add_argument("--out", default="benchmarks/results/speed.json")
     args = parser.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

@@ -45,6 +45,7 @@ class R2RConfig(PreTrainedConfig):
         calibration: how the threshold was picked (method, target, recall, LLM token rate...).
         training: how the router was trained (data, label statistics, epochs...).
         evaluation: benchmark results to show in the model card.
+        license: the router's licence for its model card (default: the pair's, where both agree).
         random_seed: seed of the random baseline's private generator.
     """
 
@@ -68,6 +69,7 @@ class R2RConfig(PreTrainedConfig):
     calibration: dict[str, Any] | None = None
     training: dict[str, Any] | None = None
     evaluation: dict[str, Any] | None = None
+    license: str | None = None
     random_seed: int = 0
 
     def __post_init__(self, **kwargs: Any) -> None:

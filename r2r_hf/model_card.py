@@ -51,7 +51,9 @@ def _metadata(config: R2RConfig) -> str:
     if bases:
         lines += ["base_model:"] + [f"- {name}" for name in bases]
     licenses = {_license_of(config.slm_name_or_path, config.slm_revision), _license_of(config.llm_name_or_path, config.llm_revision)}
-    if len(licenses) == 1 and None not in licenses:
+    if config.license:
+        lines.append(f"license: {config.license}")
+    elif len(licenses) == 1 and None not in licenses:
         lines.append(f"license: {licenses.pop()}")
     elif None not in licenses:
         lines.append("license: other")

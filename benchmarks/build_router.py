@@ -1,0 +1,71 @@
+"""Train the shipped Qwen2.5-Coder router from a labeling run and write it to hub_cards/.
+
+    python -m benchmarks.build_router --labels work/coder      # train + calibrate (recall 0.95)
+    python -m benchmarks.build_router --evaluation benchmarks/results/humaneval.json   # add results to the card
+
+The labeling run comes from (see docs/results.md for the exact command):
+    r2r-hf label --slm <0.5B folder> --llm <1.5B folder> --prompts benchmarks/data/stdlib_prompts.jsonl ...
+The router names the Hub ids of the pair; offline, load it with slm=/llm= local folders
+(benchmarks/models.py fetches them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.models import PAIR
+from r2r_hf import R2RForCausalLM
+from r2r_hf.training import TrainSettings, train_router
+
+OUT = Path("hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
+
+
+def build(labels: str, seed: int) -> R2RForCausalLM:
+    model = train_router(labels, OUT, TrainSettings(seed=seed), recall=0.95)
+    summary = json.loads((Path(labels) / "summary.json").read_text())
+    manifest = json.loads((Path(labels) / "manifest.json").read_text())
+    config = model.config
+    config.slm_name_or_path, config.llm_name_or_path = PAIR["slm"]["hub_id"], PAIR["llm"]["hub_id"]
+    config.license = "apache-2.0"
+    config.training.update({
+        "data": "benchmarks/data/stdlib_prompts.jsonl: 'complete this function' prompts from the Python 3.11 "
+                "standard library (disjoint from HumanEval), first 320, labelled with `r2r-hf label`",
+        "labeling": {k: manifest[k] for k in ("dtype", "max_new_tokens", "batch_size", "continuation_max_tokens",
+                                               "context_tokens")} | {"verifier": "the LLM (Qwen2.5-Coder-1.5B-Instruct)"},
+        "labeling_cost": summary["cost"],
+        "weights_used": "Q4_K_M GGUF re-uploads dequantised to bf16 (benchmarks/models.py)",
+    })
+    model.save_pretrained(OUT)
+    return model
+
+
+def add_evaluation(path: str) -> None:
+    model = R2RForCausalLM.from_pretrained(OUT, load_pair=False)
+    results = json.loads(Path(path).read_text())
+    model.config.evaluation = {
+        "benchmark": results["benchmark"] + ", greedy, chat template; details in docs/results.md",
+        "results": [{"system": r["name"], "pass@1": round(r["pass_at_1"], 3), "LLM token rate": round(r["llm_token_rate"], 3),
+                     "avg. active params (B)": round(r["avg_activated_params"] / 1e9, 2)} for r in results["results"]],
+    }
+    model.save_pretrained(OUT)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--labels", help="labeling run to train on")
+    parser.add_argument("--evaluation", help="humaneval.json to show in the model card")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.labels:
+        model = build(args.labels, args.seed)
+        print(f"wrote {OUT}: threshold {model.config.threshold:.4g}, "
+              f"expected LLM token rate {model.config.expected_llm_token_rate:.1%}")
+    if args.evaluation:
+        add_evaluation(args.evaluation)
+        print(f"added the evaluation to {OUT}/README.md")
+
+
+if __name__ == "__main__":
+    main()
