@@ -22,8 +22,13 @@ from r2r_hf.training import TrainSettings, train_router
 OUT = Path("hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
 
 
+# The paper's batch 1024 / lr 5e-5 assume ~7.6M labels (7k steps per epoch). On ~5*10^4 labels that is
+# 50 steps per epoch; smaller batches and a larger step size give the optimiser enough updates.
+SETTINGS = dict(batch_size=256, lr=2e-4, epochs=50, patience=10)
+
+
 def build(labels: str, seed: int) -> R2RForCausalLM:
-    model = train_router(labels, OUT, TrainSettings(seed=seed), recall=0.95)
+    model = train_router(labels, OUT, TrainSettings(seed=seed, **SETTINGS), recall=0.95)
     summary = json.loads((Path(labels) / "summary.json").read_text())
     manifest = json.loads((Path(labels) / "manifest.json").read_text())
     config = model.config
