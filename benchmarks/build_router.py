@@ -44,6 +44,8 @@ def build(labels: str, seed: int) -> R2RForCausalLM:
     config = model.config
     config.slm_name_or_path, config.llm_name_or_path = PAIR["slm"]["hub_id"], PAIR["llm"]["hub_id"]
     config.license = "apache-2.0"
+    split = config.calibration["data"].rsplit("(", 1)[-1]  # the machine's run folder means nothing on the Hub
+    config.calibration["data"] = f"the labeling run ({split}"
     config.training.update({
         "data": "benchmarks/data/stdlib_prompts.jsonl: 'complete this function' prompts from the Python 3.11 "
                 "standard library (disjoint from HumanEval), first 320, labelled with `r2r-hf label`",

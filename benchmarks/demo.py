@@ -15,15 +15,18 @@ from benchmarks.models import fetch
 from r2r_hf.cli import main as cli_main
 
 ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
-PROMPT = ("Write a Python function `merge_intervals(intervals)` that merges overlapping [start, end] intervals "
-          "and returns them sorted. Explain the idea in two sentences first.")
+# In the router's training domain (function completion; see docs/results.md): on free prose it routes more.
+PROMPT = ("Complete the following Python function. Reply with the whole function in one ```python code block "
+          "and nothing else.\n\n```python\ndef merge_intervals(intervals: list[list[int]]) -> list[list[int]]:\n"
+          "    \"\"\"Merge overlapping [start, end] intervals and return them sorted by start.\n"
+          "    >>> merge_intervals([[1, 3], [2, 6], [8, 10]])\n    [[1, 6], [8, 10]]\n    \"\"\"\n```")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--html", default="demo.html")
-    parser.add_argument("--max-new-tokens", default="200")
+    parser.add_argument("--max-new-tokens", default="256")
     parser.add_argument("--threads", default="2")
     args = parser.parse_args(argv)
     print("fetching the model pair (once; cached afterwards)...", file=sys.stderr)
