@@ -79,3 +79,20 @@ def test_model_fetcher_joins_in_numeric_order_and_checks_the_hash(tmp_path):
     with pytest.raises(ValueError, match="sha256 .* Refusing"):
         join_parts(bad, tmp_path, tmp_path / "bad.gguf", quiet=True)
     assert not (tmp_path / "bad.gguf").exists() and not (tmp_path / "bad.partial").exists()
+
+
+def test_shipped_router_loads_and_names_its_pair():
+    from pathlib import Path
+
+    from benchmarks.build_router import OUT
+    from r2r_hf import R2RForCausalLM
+
+    weights = OUT / "model.safetensors"
+    assert weights.stat().st_size <= 20 * 2**20
+    model = R2RForCausalLM.from_pretrained(OUT, load_pair=False)
+    config = model.config
+    assert (config.slm_name_or_path, config.llm_name_or_path) == (
+        "Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert config.slm_hidden_size == 896 and 0 < config.threshold < 1
+    card = Path(OUT / "README.md").read_text()
+    assert f"{config.threshold:.4g}" in card and "Qwen/Qwen2.5-Coder-1.5B-Instruct" in card
