@@ -96,3 +96,14 @@ def test_shipped_router_loads_and_names_its_pair():
     assert config.slm_hidden_size == 896 and 0 < config.threshold < 1
     card = Path(OUT / "README.md").read_text()
     assert f"{config.threshold:.4g}" in card and "Qwen/Qwen2.5-Coder-1.5B-Instruct" in card
+
+
+def test_roc_auc_counts_ties_half():
+    import torch
+
+    from benchmarks.router_quality import roc_auc
+
+    assert roc_auc(torch.tensor([0.9, 0.8, 0.1, 0.2]), torch.tensor([1, 1, 0, 0])) == 1.0
+    assert roc_auc(torch.tensor([0.1, 0.8, 0.9, 0.2]), torch.tensor([1, 0, 0, 0])) == 0.0
+    assert roc_auc(torch.tensor([0.5, 0.5, 0.5, 0.5]), torch.tensor([1, 0, 1, 0])) == 0.5
+    assert roc_auc(torch.tensor([0.6, 0.4, 0.5]), torch.tensor([1, 1, 0])) == 0.5
