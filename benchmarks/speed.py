@@ -41,6 +41,9 @@ CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.jso
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
                         num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+    # for the smoke test only
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
 }
 SHARES = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -152,6 +155,7 @@ def ideal_per_token(share: float, batch: int, per_row: bool, parts: dict, prompt
 
 @torch.no_grad()
 def measure(args: argparse.Namespace) -> dict:
+    """Every measurement for each batch size; the JSON is rewritten after each (an interrupted run keeps them)."""
     dtype = getattr(torch, args.dtype)
     slm = random_model(args.slm, dtype, args.device, 0)
     llm = random_model(args.llm, dtype, args.device, 1)
@@ -198,6 +202,8 @@ def measure(args: argparse.Namespace) -> dict:
         row["always_route_vs_llm_plus_slm"] = row["r2r"][-1]["ms_per_step"] / (row["llm_generate_ms"] + row["slm_generate_ms"])
         results["batches"][str(batch)] = row
         print_batch(batch, row)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
     model.router = real_router
     return results
 
@@ -236,10 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     torch.set_num_threads(args.threads)
-    results = measure(args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    return results
+    return measure(args)
 
 
 if __name__ == "__main__":

@@ -107,3 +107,18 @@ def test_roc_auc_counts_ties_half():
     assert roc_auc(torch.tensor([0.1, 0.8, 0.9, 0.2]), torch.tensor([1, 0, 0, 0])) == 0.0
     assert roc_auc(torch.tensor([0.5, 0.5, 0.5, 0.5]), torch.tensor([1, 0, 1, 0])) == 0.5
     assert roc_auc(torch.tensor([0.6, 0.4, 0.5]), torch.tensor([1, 1, 0])) == 0.5
+
+
+def test_speed_benchmark_writes_every_share_and_batch(tmp_path):
+    import json
+
+    from benchmarks.speed import SHARES, main
+
+    out = tmp_path / "speed.json"
+    main(["--slm", "tiny", "--llm", "tiny", "--dtype", "float32", "--tokens", "8", "--prompt", "8", "--repeats", "1",
+          "--batch-sizes", "1,2", "--router-dims", "32x1", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert set(results["batches"]) == {"1", "2"} and "assisted_ms" in results["batches"]["1"]
+    for row in results["batches"].values():
+        assert [r["p"] for r in row["r2r"]] == list(SHARES)
+        assert all(r["ms_per_step"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
