@@ -114,6 +114,7 @@ def components(slm, llm, router, batch: int, context: int, device: str, repeats:
     features = (torch.randn(batch, 100, device=device), torch.randn(batch, hidden, device=device),
                 torch.randn(batch, hidden, device=device))
     out = {"t_slm": timed(step(slm, 1), device, repeats * 5), "t_router": timed(lambda: router.scores(*features), device, repeats * 5)}
+    out["t_slm_prompt"] = timed(step(slm, context), device, repeats)  # the SLM's own prefill, paid once per call
     out["t_llm"] = {g: timed(step(llm, g), device, repeats * 3) for g in (1, 2, 5, 10, 20, 64)}
     out["t_llm"][context] = timed(step(llm, context), device, repeats)  # the first catch-up reads the prompt too
     return out
@@ -134,11 +135,13 @@ def t_llm_at(chunk: float, table: dict[int, float]) -> float:
 def ideal_per_token(share: float, batch: int, per_row: bool, parts: dict, prompt: int, tokens: int) -> float:
     """The cost model per generated token: t_SLM + t_router, plus the LLM's catch-up forwards.
 
+    The SLM's prompt prefill is spread over the generated tokens, as it is in ``slm.generate``.
+
     With the fixed schedule the catch-ups are simulated exactly (the first one also reads the
     prompt); with per-row routing the LLM runs with probability 1 - (1 - p)^B per step, over a
     chunk of 1 / that probability tokens.
     """
-    base = parts["t_slm"] + parts["t_router"]
+    base = parts["t_slm"] + parts["t_router"] + parts["t_slm_prompt"] / tokens
     if share == 0:
         return base
     if per_row:
@@ -178,6 +181,7 @@ def measure(args: argparse.Namespace) -> dict:
                                generator=torch.Generator(device=args.device).manual_seed(batch))
         parts = components(slm, llm, real_router, batch, args.prompt + args.tokens // 2, args.device, args.repeats)
         row = {"components_ms": {"t_slm": 1e3 * parts["t_slm"], "t_router": 1e3 * parts["t_router"],
+                                 "t_slm_prompt": 1e3 * parts["t_slm_prompt"],
                                  "t_llm": {str(g): 1e3 * t for g, t in parts["t_llm"].items()}}}
         t_slm_gen = timed(lambda: slm.generate(prompt, **gen), args.device, args.repeats) / args.tokens
         t_llm_gen = timed(lambda: llm.generate(prompt, **gen), args.device, args.repeats) / args.tokens
