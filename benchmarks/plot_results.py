@@ -33,8 +33,8 @@ def plot(results: dict, out: str) -> None:
                         ("r2r", dict(fmt="o", color="#e07b24", ms=8, label="R2R, calibrated threshold")),
                         ("r2r-low", dict(fmt="o", color="#e07b24", ms=5)),
                         ("r2r-high", dict(fmt="o", color="#e07b24", ms=5)),
-                        ("entropy", dict(fmt="^", color="#2a9d8f", ms=7, label="entropy router (same rate)")),
-                        ("random", dict(fmt="v", color="#999", ms=7, label="random router (same rate)"))):
+                        ("entropy", dict(fmt="^", color="#2a9d8f", ms=7, label="entropy router (calibrated to R2R's rate)")),
+                        ("random", dict(fmt="v", color="#999", ms=7, label="random router (calibrated to R2R's rate)"))):
         if name in rows:
             point(rows[name], **style)
     ax.set_xlabel("LLM token rate (share of tokens written by the 1.5B)")
