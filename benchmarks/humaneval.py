@@ -110,11 +110,10 @@ class Runner:
         return threshold_for_rate(self._validation_scores(self.baseline(system)), r2r_rate)
 
     def baseline(self, kind: str):
-        from r2r_hf import R2RConfig, R2RForCausalLM
+        from benchmarks.router_quality import baseline_like
 
         if kind not in self._baselines:
-            config = R2RConfig(**{**self.r2r.config.to_dict(), "router_type": kind})
-            model = R2RForCausalLM(config).eval()
+            model = baseline_like(self.r2r, kind)
             model.set_models(self.slm, self.llm)
             self._baselines[kind] = model
         return self._baselines[kind]

@@ -32,12 +32,15 @@ def roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> float:
     return float(((below + at_or_below) / 2).mean() / len(negatives))
 
 
+def baseline_like(trained: R2RForCausalLM, kind: str) -> R2RForCausalLM:
+    """An ``entropy`` or ``random`` router with the trained router's config (same pair, same top-k)."""
+    return R2RForCausalLM(R2RConfig(**{**trained.config.to_dict(), "router_type": kind})).eval()
+
+
 def evaluate(labels: str, rates: list[float]) -> dict:
     validation = load_labels(labels).split_of("validation")
     trained = R2RForCausalLM.from_pretrained(ROUTER, load_pair=False)
-    routers = {"r2r": trained}
-    for kind in ("entropy", "random"):
-        routers[kind] = R2RForCausalLM(R2RConfig(**{**trained.config.to_dict(), "router_type": kind})).eval()
+    routers = {"r2r": trained, **{kind: baseline_like(trained, kind) for kind in ("entropy", "random")}}
     results = {}
     for name, model in routers.items():
         scored = scores_on(model.router, validation)
