@@ -83,40 +83,46 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, device: str, repeats: int) -> float:
-    """Best wall time of ``repeats`` runs after one warm-up."""
-    fn()
+def timed(fn, device: str, repeats: int, reset=None) -> float:
+    """Best wall time of ``repeats`` runs after one warm-up; ``reset`` runs untimed after each run."""
     best = math.inf
-    for _ in range(repeats):
+    for run in range(repeats + 1):
         sync(device)
         start = time.perf_counter()
         fn()
         sync(device)
-        best = min(best, time.perf_counter() - start)
+        if run:
+            best = min(best, time.perf_counter() - start)
+        if reset is not None:
+            reset()
     return best
 
 
 @torch.no_grad()
-def components(slm, llm, router, batch: int, context: int, device: str, repeats: int) -> dict:
-    """t_SLM (one-token step), t_router, and t_LLM(g) for catch-up chunks of g tokens, in seconds."""
-    ids = torch.randint(0, 1000, (batch, 2 * context + 64), device=device)
+def components(slm, llm, router, batch: int, prompt: int, context: int, device: str, repeats: int) -> dict:
+    """t_SLM (one-token step), t_router, the SLM's prompt prefill, and t_LLM(g) for catch-up chunks of g tokens.
 
-    def step(model, new):
+    Steps and chunks run at ``context`` tokens of cache (mid-generation); prefills from an empty cache.
+    Seconds.
+    """
+    ids = torch.randint(0, 1000, (batch, context + 64), device=device)
+
+    def forward_after(model, past: int, new: int, runs: int = repeats) -> float:
+        if not past:  # a fresh cache per run, made outside the timed forward
+            caches = [DynamicCache(config=model.config) for _ in range(runs + 1)]
+            return timed(lambda: model(ids[:, :new], past_key_values=caches.pop(), logits_to_keep=1), device, runs)
         cache = DynamicCache(config=model.config)
-        model(ids[:, :context], past_key_values=cache, logits_to_keep=1)
-
-        def run():
-            model(ids[:, context : context + new], past_key_values=cache, logits_to_keep=1)
-            cache.crop(-new)  # back to the context length for the next run
-        return run
+        model(ids[:, :past], past_key_values=cache, logits_to_keep=1)
+        return timed(lambda: model(ids[:, past : past + new], past_key_values=cache, logits_to_keep=1),
+                     device, runs, reset=lambda: cache.crop(-new))  # back to ``past`` tokens, untimed
 
     hidden = slm.config.hidden_size
     features = (torch.randn(batch, 100, device=device), torch.randn(batch, hidden, device=device),
                 torch.randn(batch, hidden, device=device))
-    out = {"t_slm": timed(step(slm, 1), device, repeats * 5), "t_router": timed(lambda: router.scores(*features), device, repeats * 5)}
-    out["t_slm_prompt"] = timed(step(slm, context), device, repeats)  # the SLM's own prefill, paid once per call
-    out["t_llm"] = {g: timed(step(llm, g), device, repeats * 3) for g in (1, 2, 5, 10, 20, 64)}
-    out["t_llm"][context] = timed(step(llm, context), device, repeats)  # the first catch-up reads the prompt too
+    out = {"t_slm": forward_after(slm, context, 1, repeats * 5), "t_router": timed(lambda: router.scores(*features), device, repeats * 5)}
+    out["t_slm_prompt"] = forward_after(slm, 0, prompt)  # the SLM's own prefill, paid once per call
+    out["t_llm"] = {g: forward_after(llm, context, g, repeats * 3) for g in (1, 2, 5, 10, 20, 64)}
+    out["t_llm"][prompt] = forward_after(llm, 0, prompt)  # the first catch-up reads the prompt too
     return out
 
 
@@ -179,7 +185,7 @@ def measure(args: argparse.Namespace) -> dict:
     for batch in args.batch_sizes:
         prompt = torch.randint(0, 1000, (batch, args.prompt), device=args.device,
                                generator=torch.Generator(device=args.device).manual_seed(batch))
-        parts = components(slm, llm, real_router, batch, args.prompt + args.tokens // 2, args.device, args.repeats)
+        parts = components(slm, llm, real_router, batch, args.prompt, args.prompt + args.tokens // 2, args.device, args.repeats)
         row = {"components_ms": {"t_slm": 1e3 * parts["t_slm"], "t_router": 1e3 * parts["t_router"],
                                  "t_slm_prompt": 1e3 * parts["t_slm_prompt"],
                                  "t_llm": {str(g): 1e3 * t for g, t in parts["t_llm"].items()}}}
