@@ -247,9 +247,9 @@ def run_timing(args: argparse.Namespace) -> None:
     problems = list(read_problems().values())[: args.timing_tasks]
     folder = RESULTS / "humaneval"
     # R2R systems reuse the threshold of their accuracy run; one without a finished run is left out.
-    systems = [s for s in SYSTEMS if s in ("slm", "llm") or len(_read(folder / f"{s}.jsonl")) == 164]
-    thresholds = {s: (None if s in ("slm", "llm") else _read(folder / f"{s}.jsonl")[problems[0]["task_id"]]["threshold"])
-                  for s in systems}
+    finished = {s: rows for s in SYSTEMS if len(rows := _read(folder / f"{s}.jsonl")) == 164}
+    systems = [s for s in SYSTEMS if s in ("slm", "llm") or s in finished]
+    thresholds = {s: finished[s][problems[0]["task_id"]]["threshold"] if s in finished else None for s in systems}
     totals = {s: {"tokens": 0, "seconds": 0.0} for s in systems}
     runner.generate("slm", problems[:1], None)  # warm-up
     for problem in problems:
