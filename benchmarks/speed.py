@@ -62,13 +62,17 @@ class ForcedRouter(Router):
 
     def scores(self, topk_logits, token_embedding, hidden):
         real = self.inner.scores(topk_logits, token_embedding, hidden)
-        if self.per_row:
-            draw = torch.rand(real.shape[0], generator=self.generator).to(real.device) < self.share
-        else:
-            due = math.floor((self.step + 1) * self.share) > math.floor(self.step * self.share)
-            draw = torch.full_like(real, due, dtype=torch.bool)
+        draw = forced_rows(self.step, real.shape[0], self.share, self.per_row, self.generator).to(real.device)
         self.step += 1
         return draw.float() + 0 * real  # keeps the dependency on the real scores
+
+
+def forced_rows(step: int, rows: int, share: float, per_row: bool, generator: torch.Generator) -> torch.Tensor:
+    """Which rows ``ForcedRouter`` routes at ``step`` (the cost model replays the same draws)."""
+    if per_row:
+        return torch.rand(rows, generator=generator) < share
+    due = math.floor((step + 1) * share) > math.floor(step * share)
+    return torch.full((rows,), due, dtype=torch.bool)
 
 
 def random_model(name: str, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
@@ -138,28 +142,24 @@ def t_llm_at(chunk: float, table: dict[int, float]) -> float:
     return table[high] + (table[high] - table[low]) * (chunk - high) / (high - low)
 
 
-def ideal_per_token(share: float, batch: int, per_row: bool, parts: dict, prompt: int, tokens: int) -> float:
+def llm_call_steps(share: float, batch: int, per_row: bool, tokens: int, seed: int = 0) -> list[int]:
+    """The steps at which ``ForcedRouter`` routes some row (its draws replayed from the same seed)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [step for step in range(tokens) if forced_rows(step, batch, share, per_row, generator).any()]
+
+
+def ideal_per_token(calls: list[int], parts: dict, prompt: int, tokens: int) -> float:
     """The cost model per generated token: t_SLM + t_router, plus the LLM's catch-up forwards.
 
     The SLM's prompt prefill is spread over the generated tokens, as it is in ``slm.generate``.
-
-    With the fixed schedule the catch-ups are simulated exactly (the first one also reads the
-    prompt); with per-row routing the LLM runs with probability 1 - (1 - p)^B per step, over a
-    chunk of 1 / that probability tokens.
+    At each step in ``calls`` the LLM reads every token since its previous call (the first call
+    also reads the prompt), at the measured t_LLM(g).
     """
-    base = parts["t_slm"] + parts["t_router"] + parts["t_slm_prompt"] / tokens
-    if share == 0:
-        return base
-    if per_row:
-        p_llm = 1 - (1 - share) ** batch
-        return base + p_llm * t_llm_at(1 / p_llm, parts["t_llm"])
     seen, total = 0, 0.0
-    for step in range(tokens):
-        if math.floor((step + 1) * share) > math.floor(step * share):
-            length = prompt + step
-            total += t_llm_at(length - seen, parts["t_llm"])
-            seen = length
-    return base + total / tokens
+    for step in calls:
+        total += t_llm_at(prompt + step - seen, parts["t_llm"])
+        seen = prompt + step
+    return parts["t_slm"] + parts["t_router"] + parts["t_slm_prompt"] / tokens + total / tokens
 
 
 @torch.no_grad()
@@ -202,11 +202,12 @@ def measure(args: argparse.Namespace) -> dict:
         for share in SHARES:
             model.router = ForcedRouter(real_router, share, per_row=args.per_row)
             measured = timed(lambda: model.generate(prompt, **gen, threshold=0.5), args.device, args.repeats) / args.tokens
-            ideal = ideal_per_token(share, batch, args.per_row, parts, args.prompt, args.tokens)
+            calls = llm_call_steps(share, batch, args.per_row, args.tokens)
+            ideal = ideal_per_token(calls, parts, args.prompt, args.tokens)
             row["r2r"].append({
                 "p": share, "ms_per_step": 1e3 * measured, "tokens_per_s": batch / measured,
                 "speedup_vs_llm": t_llm_gen / measured, "ideal_ms": 1e3 * ideal, "loop_efficiency": ideal / measured,
-                "p_llm_call": 1 - (1 - share) ** batch if args.per_row else share,
+                "p_llm_call": len(calls) / args.tokens,  # realised; per row it averages 1 - (1 - p)^B
             })
         row["never_route_vs_slm_generate"] = row["r2r"][0]["ms_per_step"] / row["slm_generate_ms"]
         row["always_route_vs_llm_plus_slm"] = row["r2r"][-1]["ms_per_step"] / (row["llm_generate_ms"] + row["slm_generate_ms"])

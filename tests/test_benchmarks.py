@@ -137,3 +137,19 @@ def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, sin
               "response_ids": out.sequences[0, prompt:].tolist()}
     scores = router_scores_over(model, [sample])
     assert torch.allclose(scores, out.router_scores[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_cost_model_replays_the_forced_routers_decisions(per_row):
+    # The ideal time is only comparable with the measured one if both route at the same steps.
+    from benchmarks.speed import ForcedRouter, llm_call_steps, random_model
+    from r2r_hf import R2RForCausalLM
+
+    slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny", torch.float32, "cpu", 1)
+    model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=[16])
+    model.router = ForcedRouter(model.router, 0.3, per_row=per_row)
+    prompt = torch.randint(0, 1000, (3, 5), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):  # the router's draws restart with every call
+        out = model.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
+                             threshold=0.5, return_dict_in_generate=True)
+        assert out.routed.any(0).nonzero().flatten().tolist() == llm_call_steps(0.3, 3, per_row, 12)
