@@ -207,7 +207,8 @@ def measure(args: argparse.Namespace) -> dict:
             row["r2r"].append({
                 "p": share, "ms_per_step": 1e3 * measured, "tokens_per_s": batch / measured,
                 "speedup_vs_llm": t_llm_gen / measured, "ideal_ms": 1e3 * ideal, "loop_efficiency": ideal / measured,
-                "p_llm_call": len(calls) / args.tokens,  # realised; per row it averages 1 - (1 - p)^B
+                # per row: the realised share of steps with an LLM call (it averages 1 - (1 - p)^B)
+                "p_llm_call": len(calls) / args.tokens if args.per_row else share,
             })
         row["never_route_vs_slm_generate"] = row["r2r"][0]["ms_per_step"] / row["slm_generate_ms"]
         row["always_route_vs_llm_plus_slm"] = row["r2r"][-1]["ms_per_step"] / (row["llm_generate_ms"] + row["slm_generate_ms"])
