@@ -77,9 +77,9 @@ def forced_rows(step: int, rows: int, share: float, per_row: bool, generator: to
 
 def random_model(name: str, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen2ForCausalLM(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096))
-    return model.to(dtype).eval()
+    with torch.device(device):  # built in ``dtype`` on the device: a 32B in fp32 would not fit beside itself
+        model = Qwen2ForCausalLM._from_config(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096), dtype=dtype)
+    return model.eval()
 
 
 def sync(device: str) -> None:
