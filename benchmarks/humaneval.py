@@ -79,7 +79,8 @@ def router_scores_over(model, samples: list[dict]) -> torch.Tensor:
     from r2r_hf.pipeline.prefill import slm_features
 
     parts = []
-    for sample in tqdm(samples, desc="scoring answers", unit="answer", leave=False):  # one at a time: the features of a whole run would not fit in memory at once
+    # One answer at a time: the hidden states of a whole run would not fit in memory at once.
+    for sample in tqdm(samples, desc="scoring answers", unit="answer", leave=False):
         features, _ = slm_features(model.slm, [sample], model.config.num_topk_logits, model.shared_vocab_size)
         parts.append(model.router.scores(*(features[k].float() for k in ("topk_logits", "token_embedding", "hidden"))))
     return torch.cat(parts) if parts else torch.zeros(0)
