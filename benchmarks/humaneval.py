@@ -82,7 +82,7 @@ def router_scores_over(model, samples: list[dict]) -> torch.Tensor:
     # One answer at a time: the hidden states of a whole run would not fit in memory at once.
     for sample in tqdm(samples, desc="scoring answers", unit="answer", leave=False):
         features, _ = slm_features(model.slm, [sample], model.config.num_topk_logits, model.shared_vocab_size)
-        parts.append(model.router.scores(*(features[k].float() for k in ("topk_logits", "token_embedding", "hidden"))))
+        parts.append(model.router.scores(*(features[k] for k in ("topk_logits", "token_embedding", "hidden"))))
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
@@ -141,13 +141,13 @@ class Runner:
             model: an R2R model whose router scores the SLM's features.
             answers: (HumanEval problem, answer text) pairs.
         """
-        samples = [{"id": p["task_id"], "prompt_ids": self.prompt_ids(p),
+        samples = [{"id": p["task_id"], "prompt_ids": self.tok(self.chat_text(p), add_special_tokens=False)["input_ids"],
                     "response_ids": self.tok(answer, add_special_tokens=False)["input_ids"]} for p, answer in answers]
         return router_scores_over(model, samples)
 
-    def prompt_ids(self, problem: dict) -> list[int]:
-        return self.tok.apply_chat_template(humaneval_messages(problem), add_generation_prompt=True, tokenize=True,
-                                            return_dict=False)
+    def chat_text(self, problem: dict) -> str:
+        """The task as the models see it: the chat template with the generation prompt."""
+        return self.tok.apply_chat_template(humaneval_messages(problem), add_generation_prompt=True, tokenize=False)
 
     def baseline(self, kind: str):
         from benchmarks.router_quality import baseline_like
@@ -160,8 +160,7 @@ class Runner:
 
     def generate(self, system: str, problems: list[dict], threshold: float | None) -> list[dict]:
         """Greedy answers of one system to a batch of tasks (left-padded)."""
-        texts = [self.tok.apply_chat_template(humaneval_messages(p), add_generation_prompt=True, tokenize=False)
-                 for p in problems]
+        texts = [self.chat_text(p) for p in problems]
         self.tok.padding_side = "left"
         inputs = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         greedy = dict(max_new_tokens=self.max_new_tokens, do_sample=False, repetition_penalty=1.0,
