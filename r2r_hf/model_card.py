@@ -1,6 +1,6 @@
 """The README.md model card written next to every saved or pushed router.
 
-The skeleton is ``hub_cards/template.md`` (installed as ``r2r_hf._hub_cards``); this
+The skeleton is ``r2r_hf/templates/model_card.md`` (installed as package data); this
 module fills it from the router's config: the pair, the threshold and its
 calibration, training statistics and evaluation results where they are recorded.
 """
@@ -20,7 +20,7 @@ CARD_MARKER = "Card written by r2r_hf"  # a README.md carrying it may be regener
 
 
 def _template() -> str:
-    return importlib.resources.files("r2r_hf._hub_cards").joinpath("template.md").read_text(encoding="utf-8")
+    return importlib.resources.files("r2r_hf").joinpath("templates", "model_card.md").read_text(encoding="utf-8")
 
 
 def _is_hub_id(name: str | None) -> bool:
