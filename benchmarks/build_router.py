@@ -18,7 +18,8 @@ from pathlib import Path
 from benchmarks.models import PAIR
 from r2r_hf import R2RForCausalLM
 from r2r_hf.pipeline import load_labels
-from r2r_hf.training import METRICS_FILE, TrainSettings, calibrate_router, train_router
+from r2r_hf.model.record import RECORD_FILE, expected_llm_token_rate
+from r2r_hf.training import TrainSettings, calibrate_router, train_router
 
 OUT = Path("hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
 
@@ -33,20 +34,20 @@ RECALL, MAX_LLM_RATE = 0.95, 0.20
 
 def build(labels: str, seed: int) -> R2RForCausalLM:
     model = train_router(labels, OUT, TrainSettings(seed=seed, **SETTINGS), recall=RECALL)
-    if model.config.expected_llm_token_rate > MAX_LLM_RATE:
-        curve = json.loads((OUT / METRICS_FILE).read_text()).get("training_curve")
+    if expected_llm_token_rate(model.record) > MAX_LLM_RATE:
+        curve = json.loads((OUT / RECORD_FILE).read_text()).get("training_curve")
         calibrate_router(model, load_labels(labels).split_of("validation"), llm_rate=MAX_LLM_RATE, out_dir=OUT,
                          history=curve)
-        model.config.calibration["method"] += (f" (recall >= {RECALL} needed more than {MAX_LLM_RATE:.0%} of tokens: "
-                                               "capped at that rate)")
+        model.record["calibration"]["method"] += (f" (recall >= {RECALL} needed more than {MAX_LLM_RATE:.0%} of "
+                                                  "tokens: capped at that rate)")
     summary = json.loads((Path(labels) / "summary.json").read_text())
     manifest = json.loads((Path(labels) / "manifest.json").read_text())
-    config = model.config
+    config, record = model.config, model.record
     config.slm_name_or_path, config.llm_name_or_path = PAIR["slm"]["hub_id"], PAIR["llm"]["hub_id"]
-    config.license = "apache-2.0"
-    split = config.calibration["data"].rsplit("(", 1)[-1]  # the machine's run folder means nothing on the Hub
-    config.calibration["data"] = f"the labeling run ({split}"
-    config.training.update({
+    record["license"] = "apache-2.0"
+    split = record["calibration"]["data"].rsplit("(", 1)[-1]  # the machine's run folder means nothing on the Hub
+    record["calibration"]["data"] = f"the labeling run ({split}"
+    record["training"].update({
         "data": "benchmarks/data/stdlib_prompts.jsonl: 'complete this function' prompts from the Python 3.11 "
                 "standard library (disjoint from HumanEval), first 320, labelled with `r2r-hf label`",
         "labeling": {k: manifest[k] for k in ("dtype", "max_new_tokens", "batch_size", "continuation_max_tokens",
@@ -61,7 +62,7 @@ def build(labels: str, seed: int) -> R2RForCausalLM:
 def add_evaluation(path: str) -> None:
     model = R2RForCausalLM.from_pretrained(OUT, load_pair=False)
     results = json.loads(Path(path).read_text())
-    model.config.evaluation = {
+    model.record["evaluation"] = {
         "benchmark": results["benchmark"] + ", greedy, chat template; details in docs/results.md",
         "results": [{"system": r["name"], "pass@1": round(r["pass_at_1"], 3), "LLM token rate": round(r["llm_token_rate"], 3),
                      "avg. active params (B)": round(r["avg_activated_params"] / 1e9, 2)} for r in results["results"]],
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.labels:
         model = build(args.labels, args.seed)
         print(f"wrote {OUT}: threshold {model.config.threshold:.4g}, "
-              f"expected LLM token rate {model.config.expected_llm_token_rate:.1%}")
+              f"expected LLM token rate {expected_llm_token_rate(model.record):.1%}")
     if args.evaluation:
         add_evaluation(args.evaluation)
         print(f"added the evaluation to {OUT}/README.md")

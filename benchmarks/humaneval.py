@@ -37,6 +37,7 @@ import transformers
 from benchmarks.models import fetch
 from benchmarks.sandbox import run_program
 from benchmarks.stdlib_prompts import chat_prompt
+from r2r_hf.model.record import expected_llm_token_rate
 
 RESULTS = Path("benchmarks/results")
 SYSTEMS = ("slm", "llm", "r2r", "r2r-low", "r2r-high", "entropy", "random")
@@ -76,13 +77,14 @@ def router_scores_over(model, samples: list[dict]) -> torch.Tensor:
     """
     from tqdm.auto import tqdm
 
+    from r2r_hf.core.features import Features, score
     from r2r_hf.pipeline.prefill import slm_features
 
     parts = []
     # One answer at a time: the hidden states of a whole run would not fit in memory at once.
     for sample in tqdm(samples, desc="scoring answers", unit="answer", leave=False):
         features, _ = slm_features(model.slm, [sample], model.config.num_topk_logits, model.shared_vocab_size)
-        parts.append(model.router.scores(*(features[k] for k in ("topk_logits", "token_embedding", "hidden"))))
+        parts.append(score(model.router, Features.from_dict(features)))
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
@@ -100,7 +102,7 @@ class Runner:
         self.labels, self.max_new_tokens = labels, max_new_tokens
         self.params = {"slm": sum(p.numel() for p in self.slm.parameters()),
                        "llm": sum(p.numel() for p in self.llm.parameters())}
-        self._baselines: dict[str, R2RForCausalLM] = {}
+        self._baselines: dict = {}  # kind -> R2RForCausalLM with that baseline router
 
     @property
     def r2r(self):
@@ -120,14 +122,15 @@ class Runner:
         return scores_on(model.router, load_labels(self.labels).split_of("validation"))["scores"]
 
     def threshold(self, system: str, r2r_rate: float | None, r2r_answers: list[tuple[dict, str]] = ()) -> float:
-        from r2r_hf.calibration import threshold_for_rate
+        from r2r_hf.training import threshold_for_rate
 
         config = self.r2r.config
         if system == "r2r":
             return config.threshold
         if system in ("r2r-low", "r2r-high"):
             factor = 0.5 if system == "r2r-low" else 2.0
-            return threshold_for_rate(self._validation_scores(self.r2r), min(1.0, factor * config.expected_llm_token_rate))
+            rate = expected_llm_token_rate(self.r2r.record)
+            return threshold_for_rate(self._validation_scores(self.r2r), min(1.0, factor * rate))
         if r2r_rate is None:
             raise ValueError(f"Run the 'r2r' system before '{system}': it is calibrated to R2R's measured rate.")
         if system == "random":

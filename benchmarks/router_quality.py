@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from r2r_hf import R2RConfig, R2RForCausalLM
-from r2r_hf.calibration import metrics_at, threshold_for_rate
+from r2r_hf.training import metrics_at, threshold_for_rate
 from r2r_hf.pipeline import load_labels
 from r2r_hf.training import scores_on
 

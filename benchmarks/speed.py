@@ -30,7 +30,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from r2r_hf import R2RForCausalLM
-from r2r_hf.router import MLPRouter, Router
+from r2r_hf.router import Router
 
 CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,

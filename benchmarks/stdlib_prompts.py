@@ -14,7 +14,6 @@ import argparse
 import importlib
 import inspect
 import json
-import pkgutil
 import random
 import re
 import sys

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from r2r_hf import R2RForCausalLM
-from r2r_hf.visualize import to_ansi, use_color
+from r2r_hf.views import to_ansi, use_color
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")

@@ -35,7 +35,7 @@ print("label shares:", {k: f"{v:.1%}" for k, v in summary["shares"].items()})
 
 # 2. Train on the train split; the threshold is calibrated on the validation split (recall 0.95).
 model = train_router(labels, router_dir, TrainSettings(epochs=args.epochs), recall=0.95)
-print(f"threshold {model.config.threshold:.3g}, expected LLM token rate {model.config.expected_llm_token_rate:.1%}")
+print(f"threshold {model.config.threshold:.3g}, expected LLM token rate {model.record['calibration']['llm_token_rate']:.1%}")
 
 # 3. Or re-calibrate for a cost target: route 10% of tokens.
 calibrate_router(model, load_labels(labels).split_of("validation"), llm_rate=0.10, out_dir=router_dir)

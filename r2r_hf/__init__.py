@@ -2,17 +2,20 @@
 
 Importing the package registers ``model_type="r2r"`` with the Auto classes, so
 ``AutoModelForCausalLM.from_pretrained(router_repo)`` returns an ``R2RForCausalLM``.
+
+Layers (each a subpackage): ``core`` (the decoding loop and its engines), ``model`` (the HF
+model, loading, Hub I/O, official routers, the LogitsProcessor form), ``pipeline`` (labeling),
+``training`` (training and calibration), ``views`` (HTML, ANSI, streaming), ``cli``.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config import R2RConfig
-from .modeling import R2RForCausalLM
-from .outputs import R2RForwardOutput, R2RGenerateOutput
-from .processor import R2RLogitsProcessor
+from .core.outputs import R2RGenerateOutput, RoutingAwareStreamer
+from .model.modeling import R2RForCausalLM
+from .model.processor import R2RLogitsProcessor
 from .router import EntropyRouter, MLPRouter, RandomRouter, Router, build_router
-
-__version__ = "0.1.0"
+from .version import __version__
 
 AutoConfig.register("r2r", R2RConfig, exist_ok=True)
 AutoModel.register(R2RConfig, R2RForCausalLM, exist_ok=True)
@@ -23,10 +26,11 @@ __all__ = [
     "MLPRouter",
     "R2RConfig",
     "R2RForCausalLM",
-    "R2RForwardOutput",
     "R2RGenerateOutput",
     "R2RLogitsProcessor",
     "RandomRouter",
     "Router",
+    "RoutingAwareStreamer",
+    "__version__",
     "build_router",
 ]

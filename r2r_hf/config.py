@@ -1,8 +1,11 @@
 """R2RConfig: everything a router checkpoint needs besides its weights.
 
-A router folder holds this config (``config.json``) and the router's weights
-(``model.safetensors``). The config names the SLM and LLM the router was trained
-for, so ``R2RForCausalLM.from_pretrained(folder)`` can load all three.
+A router folder holds this config (``config.json``), the router's weights
+(``model.safetensors``), its model card (``README.md``) and, for trained routers, the
+record of how it was trained, calibrated and evaluated (``router_metrics.json``; see
+``model/record.py``). The config says only what the router *is*: the pair it routes
+between, its sizes and its default threshold, so ``R2RForCausalLM.from_pretrained(folder)``
+can load all three models.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 ROUTER_TYPES = ("mlp", "entropy", "random")
+DEFAULT_THRESHOLD = 0.5  # route where score >= 0.5: the default of an uncalibrated router
+DEFAULT_NUM_TOPK = 100  # the paper's router reads the top-100 raw SLM logits
+# Fields of configs written before r2r_hf 0.2: provenance now kept in router_metrics.json.
+LEGACY_RECORD_FIELDS = (
+    "threshold_recall_target", "expected_llm_token_rate", "calibration", "training", "evaluation", "license",
+)
 
 
 @strict
@@ -38,14 +47,7 @@ class R2RConfig(PreTrainedConfig):
         router_dropout: dropout rate during training.
         normalize_input: apply LayerNorm to hidden/embedding and softmax to the
             logits before projecting (off in every published router).
-        threshold: route to the LLM when ``score >= threshold``.
-        threshold_recall_target: divergent-class recall the threshold was calibrated for.
-        expected_llm_token_rate: share of tokens routed at ``threshold`` on the
-            calibration data.
-        calibration: how the threshold was picked (method, target, recall, LLM token rate...).
-        training: how the router was trained (data, label statistics, epochs...).
-        evaluation: benchmark results to show in the model card.
-        license: the router's licence for its model card (default: the pair's, where both agree).
+        threshold: route to the LLM when ``score >= threshold`` (the default of every call).
         random_seed: seed of the random baseline's private generator.
     """
 
@@ -58,21 +60,19 @@ class R2RConfig(PreTrainedConfig):
     router_type: str = "mlp"
     slm_hidden_size: int | None = None
     slm_embedding_size: int | None = None
-    num_topk_logits: int = 100
+    num_topk_logits: int = DEFAULT_NUM_TOPK
     router_hidden_dims: list[int] | None = None
     router_expansion: int = 4
     router_dropout: float = 0.1
     normalize_input: bool = False
-    threshold: float = 0.5
-    threshold_recall_target: float | None = None
-    expected_llm_token_rate: float | None = None
-    calibration: dict[str, Any] | None = None
-    training: dict[str, Any] | None = None
-    evaluation: dict[str, Any] | None = None
-    license: str | None = None
+    threshold: float = DEFAULT_THRESHOLD
     random_seed: int = 0
 
     def __post_init__(self, **kwargs: Any) -> None:
+        for name in ("slm_hidden_size", "slm_embedding_size", "num_topk_logits", "router_expansion", "random_seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
         if self.router_type not in ROUTER_TYPES:
             raise ValueError(f"router_type={self.router_type!r} is unknown; use one of {', '.join(ROUTER_TYPES)}.")
         if self.num_topk_logits < 1:
@@ -87,7 +87,11 @@ class R2RConfig(PreTrainedConfig):
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
             raise ValueError(f"threshold must be a number (route when score >= threshold), got {self.threshold!r}.")
         self.threshold = float(self.threshold)
-        self.calibration = dict(self.calibration or {})
-        self.training = dict(self.training or {})
-        self.evaluation = dict(self.evaluation or {})
+        # A config written before 0.2 carries the router's provenance; the model moves it to its record.
+        self.legacy_record = {k: kwargs.pop(k) for k in LEGACY_RECORD_FIELDS if k in kwargs}
         super().__post_init__(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.pop("legacy_record", None)
+        return out

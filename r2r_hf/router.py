@@ -25,7 +25,14 @@ from .config import R2RConfig
 
 
 class Router(nn.Module):
-    """Interface of every router: ``scores(topk_logits, token_embedding, hidden) -> [B]`` in [0, 1]."""
+    """Interface of every router: ``scores(topk_logits, token_embedding, hidden) -> [B]`` in [0, 1].
+
+    ``capturable``: ``scores`` is a pure function of its tensors (no host synchronisation, no Python
+    state), so the fast path may compile it or capture it in a CUDA graph. A stateful router sets it
+    False and runs eagerly.
+    """
+
+    capturable = True
 
     def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -130,8 +137,11 @@ class EntropyRouter(Router):
 class RandomRouter(Router):
     """Baseline: a uniform score from a private, seeded generator (routes about ``1 - threshold``).
 
-    It never touches the global random stream, so sampling stays reproducible.
+    It never touches the global random stream, so sampling stays reproducible. Its draws come from a
+    CPU generator, so it is never captured.
     """
+
+    capturable = False
 
     def __init__(self, seed: int) -> None:
         super().__init__()

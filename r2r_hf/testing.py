@@ -106,26 +106,24 @@ def _spread_lm_head(model: PreTrainedModel, scale: float, seed: int) -> PreTrain
     return model.eval()
 
 
-def make_tiny_slm(vocab_size: int = 416, hidden_size: int = 64, seed: int = 0, **overrides) -> Qwen2ForCausalLM:
-    """A 2-layer Qwen2 with hidden size 64 and random weights."""
+def _tiny(config_class, model_class, vocab_size: int, hidden_size: int, layers: int, seed: int, **overrides):
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+    config = config_class(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
         pad_token_id=PAD_ID, eos_token_id=EOS_ID, **overrides,
     )
-    return _spread_lm_head(Qwen2ForCausalLM(config), scale=12.0, seed=seed + 100)
+    return _spread_lm_head(model_class(config), scale=12.0, seed=seed + 100)
+
+
+def make_tiny_slm(vocab_size: int = 416, hidden_size: int = 64, seed: int = 0, **overrides) -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 with hidden size 64 and random weights."""
+    return _tiny(Qwen2Config, Qwen2ForCausalLM, vocab_size, hidden_size, 2, seed, **overrides)
 
 
 def make_tiny_llm(vocab_size: int = 448, hidden_size: int = 128, seed: int = 1, **overrides) -> LlamaForCausalLM:
     """A 3-layer Llama with hidden size 128 (bitsandbytes-friendly) and a padded vocabulary."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, **overrides,
-    )
-    return _spread_lm_head(LlamaForCausalLM(config), scale=12.0, seed=seed + 100)
+    return _tiny(LlamaConfig, LlamaForCausalLM, vocab_size, hidden_size, 3, seed, **overrides)
 
 
 def make_related_llm(slm: PreTrainedModel, noise: float = 0.07, seed: int = 5) -> PreTrainedModel:

@@ -7,15 +7,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-import torch
 
 from r2r_hf import R2RForCausalLM
 from r2r_hf.cli import main as cli_main
-from r2r_hf.streaming import RoutingStreamer
-from r2r_hf.visualize import LLM_COLOR, routed_texts, to_ansi, to_html
+from r2r_hf.views import RoutingStreamer
+from r2r_hf.views import LLM_COLOR, to_ansi, to_html
 
 from conftest import SMALL_ROUTER
 

@@ -14,7 +14,7 @@ from hub_fakes import folder_to_cache, write_to_cache
 from official_layout import official_checkpoint, official_scores
 from r2r_hf import R2RForCausalLM
 from r2r_hf.cli import main as cli_main
-from r2r_hf.official import PUBLISHED_ROUTERS, find_official_file
+from r2r_hf.model.official import PUBLISHED_ROUTERS, find_official_file
 
 R1_SLM, R1_LLM = PUBLISHED_ROUTERS[("nics-efc/R2R_router", None)]
 
@@ -50,7 +50,7 @@ def test_threshold_comes_from_the_checkpoint_and_calls_can_override(tmp_path, sl
 
 def test_missing_threshold_falls_back_to_half_with_a_warning(tmp_path, caplog):
     _, path = _save(tmp_path, threshold=None)
-    with caplog.at_level(logging.WARNING, logger="r2r_hf.official"):
+    with caplog.at_level(logging.WARNING, logger="r2r_hf.model.official"):
         model = R2RForCausalLM.from_official(path, slm="org/slm", llm="org/llm")
     assert model.config.threshold == 0.5 and "no calibrated threshold" in caplog.text
 

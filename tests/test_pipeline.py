@@ -1,6 +1,5 @@
 """The labeling pipeline on tiny models: correct, aligned, resumable, and strict about its inputs."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pipeline_helpers import fast_settings, make_models, write_prompts
 from r2r_hf.pipeline import label, load_labels, read_prompts
-from r2r_hf.pipeline.continuation import continue_mismatches
 from r2r_hf.pipeline.sentences import compare_sentences, sentence_end_ids
 from r2r_hf.pipeline.store import read_json, read_tensors
 from r2r_hf.pipeline.verify import Verifier, parse_verdict

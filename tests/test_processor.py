@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from r2r_hf.processor import R2RLogitsProcessor
+from r2r_hf import R2RLogitsProcessor
 
 GREEDY = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=2)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from r2r_hf import R2RForCausalLM
-from r2r_hf.calibration import metrics_at, threshold_for_rate, threshold_for_recall
+from r2r_hf.training import metrics_at, threshold_for_rate, threshold_for_recall
 from r2r_hf.cli import main as cli_main
 from r2r_hf.pipeline import load_labels
 from r2r_hf.training import TrainSettings, auto_hidden_dims, scores_on, train_router
@@ -75,19 +75,20 @@ def test_training_reaches_high_recall_and_loads(synthetic, tmp_path, slm, llm, s
     settings = TrainSettings(epochs=30, batch_size=256, lr=2e-3, patience=5, seed=0)
     model = train_router(synthetic, tmp_path / "router", settings, recall=0.95, progress=False,
                          router_hidden_dims=[64, 64])
-    config = model.config
-    assert config.threshold_recall_target == 0.95 and 0 < config.expected_llm_token_rate < 0.5
+    calibration = model.record["calibration"]
+    assert calibration["target"] == {"recall": 0.95} and 0 < calibration["llm_token_rate"] < 0.5
     metrics = json.loads((tmp_path / "router" / "router_metrics.json").read_text())
     assert metrics["all_tokens"]["at_threshold"]["recall"] >= 0.95
     assert metrics["all_tokens"]["at_threshold"]["precision"] > 0.3
     assert len(metrics["curve"]) == 100 and metrics["training_curve"][0]["epoch"] == 1
-    assert config.training["label_statistics"]["divergent"]["count"] > 0
+    assert metrics["training"]["label_statistics"]["divergent"]["count"] > 0
     # The saved router loads with a pair, routes at about its expected rate on its own validation data...
     loaded = R2RForCausalLM.from_pretrained(tmp_path / "router", slm=slm, llm=llm)
     val = load_labels(synthetic).split_of("validation")
     scored = scores_on(loaded.router, val)
     rate = (scored["scores"] >= loaded.config.threshold).float().mean().item()
-    assert rate == pytest.approx(config.expected_llm_token_rate, abs=0.02)
+    assert rate == pytest.approx(calibration["llm_token_rate"], abs=0.02)
+    assert loaded.record["calibration"] == calibration
     # ...and generates.
     out = loaded.generate(**single, max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
     assert out.sequences.shape[1] == single["input_ids"].shape[1] + 5
@@ -107,15 +108,16 @@ def test_cli_train_calibrate_and_baselines(synthetic, tmp_path, capsys):
                      "--batch-size", "256", "--lr", "1e-3", "--hidden-dims", "32,32"]) == 0
     assert "expected LLM token rate" in capsys.readouterr().out
     assert cli_main(["calibrate", "--router", str(out), "--data", str(synthetic), "--llm-rate", "0.2"]) == 0
-    config = json.loads((out / "config.json").read_text())
-    assert config["expected_llm_token_rate"] == pytest.approx(0.2, abs=0.01)
-    assert config["threshold_recall_target"] is None
+    record = json.loads((out / "router_metrics.json").read_text())
+    assert record["calibration"]["llm_token_rate"] == pytest.approx(0.2, abs=0.01)
+    assert record["calibration"]["target"] == {"llm_token_rate": 0.2}
     for kind in ("entropy", "random"):
         base = tmp_path / kind
         assert cli_main(["--quiet", "train", "--data", str(synthetic), "--out", str(base), "--router-type", kind,
                          "--llm-rate", "0.2"]) == 0
         config = json.loads((base / "config.json").read_text())
-        assert config["router_type"] == kind and config["expected_llm_token_rate"] == pytest.approx(0.2, abs=0.02)
+        record = json.loads((base / "router_metrics.json").read_text())
+        assert config["router_type"] == kind and record["calibration"]["llm_token_rate"] == pytest.approx(0.2, abs=0.02)
 
 
 @pytest.mark.parametrize("args, message", [

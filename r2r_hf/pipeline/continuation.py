@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
 
-from ..features import input_device, lm_forward
+from ..core.features import input_device, lm_forward
 from .reference import greedy_config
 from .sentences import compare_sentences
 

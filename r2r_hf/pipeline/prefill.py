@@ -10,7 +10,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from ..features import HiddenStateCapture, embed_tokens, lm_forward, topk_logits
+from ..core.features import HiddenStateCapture, lm_forward, read_features
 
 
 @torch.no_grad()
@@ -44,9 +44,10 @@ def slm_features(slm: PreTrainedModel, samples: list[dict], num_topk: int, vocab
             logits = lm_forward(slm, ids, None, None, cache=None, logits_to_keep=len(response) + 1)[0, :-1]
             hidden = capture.hidden[0, :-1]
             proposal = logits[:, :vocab_size].argmax(-1)
-            parts["topk_logits"].append(topk_logits(logits, num_topk).to(hidden.dtype).cpu())
+            features = read_features(slm, logits, hidden, proposal, num_topk)
+            parts["topk_logits"].append(features.topk_logits.to(hidden.dtype).cpu())
             parts["hidden"].append(hidden.cpu())
-            parts["token_embedding"].append(embed_tokens(slm, proposal).to(hidden.dtype).cpu())
+            parts["token_embedding"].append(features.token_embedding.to(hidden.dtype).cpu())
             parts["slm_token"].append(proposal.cpu())
             parts["real_token"].append(torch.tensor(response))
             parts["sample"].append(torch.full((len(response),), index, dtype=torch.int32))

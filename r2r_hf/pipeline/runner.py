@@ -9,7 +9,6 @@ the labels and the summary. Every shard is written atomically and skipped on a r
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,19 +16,31 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+)
 
-from ..loading import shared_vocab_size
+from ..model.loading import shared_vocab_size
+from ..model.tokens import check_same_tokenizer, special_ids, tokenizer_fingerprint
 from .continuation import continue_mismatches
 from .dataset import write_labels, write_summary
 from .prefill import slm_features
 from .prompts import Prompt, read_prompts
 from .reference import reference_responses
 from .sentences import sentence_end_ids
-from .store import STEPS, WorkDir, read_json, read_tensors, text_hash, tokenizer_hash, write_json, write_tensors
+from .store import (
+    STEPS,
+    WorkDir,
+    read_json,
+    read_tensors,
+    text_hash,
+    write_json,
+    write_tensors,
+)
 from .verify import Verifier, verify_shard
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -132,17 +143,14 @@ def label(
     prompts = read_prompts(prompts_path, limit)
     slm_tok = _load_tokenizer(settings.slm, "SLM")
     llm_tok = _load_tokenizer(settings.llm, "LLM")
-    if tokenizer_hash(slm_tok) != tokenizer_hash(llm_tok):
-        raise ValueError(
-            f"R2R needs one tokenizer shared by both models, but the tokenizers of {settings.slm!r} and "
-            f"{settings.llm!r} differ; pick an SLM and LLM from the same family."
-        )
+    check_same_tokenizer(slm_tok, llm_tok, min(_vocab_size(settings.slm), _vocab_size(settings.llm)), settings.slm,
+                         settings.llm)
     verifier_tok = _load_tokenizer(settings.verifier, "verifier") if settings.verifier else llm_tok
     index, count, barrier, device = _process_state()
     work = WorkDir(out)
     manifest = {
-        **asdict(settings), "tokenizer_hash": tokenizer_hash(llm_tok),
-        "verifier_tokenizer_hash": tokenizer_hash(verifier_tok), "format": 1,
+        **asdict(settings), "tokenizer_hash": tokenizer_fingerprint(llm_tok),
+        "verifier_tokenizer_hash": tokenizer_fingerprint(verifier_tok), "format": 1,
     }
     if index == 0:
         work.check_manifest(manifest)
@@ -183,9 +191,7 @@ class _Context:
     def __init__(self, settings: LabelSettings, work: WorkDir, tokenizer, verifier_tokenizer, models: _Models):
         self.settings, self.work, self.tokenizer, self.verifier_tokenizer = settings, work, tokenizer, verifier_tokenizer
         self.models = models
-        eos = models_eos(tokenizer, settings)
-        self.eos_ids = eos
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        self.pad_id, self.eos_ids = answer_ids(tokenizer, settings.llm)
         self._ends: frozenset[int] | None = None
         self._verifier: Verifier | None = None
 
@@ -239,16 +245,21 @@ def _prompt_hash(prompts: list[Prompt]) -> str:
     return text_hash([(p.id, p.prompt, p.messages) for p in prompts])
 
 
-def models_eos(tokenizer, settings: LabelSettings) -> list[int]:
-    """End-of-answer ids: the LLM's generation config's EOS ids, else the tokenizer's."""
-    from transformers import GenerationConfig
-
+def answer_ids(tokenizer, llm: str) -> tuple[int, list[int]]:
+    """(pad id, end-of-answer ids) of the LLM's answers: its generation config's, else the tokenizer's."""
     try:
-        eos = GenerationConfig.from_pretrained(settings.llm).eos_token_id
+        generation = GenerationConfig.from_pretrained(llm)
     except OSError:
-        eos = None
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError(f"{settings.llm!r} defines no EOS token; R2R labeling needs one to end answers.")
-    return [eos] if isinstance(eos, int) else list(eos)
+        generation = None
+    pad, eos = special_ids(tokenizer, generation)
+    if not eos:
+        raise ValueError(f"{llm!r} defines no EOS token; R2R labeling needs one to end answers.")
+    return pad, eos
+
+
+def _vocab_size(name: str) -> int:
+    """The vocabulary size a model's config declares (its lm_head width), read without loading weights."""
+    try:
+        return int(AutoConfig.from_pretrained(name).get_text_config().vocab_size)
+    except (OSError, ValueError) as err:
+        raise OSError(f"Could not read the config of {name!r}: {str(err).splitlines()[0]}") from err

@@ -123,12 +123,5 @@ class WorkDir:
         write_json(self.manifest_path, manifest)
 
 
-def tokenizer_hash(tokenizer) -> str:
-    """A fingerprint of the vocabulary and special tokens (equal tokenizers hash equal)."""
-    vocab = sorted(tokenizer.get_vocab().items())
-    special = sorted(str(t) for t in tokenizer.all_special_tokens)
-    return hashlib.sha256(json.dumps([vocab, special]).encode()).hexdigest()[:16]
-
-
 def text_hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

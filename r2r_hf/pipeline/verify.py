@@ -16,7 +16,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ..features import input_device, lm_forward
+from ..core.features import input_device, lm_forward
+from ..model.tokens import special_ids
 from .reference import greedy_config
 
 INSTRUCTIONS = """You judge whether two versions of a sentence, written while answering the same request, \
@@ -88,9 +89,7 @@ class Verifier:
                  share_prefix: bool = True) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.batch_size = batch_size
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos = model.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
+        pad, eos = special_ids(tokenizer, model.generation_config)
         self.pad_id = pad
         self.config = greedy_config(model, max_new_tokens, pad, eos)
         self.prefix = shared_prefix(tokenizer) if share_prefix else []

@@ -14,8 +14,6 @@ an epoch. ``auto_hidden_dims`` therefore scales the residual blocks with the tra
 from __future__ import annotations
 
 import copy
-import json
-import logging
 import math
 import os
 import time
@@ -25,14 +23,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..config import R2RConfig
+from ..core.features import Features, score
+from ..model.modeling import R2RForCausalLM
+from ..pipeline.dataset import LabelData, load_labels
+from ..router import Router
 from .calibration import calibration_report
-from .config import R2RConfig
-from .modeling import R2RForCausalLM
-from .pipeline.dataset import LabelData, load_labels
-from .router import Router
-
-logger = logging.getLogger(__name__)
-METRICS_FILE = "router_metrics.json"
 
 
 @dataclass
@@ -83,17 +79,17 @@ def scores_on(router: Router, data: LabelData, batch_size: int = 4096) -> dict[s
     """Router scores, divergent targets and mismatch flags for every usable row of ``data``."""
     router.eval()
     parts: dict[str, list[torch.Tensor]] = {"scores": [], "targets": [], "mismatch": []}
-    device = next(iter(router.parameters()), torch.empty(0)).device
     with torch.no_grad():
         for batch in data.batches(batch_size):
-            parts["scores"].append(router.scores(*(batch[k].to(device) for k in ("topk_logits", "token_embedding", "hidden"))).cpu())
+            parts["scores"].append(score(router, Features.from_dict(batch)).cpu())
             parts["targets"].append(batch["target"])
             parts["mismatch"].append(batch["slm_token"] != batch["real_token"])
     return {k: torch.cat(v) if v else torch.zeros(0) for k, v in parts.items()}
 
 
 def _weighted_loss(router: Router, batch: dict, pos_weight: torch.Tensor, device) -> torch.Tensor:
-    logits = router(*(batch[k].to(device) for k in ("topk_logits", "token_embedding", "hidden")))
+    features = Features.from_dict(batch)  # the training forward needs the router's logit, not its score
+    logits = router(features.topk_logits.to(device), features.token_embedding.to(device), features.hidden.to(device))
     return torch.nn.functional.binary_cross_entropy_with_logits(
         logits, batch["target"].to(device), pos_weight=pos_weight, reduction="sum"
     )
@@ -111,7 +107,7 @@ def train_router(
 ) -> R2RForCausalLM:
     """Train (MLP) or set up (baselines) a router on a labeling run, calibrate it, save it.
 
-    Writes ``out_dir/config.json``, ``model.safetensors``, ``README.md`` and ``router_metrics.json``.
+    Writes ``out_dir/config.json``, ``model.safetensors``, ``README.md`` and ``router_metrics.json`` (the record).
 
     Args:
         data_dir: the ``--out`` folder of ``r2r-hf label``.
@@ -176,7 +172,7 @@ def train_router(
         router.load_state_dict(best_state)
     router.eval()
     model.router = router.cpu()
-    model.config.training = {
+    model.record["training"] = {
         "data": str(data_dir),
         "train_tokens": train_tokens, "train_divergent": train_pos,
         "validation_tokens": val_tokens, "validation_divergent": val_pos,
@@ -222,19 +218,17 @@ def calibrate_router(
     threshold, report = calibration_report(scored["scores"], scored["targets"], scored["mismatch"], recall, llm_rate)
     at = report["all_tokens"]["at_threshold"]
     model.config.threshold = float(threshold) if math.isfinite(threshold) else threshold
-    model.config.threshold_recall_target = recall
-    model.config.expected_llm_token_rate = at["llm_token_rate"]
-    model.config.calibration = {
+    model.record["calibration"] = {
         "method": f"lowest LLM token rate with recall >= {recall}" if recall is not None
         else f"LLM token rate {llm_rate}",
+        "target": report["target"],
         "data": f"{data.root} ({data.split or 'all'} split, {at['tokens']} tokens)",
         "recall": at["recall"], "precision": at["precision"], "llm_token_rate": at["llm_token_rate"],
     }
     if history is not None:
         report["training_curve"] = history
+    model.record.update(report)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir)
-        with open(Path(out_dir) / METRICS_FILE, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
     return report

@@ -1,16 +1,57 @@
-"""The SLM features a router reads, computed the same way everywhere.
+"""The SLM features a router reads, and the one function that turns them into scores.
 
-Generation, the LogitsProcessor form and the labeling pipeline all call these
-functions, so the router sees at inference exactly what it was trained on.
+Generation, the LogitsProcessor form, the labeling pipeline, training and the benchmarks all
+go through ``read_features`` and ``score``, so a router sees at inference exactly what it
+was trained on.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a router reads at N positions.
+
+    Args:
+        topk_logits: [N, k] the k largest raw SLM logits, sorted descending, float32.
+        token_embedding: [N, E] the SLM's own input embedding of the proposed token.
+        hidden: [N, H] the SLM's last hidden state after the final norm.
+    """
+
+    topk_logits: torch.Tensor
+    token_embedding: torch.Tensor
+    hidden: torch.Tensor
+
+    @classmethod
+    def from_dict(cls, values: dict[str, torch.Tensor]) -> Features:
+        """From a dict with the three feature names (a label shard or a training batch)."""
+        return cls(values["topk_logits"], values["token_embedding"], values["hidden"])
+
+
+def read_features(slm: nn.Module, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor, k: int) -> Features:
+    """The router's inputs from the SLM's raw logits [N, V], its hidden state [N, H] and its proposal [N]."""
+    return Features(topk_logits(logits, k), embed_tokens(slm, token), hidden)
+
+
+def score(router: nn.Module, features: Features) -> torch.Tensor:
+    """Router scores [N] in [0, 1], computed on the router's device (returned there)."""
+    device = router_device(router, features.hidden.device)
+    return router.scores(
+        features.topk_logits.to(device), features.token_embedding.to(device), features.hidden.to(device)
+    )
+
+
+def router_device(router: nn.Module, fallback: torch.device) -> torch.device:
+    """Where a router runs: the device of its weights, or ``fallback`` for routers without any."""
+    param = next(iter(router.parameters()), None)
+    return param.device if param is not None else fallback
 
 
 class HiddenStateCapture:
@@ -61,23 +102,28 @@ def output_device(model: nn.Module) -> torch.device:
     return torch.device("cpu") if weight.device.type == "meta" else weight.device
 
 
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch: 0, 1, ... from each row's first real token (pads get 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def lm_forward(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     cache: Cache | None,
-    logits_to_keep: int = 1,
+    logits_to_keep: int | torch.Tensor = 1,
 ) -> torch.Tensor:
     """One forward of a causal LM over ``input_ids`` (appended to ``cache``); returns its logits.
 
     Args:
-        model: the SLM or LLM.
+        model: the SLM or LLM (or a compiled call of one).
         input_ids: [B, T] new tokens only.
         attention_mask: [B, past + T] mask over the whole sequence, or None when nothing is padded.
         position_ids: [B, T] positions of the new tokens.
         cache: the model's KV cache (extended in place), or None for a cache-free forward.
-        logits_to_keep: compute logits for the last n positions only (0 = all).
+        logits_to_keep: compute logits for the last n positions only (0 = all), or at the given indices.
     """
     device = input_device(model)
     out = model(

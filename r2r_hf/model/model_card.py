@@ -1,8 +1,8 @@
 """The README.md model card written next to every saved or pushed router.
 
 The skeleton is ``r2r_hf/templates/model_card.md`` (installed as package data); this
-module fills it from the router's config: the pair, the threshold and its
-calibration, training statistics and evaluation results where they are recorded.
+module fills it from the router's config (the pair, the threshold) and its record (how the
+threshold was calibrated, training statistics, evaluation results, licence; ``record.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Any
 
 from huggingface_hub import ModelCard, try_to_load_from_cache
 
-from .config import R2RConfig
+from ..config import R2RConfig
+from ..version import __version__
+from .hub import is_hub_id
+from .record import expected_llm_token_rate, recall_target
 
 CARD_MARKER = "Card written by r2r_hf"  # a README.md carrying it may be regenerated; any other is the user's
 
@@ -23,17 +26,13 @@ def _template() -> str:
     return importlib.resources.files("r2r_hf").joinpath("templates", "model_card.md").read_text(encoding="utf-8")
 
 
-def _is_hub_id(name: str | None) -> bool:
-    return bool(name) and not os.path.exists(name) and name.count("/") == 1 and not name.startswith((".", "/"))
-
-
 def _license_of(name_or_path: str | None, revision: str | None = None) -> str | None:
     """The ``license`` in a model's own README front matter, read from its folder or the HF cache."""
     if not name_or_path:
         return None
     if os.path.isdir(name_or_path):
         readme: str | Any = os.path.join(name_or_path, "README.md")
-    elif _is_hub_id(name_or_path):
+    elif is_hub_id(name_or_path):
         readme = try_to_load_from_cache(name_or_path, "README.md", revision=revision)
     else:
         return None
@@ -45,14 +44,14 @@ def _license_of(name_or_path: str | None, revision: str | None = None) -> str | 
         return None
 
 
-def _metadata(config: R2RConfig) -> str:
+def _metadata(config: R2RConfig, record: dict[str, Any]) -> str:
     lines = ["library_name: r2r_hf", "pipeline_tag: text-generation"]
-    bases = [name for name in (config.slm_name_or_path, config.llm_name_or_path) if _is_hub_id(name)]
+    bases = [name for name in (config.slm_name_or_path, config.llm_name_or_path) if is_hub_id(name)]
     if bases:
         lines += ["base_model:"] + [f"- {name}" for name in bases]
     licenses = {_license_of(config.slm_name_or_path, config.slm_revision), _license_of(config.llm_name_or_path, config.llm_revision)}
-    if config.license:
-        lines.append(f"license: {config.license}")
+    if record.get("license"):
+        lines.append(f"license: {record['license']}")
     elif len(licenses) == 1 and None not in licenses:
         lines.append(f"license: {licenses.pop()}")
     elif None not in licenses:
@@ -74,18 +73,19 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return head + "\n" + body
 
 
-def _threshold_section(config: R2RConfig) -> str:
+def _threshold_section(config: R2RConfig, record: dict[str, Any]) -> str:
     text = f"Default threshold: **{config.threshold:.4g}** (the LLM writes a token where the router's score >= threshold)."
-    cal = config.calibration
-    if not cal and config.threshold_recall_target is None:
+    cal = record.get("calibration") or {}
+    if not cal:
         return text + " It was not calibrated on labelled data."
     details = []
-    if config.threshold_recall_target is not None:
-        details.append(f"target divergent-class recall {config.threshold_recall_target:.3g}")
+    target, rate = recall_target(record), expected_llm_token_rate(record)
+    if target is not None:
+        details.append(f"target divergent-class recall {target:.3g}")
     if "recall" in cal:
         details.append(f"measured recall {_fmt(cal['recall'])}")
-    if config.expected_llm_token_rate is not None:
-        details.append(f"expected LLM token rate {config.expected_llm_token_rate:.1%}")
+    if rate is not None:
+        details.append(f"expected LLM token rate {rate:.1%}")
     if "method" in cal:
         details.append(f"method: {cal['method']}")
     if "data" in cal:
@@ -93,8 +93,8 @@ def _threshold_section(config: R2RConfig) -> str:
     return text + " Calibrated with " + "; ".join(details) + "."
 
 
-def _training_section(config: R2RConfig) -> str:
-    info = dict(config.training)
+def _training_section(record: dict[str, Any]) -> str:
+    info = dict(record.get("training") or {})
     if not info:
         return "No training record is stored with this router."
     parts = []
@@ -106,8 +106,8 @@ def _training_section(config: R2RConfig) -> str:
     return "\n\n".join(parts)
 
 
-def _evaluation_section(config: R2RConfig) -> str:
-    evaluation = dict(config.evaluation)
+def _evaluation_section(record: dict[str, Any]) -> str:
+    evaluation = dict(record.get("evaluation") or {})
     if not evaluation:
         return "No evaluation is recorded with this router."
     rows = evaluation.pop("results", None)
@@ -119,21 +119,21 @@ def _evaluation_section(config: R2RConfig) -> str:
     return "\n\n".join(parts)
 
 
-def render_model_card(config: R2RConfig, repo_id: str | None = None) -> str:
+def render_model_card(config: R2RConfig, record: dict[str, Any] | None = None, repo_id: str | None = None) -> str:
     """The model card text for a router.
 
     Args:
-        config: the router's config (pair, threshold, calibration, training, evaluation).
+        config: the router's config (pair, sizes, threshold).
+        record: its record (calibration, training, evaluation, licence), as in ``router_metrics.json``.
         repo_id: where the router is published, used in the usage snippet.
     """
-    from . import __version__
-
+    record = record or {}
     router = (
         f"an MLP router over {len(config.router_hidden_dims)} residual blocks of width "
         f"{config.router_hidden_dims[0]}" if config.router_type == "mlp" else f"the {config.router_type} baseline router"
     )
     return _template().format(
-        metadata=_metadata(config),
+        metadata=_metadata(config, record),
         title=f"R2R router: {config.slm_name_or_path} + {config.llm_name_or_path}",
         num_topk_logits=config.num_topk_logits,
         router_description=router,
@@ -142,8 +142,8 @@ def render_model_card(config: R2RConfig, repo_id: str | None = None) -> str:
         slm_revision=config.slm_revision or "default branch",
         llm_revision=config.llm_revision or "default branch",
         repo_id=repo_id or "path/to/this-router",
-        threshold_section=_threshold_section(config),
-        training_section=_training_section(config),
-        evaluation_section=_evaluation_section(config),
+        threshold_section=_threshold_section(config, record),
+        training_section=_training_section(record),
+        evaluation_section=_evaluation_section(record),
         version=__version__,
     )

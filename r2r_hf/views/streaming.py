@@ -1,7 +1,7 @@
 """A terminal streamer that colours the tokens the LLM wrote.
 
-It is an HF streamer (``put``/``end``) that ``R2RForCausalLM.generate`` also tells, before each
-token, which rows were routed (``put_routing``). Plain HF streamers keep working unchanged.
+It is an HF streamer (``put``/``end``) and a ``RoutingAwareStreamer``: ``generate`` tells it,
+before each token, which rows were routed (``put_routing``). Plain HF streamers keep working unchanged.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from typing import TextIO
 
 import torch
 
-from .visualize import LLM_COLOR, RESET, use_color
+from ..core.outputs import RoutingAwareStreamer
+from .html import LLM_COLOR, RESET, use_color
+from .text import IncrementalText
 
 
-class RoutingStreamer:
+class RoutingStreamer(RoutingAwareStreamer):
     """Prints generated text as it is produced; LLM-written tokens in colour (batch 1).
 
     Args:
@@ -32,31 +34,28 @@ class RoutingStreamer:
         self.reset()
 
     def reset(self) -> None:
-        self.ids: list[int] = []
-        self.printed = ""
-        self.pending_routed = False
-        self.routed: list[bool] = []
+        self.text = IncrementalText(self.tokenizer)
+        self.pending_routed = False  # a routed token inside a character colours the whole character
+        self.next_routed = False
         self._prompt_seen = False
 
     def put_routing(self, routed: torch.Tensor, scores: torch.Tensor) -> None:
-        self.routed.append(bool(routed.reshape(-1)[0]))
+        self.next_routed = bool(routed.reshape(-1)[0])
 
     def put(self, value: torch.Tensor) -> None:
         if not self._prompt_seen:
             self._prompt_seen = True
-            if self.skip_prompt:
-                return
-            self._write(self.tokenizer.decode(value.reshape(-1).tolist(), skip_special_tokens=True), False)
+            if not self.skip_prompt:
+                self._write(self.tokenizer.decode(value.reshape(-1).tolist(), skip_special_tokens=True), False)
             return
-        if value.dim() > 1 and value.shape[0] > 1 or value.numel() > 1:
+        if value.numel() > 1:
             raise ValueError("RoutingStreamer streams one sequence; use batch size 1.")
-        self.ids.append(int(value.reshape(-1)[0]))
-        self.pending_routed |= bool(self.routed[-1]) if len(self.routed) >= len(self.ids) else False
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        self.pending_routed |= self.next_routed
+        self.next_routed = False
+        piece = self.text.add(int(value.reshape(-1)[0]))
+        if piece is None:
             return  # wait for the token that completes the character
-        self._write(text[len(self.printed):], self.pending_routed)
-        self.printed = text
+        self._write(piece, self.pending_routed)
         self.pending_routed = False
 
     def _write(self, text: str, routed: bool) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -12,8 +11,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
-from .streaming import RoutingStreamer
-from .visualize import to_html
+from ..model.hub import missing_local_path
+from ..views import RoutingStreamer, to_html
+from .options import non_negative, non_negative_int, positive_fraction, positive_int
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -22,30 +22,29 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm", help="LLM Hub id or folder (default: the one the router names)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto (accelerate device map)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
-    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads")
 
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=_positive, default=256)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=_non_negative)
-    p.add_argument("--top-p", type=_unit)
-    p.add_argument("--top-k", type=_non_negative_int)
+    p.add_argument("--temperature", type=non_negative)
+    p.add_argument("--top-p", type=positive_fraction)
+    p.add_argument("--top-k", type=non_negative_int)
     p.add_argument("--seed", type=int, help="random seed for sampling")
-    p.add_argument("--threshold", type=_non_negative, help="routing threshold for this run (default: the router's)")
+    p.add_argument("--threshold", type=non_negative, help="routing threshold for this run (default: the router's)")
     p.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     p.add_argument("--system", help="system message (chat template only)")
 
 
 def load(args: argparse.Namespace):
     """The model and tokenizer an invocation asks for, with one-sentence errors."""
-    from .modeling import R2RForCausalLM
+    from ..model.modeling import R2RForCausalLM
 
     if args.threads:
         torch.set_num_threads(args.threads)
     router = args.router
-    looks_local = os.path.isabs(router) or router.startswith(".") or router.count("/") != 1 or os.sep + os.sep in router
-    if looks_local and not os.path.exists(router):
+    if missing_local_path(router):
         raise FileNotFoundError(f"The router folder {router} does not exist.")
     kwargs = {}
     if args.dtype != "auto":
@@ -180,34 +179,7 @@ def setup_chat(p: argparse.ArgumentParser) -> None:
     add_generation_options(p)
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _non_negative(text: str) -> float:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _unit(text: str) -> float:
-    value = _number(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return int(text)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return int(text)
+COMMANDS = {
+    "generate": ("stream an answer; the LLM's tokens are coloured", setup_generate, run_generate),
+    "chat": ("interactive multi-turn chat with routing colours", setup_chat, run_chat),
+}

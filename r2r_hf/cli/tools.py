@@ -1,29 +1,19 @@
-"""The ``r2r-hf`` command line: one subcommand per job, each a thin shell over the Python API.
+"""The router-building subcommands: ``label``, ``train``, ``calibrate``, ``push``, ``import-official``.
 
-Errors a person can cause (a missing path, a bad option, a model that cannot load) print
-one sentence and exit non-zero; ``--debug`` shows the traceback instead.
+Each is a thin shell over the Python API (``r2r_hf.pipeline``, ``r2r_hf.training``, ``r2r_hf.model``).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
-from collections.abc import Callable, Sequence
 
 import torch
 
-from . import cli_generate
+from ..model.record import expected_llm_token_rate
+from .options import fraction, positive_fraction, positive_int, require_dir
 
-Setup = Callable[[argparse.ArgumentParser], None]
-Run = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[str, Setup, Run]] = {}
-
-
-def register(name: str, help_text: str, setup: Setup, run: Run) -> None:
-    """Add subcommand ``name``: ``setup(parser)`` declares its options, ``run(args)`` returns the exit code."""
-    COMMANDS[name] = (help_text, setup, run)
+STEPS = ("responses", "features", "continuations", "verdicts", "labels")
 
 
 # --------------------------------------------------------------- import-official
@@ -39,8 +29,8 @@ def _setup_import_official(p: argparse.ArgumentParser) -> None:
 def _run_import_official(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from .loading import check_router_sizes
-    from .modeling import R2RForCausalLM
+    from ..model.loading import check_router_sizes
+    from ..model.modeling import R2RForCausalLM
 
     hub = {"revision": args.revision} if args.revision else {}
     model = R2RForCausalLM.from_official(args.source, subfolder=args.subfolder, slm=args.slm, llm=args.llm, **hub)
@@ -59,12 +49,6 @@ def _run_import_official(args: argparse.Namespace) -> int:
     return 0
 
 
-register(
-    "import-official", "convert an official R2R .pt router into an r2r_hf router folder",
-    _setup_import_official, _run_import_official,
-)
-
-
 # --------------------------------------------------------------- label / train / calibrate / push
 def _setup_label(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slm", required=True, help="SLM Hub id or folder")
@@ -72,19 +56,19 @@ def _setup_label(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verifier", help="judge model (Hub id or folder; default: the LLM)")
     p.add_argument("--prompts", required=True, help='JSON lines: {"id", "prompt"} or {"id", "messages"}')
     p.add_argument("--out", required=True, help="run folder (an existing one with the same settings is resumed)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=1024, help="bound on the LLM's reference answers")
-    p.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per shard and per batch")
-    p.add_argument("--limit", type=_positive_int, help="label only the first N prompts")
+    p.add_argument("--max-new-tokens", type=positive_int, default=1024, help="bound on the LLM's reference answers")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per shard and per batch")
+    p.add_argument("--limit", type=positive_int, help="label only the first N prompts")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype of every model (default bfloat16)")
-    p.add_argument("--continuation-max-tokens", type=_positive_int, default=128,
+    p.add_argument("--continuation-max-tokens", type=positive_int, default=128,
                    help="bound on an LLM continuation to its sentence end")
     p.add_argument("--context-tokens", type=int, default=384, help="preceding answer tokens the verifier sees")
-    p.add_argument("--steps", default=",".join(_STEPS), help=f"comma-separated subset of {','.join(_STEPS)}")
-    p.add_argument("--threads", type=_positive_int, help="torch CPU threads")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads")
 
 
 def _run_label(args: argparse.Namespace) -> int:
-    from .pipeline import LabelSettings, label
+    from ..pipeline import LabelSettings, label
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,30 +89,30 @@ def _run_label(args: argparse.Namespace) -> int:
 
 def _add_target(p: argparse.ArgumentParser, default_recall: float | None) -> None:
     target = p.add_mutually_exclusive_group(required=default_recall is None)
-    target.add_argument("--recall", type=_unit, default=default_recall,
+    target.add_argument("--recall", type=positive_fraction, default=default_recall,
                         help="divergent-class recall to calibrate for" + (f" (default {default_recall})" if default_recall else ""))
-    target.add_argument("--llm-rate", type=_unit, help="calibrate for this LLM token rate instead")
+    target.add_argument("--llm-rate", type=fraction, help="calibrate for this LLM token rate instead")
 
 
 def _setup_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a finished `r2r-hf label` folder")
     p.add_argument("--out", required=True, help="folder for the trained router")
     _add_target(p, 0.95)
-    p.add_argument("--epochs", type=_positive_int, default=50)
-    p.add_argument("--batch-size", type=_positive_int, default=1024)
+    p.add_argument("--epochs", type=positive_int, default=50)
+    p.add_argument("--batch-size", type=positive_int, default=1024)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--patience", type=_positive_int, default=10)
+    p.add_argument("--patience", type=positive_int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--router-type", choices=("mlp", "entropy", "random"), default="mlp")
     p.add_argument("--hidden-dims", help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
-    p.add_argument("--expansion", type=_positive_int, default=4, help="MLP expansion inside each block")
+    p.add_argument("--expansion", type=positive_int, default=4, help="MLP expansion inside each block")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--device", default="cpu")
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from .training import TrainSettings, train_router
+    from ..training import TrainSettings, train_router
 
     settings = TrainSettings(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                              weight_decay=args.weight_decay, patience=args.patience, seed=args.seed)
@@ -140,7 +124,7 @@ def _run_train(args: argparse.Namespace) -> int:
             raise ValueError(f"--hidden-dims must be comma-separated integers, got {args.hidden_dims!r}.") from None
     model = train_router(args.data, args.out, settings, recall=args.recall, llm_rate=args.llm_rate,
                          device=args.device, progress=not args.quiet, **extra)
-    _print_calibration(args.out, model.config)
+    _print_calibration(args.out, model)
     return 0
 
 
@@ -153,17 +137,17 @@ def _setup_calibrate(p: argparse.ArgumentParser) -> None:
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
-    from .modeling import R2RForCausalLM
-    from .pipeline import load_labels
-    from .training import calibrate_router
+    from ..model.modeling import R2RForCausalLM
+    from ..pipeline import load_labels
+    from ..training import calibrate_router
 
-    _require_dir(args.router, "router")
+    require_dir(args.router, "router")
     model = R2RForCausalLM.from_pretrained(args.router, load_pair=False)
     data = load_labels(args.data, seed=args.seed)
     if args.split != "all":
         data = data.split_of(args.split)
     calibrate_router(model, data, recall=args.recall, llm_rate=args.llm_rate, out_dir=args.router)
-    _print_calibration(args.router, model.config)
+    _print_calibration(args.router, model)
     return 0
 
 
@@ -175,100 +159,26 @@ def _setup_push(p: argparse.ArgumentParser) -> None:
 
 
 def _run_push(args: argparse.Namespace) -> int:
-    from .hub import push_folder
+    from ..model.hub import push_folder
 
-    _require_dir(args.router, "router")
+    require_dir(args.router, "router")
     url = push_folder(args.router, args.repo_id, private=args.private or None, revision=args.revision)
     print(f"pushed {args.router} to {args.repo_id} {url or ''}".rstrip())
     return 0
 
 
-def _print_calibration(folder: str, config) -> None:
-    rate = config.expected_llm_token_rate
-    recall = config.calibration.get("recall")
-    print(f"router in {folder}: threshold {config.threshold:.4g}, expected LLM token rate "
+def _print_calibration(folder: str, model) -> None:
+    rate = expected_llm_token_rate(model.record)
+    recall = model.record.get("calibration", {}).get("recall")
+    print(f"router in {folder}: threshold {model.config.threshold:.4g}, expected LLM token rate "
           f"{rate:.1%}" + (f", divergent recall {recall:.1%}" if recall is not None else ""))
 
 
-_STEPS = ("responses", "features", "continuations", "verdicts", "labels")
-register("generate", "stream an answer; the LLM's tokens are coloured", cli_generate.setup_generate,
-         cli_generate.run_generate)
-register("chat", "interactive multi-turn chat with routing colours", cli_generate.setup_chat, cli_generate.run_chat)
-register("label", "label which SLM/LLM differences are divergent (resumable)", _setup_label, _run_label)
-register("train", "train and calibrate a router on a labeling run", _setup_train, _run_train)
-register("calibrate", "re-calibrate a router's threshold on labelled data", _setup_calibrate, _run_calibrate)
-register("push", "upload a router folder to the Hugging Face Hub", _setup_push, _run_push)
-
-
-# --------------------------------------------------------------- option types and checks
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _unit(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}")
-    return value
-
-
-def _require_dir(path: str, what: str) -> None:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"The {what} folder {path} does not exist.")
-
-
-# --------------------------------------------------------------- entry point
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="r2r-hf", description="R2R token routing between a small and a large LM.")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or info messages")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (help_text, setup, _) in COMMANDS.items():
-        setup(sub.add_parser(name, help=help_text, description=help_text))
-    return parser
-
-
-def _one_sentence(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) < 600 else text[:597] + "..."
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``r2r-hf``; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    if args.quiet:
-        logging.disable(logging.INFO)
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    _, _, run = COMMANDS[args.command]
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (torch.OutOfMemoryError, MemoryError) as err:
-        if args.debug:
-            raise
-        print(f"error: out of memory ({_one_sentence(err)}); try a smaller dtype (--dtype bfloat16), "
-              "a device map, or quantising the LLM.", file=sys.stderr)
-        return 1
-    except (ValueError, OSError, RuntimeError, KeyError) as err:
-        if args.debug:
-            raise
-        print(f"error: {_one_sentence(err)}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+COMMANDS = {
+    "label": ("label which SLM/LLM differences are divergent (resumable)", _setup_label, _run_label),
+    "train": ("train and calibrate a router on a labeling run", _setup_train, _run_train),
+    "calibrate": ("re-calibrate a router's threshold on labelled data", _setup_calibrate, _run_calibrate),
+    "push": ("upload a router folder to the Hugging Face Hub", _setup_push, _run_push),
+    "import-official": ("convert an official R2R .pt router into an r2r_hf router folder", _setup_import_official,
+                        _run_import_official),
+}

@@ -1,12 +1,25 @@
-"""What ``R2RForCausalLM.generate(..., return_dict_in_generate=True)`` returns."""
+"""What the R2R loop gives back: the output of ``generate``, and the streamer contract."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
-from transformers.utils import ModelOutput
+
+
+class RoutingAwareStreamer(BaseStreamer):
+    """An HF streamer that also learns who wrote each token.
+
+    The loop calls ``put_routing(routed, scores)`` right before each ``put(tokens)``:
+    ``routed`` bool [B] (True where the LLM wrote the token) and ``scores`` float [B] (the
+    router's scores, NaN for finished rows), both on the CPU. Any other HF streamer works too;
+    it just is not told.
+    """
+
+    def put_routing(self, routed: torch.Tensor, scores: torch.Tensor) -> None:
+        raise NotImplementedError
 
 
 @dataclass
@@ -30,17 +43,3 @@ class R2RGenerateOutput(GenerateDecoderOnlyOutput):
     generated_mask: torch.BoolTensor | None = None
     llm_token_rate: float | None = None
     threshold: float | None = None
-
-
-@dataclass
-class R2RForwardOutput(ModelOutput):
-    """Teacher-forced scoring of a sequence (``R2RForCausalLM.forward``).
-
-    Args:
-        logits: the SLM's logits [B, T, V].
-        router_scores: float [B, T]; the router's score for the SLM's greedy
-            proposal at each position (the token that would follow it).
-    """
-
-    logits: torch.FloatTensor | None = None
-    router_scores: torch.FloatTensor | None = None

@@ -20,7 +20,8 @@ from huggingface_hub import HfApi, hf_hub_download, snapshot_download
 from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 from huggingface_hub.utils import HfHubHTTPError
 
-from .config import R2RConfig
+from ..config import DEFAULT_THRESHOLD, R2RConfig
+from .hub import is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def _check_slm_name(official: str | None, slm: str) -> None:
     """``init_args.pretrained_model_name`` names the SLM; two differing Hub ids are an error."""
     if not official or _same_model(official, slm):
         return
-    if os.path.exists(slm) or slm.count("/") != 1:
+    if not is_hub_id(slm):
         if Path(official).name.lower() != Path(slm.rstrip("/")).name.lower():
             logger.warning("The router was trained for the SLM %r; using the local SLM %r.", official, slm)
         return
@@ -161,8 +162,8 @@ def _check_slm_name(official: str | None, slm: str) -> None:
 
 def official_config_and_weights(
     checkpoint: dict[str, Any], slm: str | None, llm: str | None, source: str
-) -> tuple[R2RConfig, dict[str, torch.Tensor]]:
-    """Translate an official checkpoint into an ``R2RConfig`` and a ``router.*`` state dict.
+) -> tuple[R2RConfig, dict[str, torch.Tensor], dict[str, Any]]:
+    """Translate an official checkpoint into an ``R2RConfig``, a ``router.*`` state dict and a record.
 
     Sizes come from the tensors, not from ``init_args`` (some official configs carried wrong
     hidden sizes); a disagreement is logged.
@@ -171,7 +172,7 @@ def official_config_and_weights(
         checkpoint: as returned by ``read_official_checkpoint``.
         slm: Hub id or folder of the SLM (stored in the config).
         llm: Hub id or folder of the LLM.
-        source: where the file came from (recorded in the config's calibration metadata).
+        source: where the file came from (recorded as the calibration's source).
     """
     init = dict(checkpoint.get("init_args") or {})
     state = {k: v for k, v in checkpoint["state_dict"].items() if k != "token_embeddings.weight"}
@@ -194,7 +195,8 @@ def official_config_and_weights(
         )
     threshold = (checkpoint.get("common_args") or {}).get("threshold")
     if threshold is None:
-        logger.warning("%s carries no calibrated threshold; using 0.5. Calibrate it or pass threshold=.", source)
+        logger.warning("%s carries no calibrated threshold; using %s. Calibrate it or pass threshold=.", source,
+                       DEFAULT_THRESHOLD)
     config = R2RConfig(
         slm_name_or_path=slm,
         llm_name_or_path=llm,
@@ -205,10 +207,10 @@ def official_config_and_weights(
         router_expansion=int(expansion),
         router_dropout=float(init.get("dropout_rate", 0.1)),
         normalize_input=bool(init.get("normalize_input", False)),
-        threshold=0.5 if threshold is None else float(threshold),
-        calibration={"method": "official R2R checkpoint", "source": source} if threshold is not None else {},
+        threshold=DEFAULT_THRESHOLD if threshold is None else float(threshold),
     )
-    return config, {f"router.{k}": v for k, v in state.items()}
+    record = {"calibration": {"method": "official R2R checkpoint", "source": source}} if threshold is not None else {}
+    return config, {f"router.{k}": v for k, v in state.items()}, record
 
 
 def resolve_pair(
@@ -235,3 +237,23 @@ def resolve_pair(
             f"Known locations: {known}."
         )
     return names[0], names[1]
+
+
+def official_router(
+    path: str, location: str | os.PathLike, subfolder: str | None, slm: Any, llm: Any
+) -> tuple[R2RConfig, dict[str, torch.Tensor], dict[str, Any], str]:
+    """Config, ``router.*`` weights, record and source name of the official router file at ``path``.
+
+    Args:
+        path: the ``.pt`` file (local, or downloaded from ``location``).
+        location: what the user named: a file, a folder or a Hub repo.
+        subfolder: folder inside the repo.
+        slm, llm: names or loaded models given by the user (None: the published-router table).
+    """
+    checkpoint = read_official_checkpoint(path)
+    trained_for = (checkpoint.get("init_args") or {}).get("pretrained_model_name")
+    slm_name, llm_name = resolve_pair(location, subfolder, slm, llm, trained_for)
+    local = os.path.exists(str(location))
+    source = str(location) if local else "/".join(part for part in (str(location), subfolder, Path(path).name) if part)
+    config, state, record = official_config_and_weights(checkpoint, slm_name, llm_name, source)
+    return config, state, record, source

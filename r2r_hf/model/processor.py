@@ -23,12 +23,17 @@ What it cannot do that ``R2RForCausalLM.generate`` does:
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from transformers import LogitsProcessor, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from .features import embed_tokens, lm_forward, topk_logits
-from .router import Router
+from ..config import DEFAULT_NUM_TOPK, DEFAULT_THRESHOLD
+from ..core.features import lm_forward, positions_from_mask, read_features, score
+from ..core.routing import check_threshold
+from ..router import Router
+from .tokens import special_ids
 
 
 class R2RLogitsProcessor(LogitsProcessor):
@@ -64,12 +69,15 @@ class R2RLogitsProcessor(LogitsProcessor):
             self.router = router.router
             slm = slm if slm is not None else router.slm
         self.slm, self.llm = slm, llm
-        self.threshold = float(threshold if threshold is not None else (config.threshold if config else 0.5))
-        self.num_topk_logits = num_topk_logits or (config.num_topk_logits if config else 100)
+        default = config.threshold if config else DEFAULT_THRESHOLD
+        self.threshold = check_threshold(threshold if threshold is not None else default)
+        self.num_topk_logits = num_topk_logits or (config.num_topk_logits if config else DEFAULT_NUM_TOPK)
         generation = llm.generation_config
-        self.pad_token_id = pad_token_id if pad_token_id is not None else generation.pad_token_id
-        eos = eos_token_id if eos_token_id is not None else generation.eos_token_id
-        self.eos_token_ids = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), dtype=torch.long)
+        self.pad_token_id, eos = special_ids(generation_config=SimpleNamespace(
+            pad_token_id=generation.pad_token_id if pad_token_id is None else pad_token_id,
+            eos_token_id=generation.eos_token_id if eos_token_id is None else eos_token_id,
+        ))
+        self.eos_token_ids = torch.tensor(eos, dtype=torch.long)
         head = slm.get_output_embeddings()
         self._hooks = [
             head.register_forward_pre_hook(lambda m, args: setattr(self, "_hidden", args[0][:, -1])),
@@ -138,13 +146,8 @@ class R2RLogitsProcessor(LogitsProcessor):
             generated = input_ids[:, self._prompt_len :]
             finished = torch.isin(generated, self.eos_token_ids.to(input_ids.device)).any(-1)
 
-        proposal = scores.argmax(-1)
-        device = next(iter(self.router.parameters()), scores).device
-        router_scores = self.router.scores(
-            topk_logits(self._logits, self.num_topk_logits).to(device),
-            embed_tokens(self.slm, proposal).to(device),
-            self._hidden.to(device),
-        ).to(scores.device)
+        features = read_features(self.slm, self._logits, self._hidden, scores.argmax(-1), self.num_topk_logits)
+        router_scores = score(self.router, features).to(scores.device)
         routed = (router_scores >= self.threshold) & ~finished
         self._routed.append(routed.cpu())
         self._live.append((~finished).cpu())
@@ -152,7 +155,7 @@ class R2RLogitsProcessor(LogitsProcessor):
             return scores
 
         mask = torch.cat([self._prompt_mask, self._prompt_mask.new_ones(batch, length - self._prompt_len)], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        positions = positions_from_mask(mask)
         no_padding = bool(mask.all())
         llm_logits = lm_forward(
             self.llm,

@@ -11,6 +11,8 @@ import html
 import os
 from dataclasses import dataclass
 
+from .text import IncrementalText
+
 LLM_COLOR = "\033[1;38;5;208m"  # bold orange
 RESET = "\033[0m"
 
@@ -25,20 +27,9 @@ class Piece:
 
 
 def token_pieces(tokenizer, ids: list[int], routed: list[bool], scores: list[float]) -> list[Piece]:
-    """Split decoded text into one piece per token.
-
-    A token that completes a multi-byte character owns the whole character (pieces are the
-    differences between decodes of growing prefixes, so they concatenate to the full text).
-    """
-    pieces, previous = [], ""
-    for i in range(len(ids)):
-        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
-        if text.endswith("\ufffd"):  # an incomplete character: wait for the token that completes it
-            pieces.append(Piece("", routed[i], scores[i]))
-            continue
-        pieces.append(Piece(text[len(previous):], routed[i], scores[i]))
-        previous = text
-    return pieces
+    """One piece of text per token (see ``IncrementalText``); a token inside a character gets ""."""
+    text = IncrementalText(tokenizer, skip_special_tokens=False)
+    return [Piece(text.add(token) or "", r, s) for token, r, s in zip(ids, routed, scores)]
 
 
 def _rows(output, tokenizer, prompt_length: int | None):

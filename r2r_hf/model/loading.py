@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .config import R2RConfig
+from ..config import R2RConfig
+from .hub import HUB_KWARGS, missing_local_path
+from .tokens import check_same_tokenizer, stored_tokenizer
 
-logger = logging.getLogger(__name__)
-
-# Keyword arguments of `from_pretrained` that say where and how to fetch files; they apply to
-# the router and, unless overridden in slm_kwargs/llm_kwargs, to the SLM and LLM as well.
-HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "proxies")
 # Keyword arguments that place or shape model weights; at top level they apply to the SLM and LLM.
 MODEL_KWARGS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "max_memory", "offload_folder")
 
@@ -50,8 +45,7 @@ def load_base_model(
         f"pass {role}=<a local folder or an already-loaded model> to R2RForCausalLM.from_pretrained "
         f"(or fix {role}_name_or_path in the router's config.json)"
     )
-    looks_local = os.path.isabs(name_or_path) or name_or_path.startswith(".") or name_or_path.count("/") > 1
-    if looks_local and not os.path.isdir(name_or_path):
+    if missing_local_path(name_or_path):
         raise OSError(f"Could not load the {role.upper()} {name_or_path!r}: no such folder; {hint}.")
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
@@ -103,35 +97,11 @@ def shared_vocab_size(slm: PreTrainedModel, llm: PreTrainedModel) -> int:
             f"R2R needs one tokenizer shared by both models, but the SLM has a vocabulary of {slm_vocab} "
             f"and the LLM of {llm_vocab}; pick an SLM and LLM from the same family."
         )
-    check_same_tokenizer(slm, llm)
-    return min(slm_vocab, llm_vocab)
-
-
-def _local_tokenizer(model: PreTrainedModel):
-    path = getattr(model, "name_or_path", None) or model.config.name_or_path
-    if not path:
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception:  # noqa: BLE001 - no tokenizer stored with the model: nothing to compare
-        return None
-
-
-def check_same_tokenizer(slm: PreTrainedModel, llm: PreTrainedModel) -> None:
-    """Compare the two models' tokenizers where both are stored locally; refuse different vocabularies.
-
-    A model without a locally stored tokenizer cannot be checked and passes.
-    """
-    slm_tok, llm_tok = _local_tokenizer(slm), _local_tokenizer(llm)
-    if slm_tok is None or llm_tok is None:
-        return
-    slm_vocab, llm_vocab = slm_tok.get_vocab(), llm_tok.get_vocab()
-    if slm_vocab != llm_vocab:
-        differing = len(set(slm_vocab.items()) ^ set(llm_vocab.items()))
-        raise ValueError(
-            f"R2R needs one tokenizer shared by both models, but the tokenizers of {slm.name_or_path!r} and "
-            f"{llm.name_or_path!r} differ in {differing} vocabulary entries; pick models that share a tokenizer."
-        )
+    shared = min(slm_vocab, llm_vocab)
+    slm_tok, llm_tok = stored_tokenizer(slm), stored_tokenizer(llm)
+    if slm_tok is not None and llm_tok is not None:  # a model without a stored tokenizer cannot be checked
+        check_same_tokenizer(slm_tok, llm_tok, shared, slm.name_or_path, llm.name_or_path)
+    return shared
 
 
 def check_router_fits(config: R2RConfig, slm: PreTrainedModel) -> None:

@@ -4,16 +4,14 @@ Only the router is a registered submodule. The SLM and LLM are attached as plain
 attributes, so ``.to()``, ``state_dict()``, ``save_pretrained`` and ``push_to_hub``
 touch the router alone and a router checkpoint stays a few hundred MB at most.
 
-``generate`` is HF's own: it prepares the processors, stopping criteria, streamer and
-inputs, then calls ``_sample``, which this class replaces with the R2R loop
-(``decoding.r2r_decode``). Greedy and sampling both go through ``_sample``.
+``generate`` is HF's own: it prepares the processors, stopping criteria, streamer, inputs
+and a per-call copy of the generation config (which carries the call's ``threshold``), then
+calls ``_sample``, which this class replaces with the R2R loop (``core.decoding``).
 """
 
 from __future__ import annotations
 
-import contextvars
 import copy
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -21,14 +19,17 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
-from transformers.generation.configuration_utils import CompileConfig, GenerationMode
+from transformers.generation.configuration_utils import GenerationMode
 
-from .config import R2RConfig
-from .decoding import r2r_decode
-from .hub import commit_folder
-from .features import HiddenStateCapture, embed_tokens, lm_forward, output_device, topk_logits
+from ..config import R2RConfig
+from ..core.capture import CaptureStore
+from ..core.decoding import r2r_decode
+from ..core.features import output_device
+from ..core.routing import Routing
+from ..router import Router, build_router, init_router_module
+from .generation import generation_options, refuse_unsupported, set_call_threshold
+from .hub import HUB_KWARGS, commit_folder, missing_local_path
 from .loading import (
-    HUB_KWARGS,
     check_router_fits,
     config_from_models,
     is_loaded_model,
@@ -37,47 +38,8 @@ from .loading import (
     split_loading_kwargs,
 )
 from .model_card import CARD_MARKER, render_model_card
-from .official import find_official_file, official_config_and_weights, read_official_checkpoint, resolve_pair
-from .outputs import R2RForwardOutput
-from .router import MLPRouter, Router, build_router, init_router_module
-
-# The threshold of the generate call in progress. A context variable (not an attribute) keeps
-# concurrent generate calls from different threads apart.
-_CALL_THRESHOLD: contextvars.ContextVar[float | None] = contextvars.ContextVar("r2r_threshold", default=None)
-
-# Options of HF generate that R2R cannot honour, with the reason given to the user.
-_UNSUPPORTED = {
-    "num_beams": "beam search",
-    "num_beam_groups": "group beam search",
-    "penalty_alpha": "contrastive search",
-    "dola_layers": "DoLa decoding",
-    "prompt_lookup_num_tokens": "prompt lookup decoding",
-    "guidance_scale": "classifier-free guidance",
-    "output_attentions": "returning attentions (two models write the tokens)",
-    "output_hidden_states": "returning hidden states (two models write the tokens)",
-    "assistant_model": "assisted generation",
-    "custom_generate": "a custom decoding loop would replace R2R's",
-    "past_key_values": "R2R keeps one cache per model",
-}
-_NEUTRAL_VALUES = {"num_beams": 1, "num_beam_groups": 1, "guidance_scale": 1.0}
-_CACHES = (None, "dynamic", "static")
-
-
-def refuse_unsupported(options: dict[str, Any]) -> None:
-    """Raise one ValueError naming every generate option R2R cannot honour."""
-    problems = []
-    for name, what in _UNSUPPORTED.items():
-        value = options.get(name)
-        if value is not None and value is not False and value != 0 and value != _NEUTRAL_VALUES.get(name):
-            shown = type(value).__name__ if isinstance(value, torch.nn.Module) else repr(value)
-            problems.append(f"{name}={shown} ({what})")
-    if options.get("cache_implementation") not in _CACHES:
-        problems.append(f"cache_implementation={options['cache_implementation']!r} (use 'dynamic' or 'static')")
-    if problems:
-        raise ValueError(
-            f"R2RForCausalLM.generate cannot honour {', '.join(problems)}: R2R writes one token per step, "
-            "greedy or sampled, with one cache per model. Remove the option."
-        )
+from .official import find_official_file, official_router
+from .record import from_legacy_config, load_record, save_record
 
 
 class R2RForCausalLM(PreTrainedModel, GenerationMixin):
@@ -85,6 +47,11 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
 
     Build one with ``from_pretrained(router_repo)`` (loads the SLM and LLM the config
     names), ``from_pretrained(router_repo, slm=..., llm=...)`` or ``from_models(slm, llm)``.
+
+    Attributes:
+        record: how the router was trained, calibrated and evaluated (``router_metrics.json``).
+        capture_store: captured decoding steps and their static caches, kept between calls
+            (filled only by ``cache_implementation="static"`` calls on CUDA or with a ``compile_config``).
 
     Args:
         config: the router and pair description.
@@ -99,10 +66,11 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: R2RConfig) -> None:
         super().__init__(config)
         self.router: Router = build_router(config)
-        object.__setattr__(self, "_slm", None)
-        object.__setattr__(self, "_llm", None)
-        object.__setattr__(self, "shared_vocab_size", None)
-        object.__setattr__(self, "_compiled_router", None)
+        self._slm: PreTrainedModel | None = None
+        self._llm: PreTrainedModel | None = None
+        self.shared_vocab_size: int | None = None
+        self.record: dict[str, Any] = from_legacy_config(getattr(config, "legacy_record", {}))
+        self.capture_store = CaptureStore()
         self.post_init()
 
     def _init_weights(self, module: torch.nn.Module) -> None:
@@ -134,10 +102,11 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             if not isinstance(model, PreTrainedModel) or model.get_output_embeddings() is None:
                 raise ValueError(f"{role} must be a transformers causal LM (with an lm_head), got {type(model).__name__}.")
         check_router_fits(self.config, slm)
-        vocab = shared_vocab_size(slm, llm)
+        self.shared_vocab_size = shared_vocab_size(slm, llm)
+        # Plain attributes, not submodules: the router alone is saved, moved and pushed.
         object.__setattr__(self, "_slm", slm)
         object.__setattr__(self, "_llm", llm)
-        object.__setattr__(self, "shared_vocab_size", vocab)
+        self.capture_store.clear()
         # The router lives where the SLM's features appear; it stays float32 (it is small).
         self.router.to(output_device(slm))
         # Defaults (EOS ids, pad, recommended sampling) are the LLM's, so always-routing
@@ -169,9 +138,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             llm: the large model.
             config_kwargs: any ``R2RConfig`` field (threshold, router_hidden_dims...).
         """
-        config = config_from_models(slm, llm, **config_kwargs)
-        model = cls(config)
-        model.eval()
+        model = cls(config_from_models(slm, llm, **config_kwargs)).eval()
         model.set_models(slm, llm)
         return model
 
@@ -190,7 +157,8 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         """Load a router, then the SLM and LLM its config names (or the ones given).
 
         Args:
-            pretrained_model_name_or_path: Hub id or folder holding ``config.json`` and ``model.safetensors``.
+            pretrained_model_name_or_path: Hub id or folder holding ``config.json`` and ``model.safetensors``,
+                or an official R2R ``.pt`` router (file, folder or Hub repo).
             slm: a loaded model, or a Hub id / folder that replaces the config's SLM.
             llm: a loaded model, or a Hub id / folder that replaces the config's LLM.
             slm_kwargs: extra ``AutoModelForCausalLM.from_pretrained`` arguments for the SLM.
@@ -199,12 +167,15 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             kwargs: router loading arguments (revision, subfolder, cache_dir, token...);
                 ``dtype``, ``device_map`` and ``attn_implementation`` here apply to both models.
         """
+        location = pretrained_model_name_or_path
+        if missing_local_path(location):
+            raise OSError(f"The router folder {location} does not exist; pass an existing folder or a Hub id.")
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
         hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
         config = router_kwargs.pop("config", None)
-        official = None if config is not None else find_official_file(pretrained_model_name_or_path, hub.get("subfolder"), hub)
+        official = None if config is not None else find_official_file(location, hub.get("subfolder"), hub)
         if official:  # a router published as an official R2R .pt file: convert it on the fly
-            model = cls._from_official_file(official, pretrained_model_name_or_path, hub.get("subfolder"), slm, llm)
+            model = cls._from_official_file(official, location, hub.get("subfolder"), slm, llm)
             for key, value in router_kwargs.items():
                 if key not in hub and hasattr(model.config, key):
                     setattr(model.config, key, value)
@@ -213,14 +184,13 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             llm = llm if is_loaded_model(llm) else None
         else:
             if config is None:
-                config, router_kwargs = R2RConfig.from_pretrained(
-                    pretrained_model_name_or_path, return_unused_kwargs=True, **router_kwargs
-                )
+                config, router_kwargs = R2RConfig.from_pretrained(location, return_unused_kwargs=True, **router_kwargs)
                 router_kwargs.update(hub)
             if config.router_type == "mlp":
-                model = super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **router_kwargs)
+                model = super().from_pretrained(location, *model_args, config=config, **router_kwargs)
             else:  # baseline routers have no weights to load
                 model = cls(config).eval()
+            model.record = {**model.record, **load_record(location, hub)}
         if not load_pair:
             return model
         if not is_loaded_model(slm):
@@ -260,24 +230,19 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def _from_official_file(cls, path: str, location: Any, subfolder: str | None, slm: Any, llm: Any) -> R2RForCausalLM:
-        checkpoint = read_official_checkpoint(path)
-        trained_for = (checkpoint.get("init_args") or {}).get("pretrained_model_name")
-        slm_name, llm_name = resolve_pair(location, subfolder, slm, llm, trained_for)
-        source = str(location) if os.path.exists(str(location)) else "/".join(
-            part for part in (str(location), subfolder, Path(path).name) if part
-        )
-        config, state = official_config_and_weights(checkpoint, slm_name, llm_name, source)
+        config, state, record, source = official_router(path, location, subfolder, slm, llm)
         model = cls(config)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(
                 f"{source} does not match the R2R router layout: missing {sorted(missing)}, unexpected {sorted(unexpected)}."
             )
+        model.record = record
         return model.eval()
 
     # ------------------------------------------------------------ publishing
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, repo_id: str | None = None, **kwargs: Any):
-        """Save the router (``config.json``, ``model.safetensors``) and its model card ``README.md``.
+        """Save the router (``config.json``, ``model.safetensors``), its record and its model card ``README.md``.
 
         A README.md that r2r_hf did not write is left untouched.
 
@@ -287,9 +252,10 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             kwargs: as ``PreTrainedModel.save_pretrained``.
         """
         result = super().save_pretrained(save_directory, *args, **kwargs)
+        save_record(save_directory, self.record)
         readme = Path(save_directory, "README.md")
         if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
-            readme.write_text(render_model_card(self.config, repo_id=repo_id), encoding="utf-8")
+            readme.write_text(render_model_card(self.config, self.record, repo_id=repo_id), encoding="utf-8")
         return result
 
     def push_to_hub(
@@ -302,7 +268,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         create_pr: bool = False,
         **save_kwargs: Any,
     ) -> Any:
-        """Upload the router and its model card to the Hub (the SLM and LLM stay in their own repos).
+        """Upload the router, its record and its model card to the Hub (the SLM and LLM stay in their own repos).
 
         Args:
             repo_id: ``"org/name"``; created if missing.
@@ -330,35 +296,36 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
 
         Args:
             inputs: prompt ids [B, P] (left-padded for batches), or pass ``input_ids=``.
+            generation_config: as in HF; a ``threshold`` set on it is honoured.
             threshold: route to the LLM where the router's score >= threshold, for this call only
                 (default: ``config.threshold``). ``0.0`` routes every token, ``float("inf")`` none.
             kwargs: anything HF ``generate`` accepts (max_new_tokens, do_sample, streamer,
-                stop_strings with tokenizer, logits_processor, return_dict_in_generate...).
+                stop_strings with tokenizer, logits_processor, return_dict_in_generate,
+                cache_implementation="static", compile_config...).
 
         Returns:
             The sequences, or with ``return_dict_in_generate=True`` an ``R2RGenerateOutput``
             that adds ``routed``, ``router_scores``, ``generated_mask`` and ``llm_token_rate``.
         """
         self.slm, self.llm  # noqa: B018 - raises a clear error when no models are attached
-        if threshold is None:
-            threshold = self.config.threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or math.isnan(threshold):
-            raise ValueError(f"threshold must be a number (route where score >= threshold), got {threshold!r}.")
         # HF diverts some modes (contrastive, DoLa, custom_generate) before its own validation.
         refuse_unsupported({**(generation_config.to_dict() if generation_config else {}), **kwargs})
-        token = _CALL_THRESHOLD.set(float(threshold))
-        try:
-            return super().generate(inputs, generation_config, *args, **kwargs)
-        finally:
-            _CALL_THRESHOLD.reset(token)
+        if threshold is not None:
+            kwargs["threshold"] = threshold
+        return super().generate(inputs, generation_config, *args, **kwargs)
+
+    def _prepare_generation_config(self, generation_config: GenerationConfig | None, **kwargs: Any):
+        # Private HF hook (tests/test_hf_internals.py guards it): the call's copy of the generation
+        # config is made here, so the call's threshold goes into that copy.
+        threshold = kwargs.pop("threshold", None)
+        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
+        set_call_threshold(generation_config, threshold, self.config.threshold)
+        return generation_config, model_kwargs
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
-        # Private HF hook (tests/test_hf_internals.py guards it): here the call's final generation
-        # config is known, including options inherited from model.generation_config.
-        options = {name: getattr(generation_config, name, None) for name in _UNSUPPORTED}
-        options["cache_implementation"] = generation_config.cache_implementation
-        options["assistant_model"] = generation_mode_kwargs.get("assistant_model")
-        refuse_unsupported(options)
+        # Private HF hook: here the call's final generation config is known, including options
+        # inherited from model.generation_config.
+        refuse_unsupported(generation_options(generation_config, generation_mode_kwargs))
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
 
     def _prepare_cache_for_generation(self, *args: Any, **kwargs: Any) -> None:
@@ -378,84 +345,11 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         # Private HF hook: generate() dispatches greedy and sampling here.
         if synced_gpus:
             raise ValueError("R2RForCausalLM.generate does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
-        threshold = _CALL_THRESHOLD.get()
-        compiled_slm, router_fn = self._compiled_steps(generation_config)
-        return r2r_decode(
-            self.slm,
-            self.llm,
-            self.router,
-            input_ids,
-            logits_processor,
-            stopping_criteria,
-            generation_config,
-            threshold=self.config.threshold if threshold is None else threshold,
-            vocab_size=self.shared_vocab_size,
-            num_topk_logits=self.config.num_topk_logits,
-            attention_mask=model_kwargs.get("attention_mask"),
-            position_ids=model_kwargs.get("position_ids"),
-            streamer=streamer,
-            compiled_slm=compiled_slm,
-            router_scores_fn=router_fn,
-        )
-
-    def _compiled_steps(self, generation_config) -> tuple[Any, Any]:
-        """Compiled SLM one-token step and router, when the call allows and asks for them.
-
-        As in HF generate: only with a static cache, never with ``disable_compile``, automatically
-        on CUDA/XPU, and on other devices when a ``compile_config`` is given. The LLM's catch-up
-        (variable length) stays eager.
-        """
-        if generation_config.cache_implementation != "static" or generation_config.disable_compile:
-            return None, None
-        config = generation_config.compile_config
-        if config is None and output_device(self.slm).type not in ("cuda", "xpu"):
-            return None, None
-        placements = set(getattr(self.slm, "hf_device_map", {}).values())
-        if getattr(self.slm, "hf_quantizer", None) is not None or len(placements) > 1:
-            return None, None
-        config = config or CompileConfig()
-        compiled_slm = self.slm.get_compiled_call(config)
-        if not isinstance(self.router, MLPRouter):  # baselines are cheap (and the random one is stateful)
-            return compiled_slm, None
-        key = (config.fullgraph, config.dynamic, config.backend, config.mode, id(self.router))
-        if self._compiled_router is None or self._compiled_router[0] != key:
-            options = {k: v for k, v in config.to_dict().items() if k in ("fullgraph", "dynamic", "backend", "mode", "options")}
-            object.__setattr__(self, "_compiled_router", (key, torch.compile(self.router.scores, **options)))
-        return compiled_slm, self._compiled_router[1]
-
-    # ------------------------------------------------------------ scoring
-    def forward(
-        self,
-        input_ids: torch.LongTensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        **kwargs: Any,
-    ) -> R2RForwardOutput:
-        """Teacher-forced scoring: the SLM's logits and the router's score at every position.
-
-        The score at position i is for the SLM's greedy proposal of token i + 1, i.e. what
-        the router would decide if the SLM proposed its argmax there.
-
-        Args:
-            input_ids: [B, T] token ids.
-            attention_mask: [B, T], 0 on (left) padding.
-            position_ids: [B, T]; derived from the mask when omitted.
-        """
-        if position_ids is None and attention_mask is not None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        with HiddenStateCapture(self.slm) as capture:
-            logits = lm_forward(self.slm, input_ids, attention_mask, position_ids, cache=None, logits_to_keep=0)
-            hidden = capture.hidden
-        proposal = logits[..., : self.shared_vocab_size].argmax(-1)
-        batch, length = input_ids.shape
-        flat = lambda x: x.reshape(batch * length, -1)  # noqa: E731
-        device = self.device
-        scores = self.router.scores(
-            flat(topk_logits(logits, self.config.num_topk_logits)).to(device),
-            flat(embed_tokens(self.slm, proposal)).to(device),
-            flat(hidden).to(device),
-        )
-        return R2RForwardOutput(logits=logits, router_scores=scores.reshape(batch, length))
+        routing = Routing.for_call(self.slm, self.llm, self.router, self.shared_vocab_size, self.config.num_topk_logits,
+                                   generation_config, input_ids, self.capture_store)
+        return r2r_decode(routing, input_ids, logits_processor, stopping_criteria, generation_config,
+                          attention_mask=model_kwargs.get("attention_mask"),
+                          position_ids=model_kwargs.get("position_ids"), streamer=streamer)
 
 
 _NOT_ATTACHED = (

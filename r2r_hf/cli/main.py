@@ -1,0 +1,66 @@
+"""The ``r2r-hf`` command line: one subcommand per job, each a thin shell over the Python API.
+
+Errors a person can cause (a missing path, a bad option, a model that cannot load) print
+one sentence and exit non-zero; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from . import generate, tools
+
+# name -> (help, setup(parser), run(args) -> exit code)
+COMMANDS = {**generate.COMMANDS, **tools.COMMANDS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="r2r-hf", description="R2R token routing between a small and a large LM.")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or info messages")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, setup, _) in COMMANDS.items():
+        setup(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def _one_sentence(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) < 600 else text[:597] + "..."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``r2r-hf``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.quiet:
+        logging.disable(logging.INFO)
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    _, _, run = COMMANDS[args.command]
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (torch.OutOfMemoryError, MemoryError) as err:
+        if args.debug:
+            raise
+        print(f"error: out of memory ({_one_sentence(err)}); try a smaller dtype (--dtype bfloat16), "
+              "a device map, or quantising the LLM.", file=sys.stderr)
+        return 1
+    except (ValueError, OSError, RuntimeError, KeyError) as err:
+        if args.debug:
+            raise
+        print(f"error: {_one_sentence(err)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The model calls of the R2R loop: their interface, and the eager engine.
+
+Every engine offers the same three calls over its own KV caches:
+
+* ``slm_read(seq, start)``  the SLM reads ``seq[start:]``; its next-token logits and post-norm hidden state;
+* ``route_scores(logits, hidden, token)``  the router's scores for the SLM's proposed tokens;
+* ``llm_read(seq, start)``  the LLM catches up on ``seq[start:]`` in one forward; its next-token logits.
+
+``EagerSteps`` (here) runs them as plain forwards over a dynamic or static cache.
+``capture.CapturedSteps`` replays the fixed-shape ones, and ``capture.choose_steps`` decides
+which engine a call gets.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .features import HiddenStateCapture, lm_forward, read_features, score
+from .steps import Committed, make_cache
+
+
+class Steps(Protocol):
+    """The three model calls of one generate call (see the module docstring)."""
+
+    capacity: int  # columns the call's buffers and caches hold
+
+    def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor: ...
+
+    def llm_read(self, seq: Committed, start: int) -> torch.Tensor: ...
+
+
+def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, hidden, token) -> torch.Tensor:
+    """Router scores [B] for the SLM's proposals ``token`` given its logits [B, V] and hidden state [B, H]."""
+    return score(router, read_features(slm, logits, hidden, token, k))
+
+
+class EagerSteps:
+    """Plain forwards over a dynamic or static cache per model (fresh for every call).
+
+    Args:
+        slm, llm, router: the pair and the router.
+        num_topk: sorted SLM logits the router reads.
+        cache_implementation: ``"static"`` or anything else for a dynamic cache.
+        capacity: the call's longest sequence (static caches are this long).
+    """
+
+    def __init__(self, slm, llm, router, num_topk: int, cache_implementation: str | None, capacity: int) -> None:
+        self.slm, self.llm, self.router, self.num_topk, self.capacity = slm, llm, router, num_topk, capacity
+        self.slm_cache = make_cache(slm, cache_implementation, capacity)
+        self.llm_cache = make_cache(llm, cache_implementation, capacity)
+
+    def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        end = seq.length
+        with HiddenStateCapture(self.slm) as capture:
+            logits = lm_forward(self.slm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
+                                self.slm_cache)
+            return logits[:, -1], capture.hidden[:, -1]
+
+    def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        return route_scores(self.slm, self.router, self.num_topk, logits, hidden, token)
+
+    def llm_read(self, seq: Committed, start: int) -> torch.Tensor:
+        end = seq.length
+        logits = lm_forward(self.llm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
+                            self.llm_cache)
+        return logits[:, -1]

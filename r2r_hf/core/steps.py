@@ -1,0 +1,107 @@
+"""The state one generate call decodes over, and the small steps that are the same on every path.
+
+``Committed`` holds the tokens written so far in buffers allocated once per call. ``propose``
+and ``pick`` turn a model's logits into its token exactly as HF's ``_sample`` does, so the
+routed rows and the SLM's rows go through the same processors and the same random stream.
+The model calls themselves (SLM step, router, LLM catch-up) live in ``engines.py``: eager,
+compiled or captured, with the same signatures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import LogitsProcessorList
+from transformers.cache_utils import Cache, DynamicCache, StaticCache
+
+
+@dataclass
+class Committed:
+    """The committed sequence of a batch, in buffers of a fixed ``capacity`` allocated once per call.
+
+    Args:
+        ids: [B, capacity] token ids; only the first ``length`` columns are written.
+        mask: [B, capacity] 1 for real tokens, 0 for left padding (ones past the prompt).
+        positions: [B, capacity] position ids, continuing from each row's last prompt position.
+        length: columns committed so far.
+        padded: whether any prompt row is padded; when not, eager forwards pass no mask (as HF does).
+    """
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    length: int
+    padded: bool
+
+    @classmethod
+    def from_prompt(
+        cls, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, capacity: int
+    ) -> Committed:
+        """Buffers of width ``capacity`` holding the prompt (``mask``/``positions`` as HF prepared them)."""
+        batch, prompt = input_ids.shape
+        ids = input_ids.new_zeros(batch, capacity)
+        ids[:, :prompt] = input_ids
+        if positions is None:
+            positions = torch.arange(prompt, device=input_ids.device).expand(batch, prompt)
+        pos = input_ids.new_zeros(batch, capacity)
+        pos[:, :prompt] = positions
+        pos[:, prompt:] = positions[:, -1:] + torch.arange(1, capacity - prompt + 1, device=input_ids.device)
+        full_mask = input_ids.new_ones(batch, capacity)
+        if mask is not None:
+            full_mask[:, :prompt] = mask
+        return cls(ids, full_mask, pos, prompt, padded=mask is not None)
+
+    def view(self) -> torch.Tensor:
+        """[B, length]: the committed ids."""
+        return self.ids[:, : self.length]
+
+    def mask_upto(self, end: int) -> torch.Tensor | None:
+        """The mask over the first ``end`` columns, or None when nothing is padded."""
+        return self.mask[:, :end] if self.padded else None
+
+    def append(self, token: torch.Tensor) -> None:
+        self.ids[:, self.length] = token
+        self.length += 1
+
+
+def make_cache(model: torch.nn.Module, implementation: str | None, length: int) -> Cache:
+    """A fresh KV cache for one model; R2R never crops, so a static cache is always allowed."""
+    if implementation == "static":
+        return StaticCache(config=model.config, max_cache_len=length)
+    return DynamicCache(config=model.config)
+
+
+def rng_state(device: torch.device) -> torch.Tensor:
+    """State of the generator ``torch.multinomial`` draws from on ``device``."""
+    if device.type == "cpu":
+        return torch.get_rng_state()
+    return torch.get_device_module(device.type).get_rng_state(device.index)
+
+
+def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cpu":
+        torch.set_rng_state(state)
+    else:
+        torch.get_device_module(device.type).set_rng_state(state, device.index)
+
+
+def pick(scores: torch.Tensor, do_sample: bool, width: int) -> torch.Tensor:
+    """HF's token choice: a multinomial draw from softmax(scores), or the argmax.
+
+    A draw is taken over the writing model's own lm_head width (padding rows at -inf):
+    the random stream advances by what that model's own ``generate`` would consume.
+    """
+    if not do_sample:
+        return scores.argmax(-1)
+    if width > scores.shape[-1]:
+        scores = torch.nn.functional.pad(scores, (0, width - scores.shape[-1]), value=-float("inf"))
+    return torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
+
+
+def propose(
+    logits: torch.Tensor, seq: Committed, processors: LogitsProcessorList, vocab: int, do_sample: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model's processed scores over the shared vocabulary, and its token (HF's ``_sample`` step)."""
+    scores = processors(seq.view(), logits[:, :vocab].to(device=seq.ids.device, dtype=torch.float32, copy=True))
+    return scores, pick(scores, do_sample, width=logits.shape[-1])

@@ -1,0 +1,66 @@
+"""What ``R2RForCausalLM.generate`` accepts: HF's options minus those R2R cannot honour, plus ``threshold``.
+
+``threshold`` is an entry of the call's generation config like any other option: HF copies
+the generation config for every call, so the value a call routes with lives in that copy and
+nowhere else. Precedence, highest first: ``generate(threshold=...)``, a ``threshold`` set on the
+``GenerationConfig`` passed to ``generate``, one set on ``model.generation_config``, and the
+router's ``config.threshold``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import GenerationConfig
+
+# Options of HF generate that R2R cannot honour, with the reason given to the user.
+UNSUPPORTED = {
+    "num_beams": "beam search",
+    "num_beam_groups": "group beam search",
+    "penalty_alpha": "contrastive search",
+    "dola_layers": "DoLa decoding",
+    "prompt_lookup_num_tokens": "prompt lookup decoding",
+    "guidance_scale": "classifier-free guidance",
+    "output_attentions": "returning attentions (two models write the tokens)",
+    "output_hidden_states": "returning hidden states (two models write the tokens)",
+    "assistant_model": "assisted generation",
+    "custom_generate": "a custom decoding loop would replace R2R's",
+    "past_key_values": "R2R keeps one cache per model",
+    "inputs_embeds": "prompts as embeddings (the SLM and the LLM each embed the ids with their own table; pass input_ids)",
+}
+_NEUTRAL_VALUES = {"num_beams": 1, "num_beam_groups": 1, "guidance_scale": 1.0}
+CACHES = (None, "dynamic", "static")
+
+
+def refuse_unsupported(options: dict[str, Any]) -> None:
+    """Raise one ValueError naming every generate option R2R cannot honour."""
+    problems = []
+    for name, what in UNSUPPORTED.items():
+        value = options.get(name)
+        plain = isinstance(value, (int, float, str))  # bool is an int
+        if value is None or (plain and (value == 0 or value == _NEUTRAL_VALUES.get(name))):
+            continue
+        problems.append(f"{name}={value!r} ({what})" if plain else f"{name}={type(value).__name__} ({what})")
+    if options.get("cache_implementation") not in CACHES:
+        problems.append(f"cache_implementation={options['cache_implementation']!r} (use 'dynamic' or 'static')")
+    if problems:
+        raise ValueError(
+            f"R2RForCausalLM.generate cannot honour {', '.join(problems)}: R2R writes one token per step, "
+            "greedy or sampled, with one cache per model. Remove the option."
+        )
+
+
+def generation_options(generation_config: GenerationConfig, mode_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options ``refuse_unsupported`` checks, read from a call's final generation config."""
+    options = {name: getattr(generation_config, name, None) for name in UNSUPPORTED}
+    options["cache_implementation"] = generation_config.cache_implementation
+    options["assistant_model"] = mode_kwargs.get("assistant_model")
+    return options
+
+
+def set_call_threshold(generation_config: GenerationConfig, threshold: float | None, default: float) -> None:
+    """Put the call's threshold into its generation config (see the module docstring for precedence)."""
+    if threshold is not None:
+        generation_config.threshold = threshold
+    elif getattr(generation_config, "threshold", None) is None:
+        generation_config.threshold = default

@@ -1,0 +1,71 @@
+"""A router's record: how it was trained, calibrated and evaluated, kept in ``router_metrics.json``.
+
+The config (``config.json``) says what the router is; this file says where it came from and how
+well it does, and the model card is rendered from both. Keys (all optional):
+
+* ``calibration``: how the threshold was picked: ``method``, ``target`` (``{"recall": r}`` or
+  ``{"llm_token_rate": p}``), the ``recall``, ``precision`` and ``llm_token_rate`` reached, ``data``;
+* ``training``: data, label statistics, epochs, settings...;
+* ``evaluation``: benchmark results shown in the model card;
+* ``license``: the router's licence for its card (default: the pair's, where both agree);
+* the calibration report (``all_tokens``, ``mismatches``, ``curve``, ``training_curve``...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers.utils import cached_file
+
+RECORD_FILE = "router_metrics.json"
+
+
+def load_record(location: str | os.PathLike, hub: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record stored with a router (a folder or a Hub repo); empty when there is none."""
+    try:
+        path = cached_file(str(location), RECORD_FILE, _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False, **(hub or {}))
+    except OSError:
+        return {}
+    if path is None:
+        return {}
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it or delete it to load the router without it.") \
+            from None
+    return record if isinstance(record, dict) else {}
+
+
+def save_record(folder: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Write ``router_metrics.json`` into ``folder`` (nothing when the record is empty)."""
+    if record:
+        Path(folder, RECORD_FILE).write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+
+
+def from_legacy_config(fields: dict[str, Any]) -> dict[str, Any]:
+    """The record held by a config written before r2r_hf 0.2 (its provenance fields)."""
+    record: dict[str, Any] = {}
+    calibration = dict(fields.get("calibration") or {})
+    if fields.get("threshold_recall_target") is not None:
+        calibration.setdefault("target", {"recall": fields["threshold_recall_target"]})
+    if fields.get("expected_llm_token_rate") is not None:
+        calibration.setdefault("llm_token_rate", fields["expected_llm_token_rate"])
+    for key, value in (("calibration", calibration), ("training", fields.get("training")),
+                       ("evaluation", fields.get("evaluation")), ("license", fields.get("license"))):
+        if value:
+            record[key] = value
+    return record
+
+
+def expected_llm_token_rate(record: dict[str, Any]) -> float | None:
+    """The share of tokens the calibrated threshold routed on its calibration data."""
+    return (record.get("calibration") or {}).get("llm_token_rate")
+
+
+def recall_target(record: dict[str, Any]) -> float | None:
+    """The divergent-class recall the threshold was calibrated for (None for a rate target)."""
+    return ((record.get("calibration") or {}).get("target") or {}).get("recall")
