@@ -8,7 +8,7 @@ write it), -1 excluded (the verifier's answer could not be parsed). The router l
 Load a finished run with one call::
 
     data = r2r_hf.pipeline.load_labels("work/")
-    data.num_tokens, data.summary
+    data.summary
     for batch in data.batches(1024, shuffle=True): ...   # dicts of tensors, one shard in RAM at a time
 """
 
@@ -133,10 +133,6 @@ class LabelData:
         out["label"] = labels["label"][keep].long()
         out["target"] = (out["label"] == DIVERGENT).float()
         return out
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(self.shard(i)["label"]) for i in self.shards)
 
     def batches(self, batch_size: int, shuffle: bool = False, seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """Batches of rows; with ``shuffle`` the shard order and the rows within each shard are shuffled."""
