@@ -1,165 +1,69 @@
-"""How fast R2R runs against its cost model, side by side with plain and assisted HF generation.
+"""How fast R2R runs against its cost model, side by side with plain, compiled and assisted HF generation.
 
-    python -m benchmarks.speed                                   # CPU: random Qwen2.5-0.5B + 1.5B, 1 thread
-    python -m benchmarks.speed --slm qwen2.5-1.5b --llm qwen2.5-32b --device cuda --batch-sizes 1,4,8
+    python -m benchmarks.speed                                   # CPU: random Qwen2.5-0.5B + 1.5B, 1 thread, eager
+    python -m benchmarks.speed --slm qwen2.5-1.5b --llm qwen2.5-32b --device cuda --cache static \\
+        --batch-sizes 1,8 --shares 0,0.05,0.1,0.2 --per-row-from 2 --tokens 128      # the GPU run
 
 Weights are random (no download): speed does not depend on them, only acceptance-based methods
 do (HF assisted generation accepts almost nothing between two random models, so its number is a
-floor, reported with its acceptance rate). The routed share p is forced by ``ForcedRouter``,
-which runs the real paper-sized router every step (its cost counts) and then routes on a fixed
-schedule: every row at steps where floor((t + 1) p) > floor(t p), so the LLM's catch-up gap is 1/p.
-``--per-row`` instead routes each row independently with probability p, as a real router would
-in a batch, so the LLM runs whenever any row routes.
+floor). The routed share p is forced by ``ForcedRouter``, which runs the real paper-sized router
+every step (its cost counts) and routes on a fixed schedule: every row at steps where
+floor((t + 1) p) > floor(t p), so the LLM's catch-up gap is 1/p; batches from ``--per-row-from``
+on route each row independently with probability p, as a real router's rows would.
 
-Per token, R2R should cost t_SLM + t_router + p * t_LLM(g = 1/p) (one LLM forward over the g tokens
-since its last call). Loop efficiency = that ideal / the measured time.
+``--cache static`` runs R2R on the fast path (CUDA graphs on CUDA; ``--compile-mode`` compiles it
+with torch.compile instead, which is also how the path runs on a CPU) and adds HF's own static
+cache + compile baselines for ``slm.generate`` and ``llm.generate`` (first call reported as
+warm-up). Per token, R2R should cost t_SLM + t_router + p * t_LLM(g = 1/p); loop efficiency =
+that ideal / the measured time, with the component costs of the path that ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
-import time
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import Qwen2Config, Qwen2ForCausalLM
-from transformers.cache_utils import DynamicCache
+from transformers.generation.configuration_utils import CompileConfig
 
+from benchmarks.speed_parts import (
+    CONFIGS,
+    ForcedRouter,
+    captured_components,
+    eager_components,
+    first_call,
+    ideal_per_token,
+    llm_call_steps,
+    random_model,
+    schedule,
+    timed,
+)
 from r2r_hf import R2RForCausalLM
-from r2r_hf.router import Router
 
-CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
-    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                        num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
-    # for the smoke test only
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
-}
 SHARES = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
-class ForcedRouter(Router):
-    """Runs a real router (so its cost is paid) and then routes on a fixed schedule with share ``p``."""
-
-    def __init__(self, inner: Router, share: float, per_row: bool = False, seed: int = 0) -> None:
-        super().__init__()
-        self.inner, self.share, self.per_row, self.seed = inner, share, per_row, seed
-        self.reset()
-
-    def reset(self) -> None:
-        self.step = 0
-        self.generator = torch.Generator().manual_seed(self.seed)
-
-    def scores(self, topk_logits, token_embedding, hidden):
-        real = self.inner.scores(topk_logits, token_embedding, hidden)
-        draw = forced_rows(self.step, real.shape[0], self.share, self.per_row, self.generator).to(real.device)
-        self.step += 1
-        return draw.float() + 0 * real  # keeps the dependency on the real scores
-
-
-def forced_rows(step: int, rows: int, share: float, per_row: bool, generator: torch.Generator) -> torch.Tensor:
-    """Which rows ``ForcedRouter`` routes at ``step`` (the cost model replays the same draws)."""
-    if per_row:
-        return torch.rand(rows, generator=generator) < share
-    due = math.floor((step + 1) * share) > math.floor(step * share)
-    return torch.full((rows,), due, dtype=torch.bool)
-
-
-def random_model(name: str, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    with torch.device(device):  # built in ``dtype`` on the device: a 32B in fp32 would not fit beside itself
-        model = Qwen2ForCausalLM._from_config(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096), dtype=dtype)
-    return model.eval()
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn, device: str, repeats: int, reset=None) -> float:
-    """Best wall time of ``repeats`` runs after one warm-up; ``reset`` runs untimed after each run."""
-    best = math.inf
-    for run in range(repeats + 1):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        if run:
-            best = min(best, time.perf_counter() - start)
-        if reset is not None:
-            reset()
-    return best
-
-
-@torch.no_grad()
-def components(slm, llm, router, batch: int, prompt: int, context: int, device: str, repeats: int) -> dict:
-    """t_SLM (one-token step), t_router, the SLM's prompt prefill, and t_LLM(g) for catch-up chunks of g tokens.
-
-    Steps and chunks run at ``context`` tokens of cache (mid-generation); prefills from an empty cache.
-    Seconds.
-    """
-    ids = torch.randint(0, 1000, (batch, context + 64), device=device)
-
-    def forward_after(model, past: int, new: int, runs: int = repeats) -> float:
-        if not past:  # a fresh cache per run, made outside the timed forward
-            caches = [DynamicCache(config=model.config) for _ in range(runs + 1)]
-            return timed(lambda: model(ids[:, :new], past_key_values=caches.pop(), logits_to_keep=1), device, runs)
-        cache = DynamicCache(config=model.config)
-        model(ids[:, :past], past_key_values=cache, logits_to_keep=1)
-        return timed(lambda: model(ids[:, past : past + new], past_key_values=cache, logits_to_keep=1),
-                     device, runs, reset=lambda: cache.crop(-new))  # back to ``past`` tokens, untimed
-
-    hidden = slm.config.hidden_size
-    features = (torch.randn(batch, 100, device=device), torch.randn(batch, hidden, device=device),
-                torch.randn(batch, hidden, device=device))
-    out = {"t_slm": forward_after(slm, context, 1, repeats * 5), "t_router": timed(lambda: router.scores(*features), device, repeats * 5)}
-    out["t_slm_prompt"] = forward_after(slm, 0, prompt)  # the SLM's own prefill, paid once per call
-    out["t_llm"] = {g: forward_after(llm, context, g, repeats * 3) for g in (1, 2, 5, 10, 20, 64)}
-    out["t_llm"][prompt] = forward_after(llm, 0, prompt)  # the first catch-up reads the prompt too
-    return out
-
-
-def t_llm_at(chunk: float, table: dict[int, float]) -> float:
-    """Catch-up cost of a chunk of ``chunk`` tokens: linear between measured sizes, extrapolated above."""
-    sizes = sorted(table)
-    if chunk <= sizes[0]:
-        return table[sizes[0]]
-    for low, high in zip(sizes, sizes[1:]):
-        if chunk <= high:
-            return table[low] + (table[high] - table[low]) * (chunk - low) / (high - low)
-    low, high = sizes[-2], sizes[-1]
-    return table[high] + (table[high] - table[low]) * (chunk - high) / (high - low)
-
-
-def llm_call_steps(share: float, batch: int, per_row: bool, tokens: int, seed: int = 0) -> list[int]:
-    """The steps at which ``ForcedRouter`` routes some row (its draws replayed from the same seed)."""
-    generator = torch.Generator().manual_seed(seed)
-    return [step for step in range(tokens) if forced_rows(step, batch, share, per_row, generator).any()]
-
-
-def ideal_per_token(calls: list[int], parts: dict, prompt: int, tokens: int) -> float:
-    """The cost model per generated token: t_SLM + t_router, plus the LLM's catch-up forwards.
-
-    The SLM's prompt prefill is spread over the generated tokens, as it is in ``slm.generate``.
-    At each step in ``calls`` the LLM reads every token since its previous call (the first call
-    also reads the prompt), at the measured t_LLM(g).
-    """
-    seen, total = 0, 0.0
-    for step in calls:
-        total += t_llm_at(prompt + step - seen, parts["t_llm"])
-        seen = prompt + step
-    return parts["t_slm"] + parts["t_router"] + parts["t_slm_prompt"] / tokens + total / tokens
+def baselines(slm, llm, prompt, gen: dict, static: dict | None, args, batch: int) -> tuple[dict, dict, dict]:
+    """ms per token of slm/llm.generate eager (and with HF's static cache + compile), warm-up seconds, notes."""
+    ms, warmup, notes = {}, {}, {}
+    tokens = args.tokens
+    for name, model in (("llm", llm), ("slm", slm)):
+        ms[f"{name}_eager"] = 1e3 * timed(lambda m=model: m.generate(prompt, **gen), args.device, args.repeats) / tokens
+        if static is not None and (name == "llm" or batch in args.compiled_slm_batches):
+            run = lambda m=model: m.generate(prompt, **gen, **static)  # noqa: E731
+            warmup[f"{name}_compiled_first_call"] = first_call(run, args.device)
+            ms[f"{name}_compiled"] = 1e3 * timed(run, args.device, args.repeats) / tokens
+    if batch == 1 and not args.no_assisted:
+        if slm.config.vocab_size != llm.config.vocab_size:
+            notes["assisted"] = (f"not run: vocabularies differ ({slm.config.vocab_size} vs {llm.config.vocab_size}); "
+                                 "HF then needs both tokenizers, which random-weight models do not have")
+        else:
+            run = lambda: llm.generate(prompt, assistant_model=slm, **gen)  # noqa: E731
+            ms["assisted"] = 1e3 * timed(run, args.device, args.repeats) / tokens
+    return ms, warmup, notes
 
 
 @torch.no_grad()
@@ -171,67 +75,83 @@ def measure(args: argparse.Namespace) -> dict:
     dims = [int(args.router_dims.split("x")[0])] * int(args.router_dims.split("x")[1])
     model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=dims)  # 1024x6 = the paper's router
     real_router = model.router.to(dtype=getattr(torch, args.router_dtype))
+    fast = args.cache == "static"
+    compile_config = CompileConfig(mode=args.compile_mode) if args.compile_mode else None
+    r2r_fast = dict(cache_implementation="static", compile_config=compile_config) if fast else None
+    hf_static = None
+    if fast:  # HF's own compile: its default CompileConfig on CUDA; elsewhere R2R's, which HF honours only when told
+        hf_static = {"cache_implementation": "static"}
+        if compile_config is not None:
+            hf_static["compile_config"] = CompileConfig(mode=args.compile_mode)
+            hf_static["compile_config"]._compile_all_devices = not args.device.startswith("cuda")
     results = {"conditions": {
         "slm": args.slm, "llm": args.llm, "dtype": args.dtype, "device": args.device, "threads": torch.get_num_threads(),
-        "new_tokens": args.tokens, "prompt_tokens": args.prompt, "repeats": args.repeats, "per_row": args.per_row,
-        "cache": args.cache or "dynamic", "router_params": sum(p.numel() for p in real_router.parameters()),
+        "new_tokens": args.tokens, "prompt_tokens": args.prompt, "repeats": args.repeats,
+        "per_row_from_batch": args.per_row_from, "cache": args.cache or "dynamic",
+        "hf_compiled": "generate(cache_implementation='static') with HF's CompileConfig" if fast else None,
+        "r2r_path": ("eager" if not fast else f"torch.compile({args.compile_mode})" if compile_config
+                     else "CUDA graphs (captured SLM step, router and LLM catch-up buckets)"),
+        "router_params": sum(p.numel() for p in real_router.parameters()),
         "router": f"{args.router_dims} blocks, {args.router_dtype}",
         "hardware": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
         "torch": torch.__version__, "transformers": transformers.__version__, "weights": "random",
     }, "batches": {}}
     gen = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)
-    if args.cache:
-        gen["cache_implementation"] = args.cache
     for batch in args.batch_sizes:
+        per_row = args.per_row_from is not None and batch >= args.per_row_from
         prompt = torch.randint(0, 1000, (batch, args.prompt), device=args.device,
                                generator=torch.Generator(device=args.device).manual_seed(batch))
-        parts = components(slm, llm, real_router, batch, args.prompt, args.prompt + args.tokens // 2, args.device, args.repeats)
-        row = {"components_ms": {"t_slm": 1e3 * parts["t_slm"], "t_router": 1e3 * parts["t_router"],
-                                 "t_slm_prompt": 1e3 * parts["t_slm_prompt"],
-                                 "t_llm": {str(g): 1e3 * t for g, t in parts["t_llm"].items()}}}
-        t_slm_gen = timed(lambda: slm.generate(prompt, **gen), args.device, args.repeats) / args.tokens
-        t_llm_gen = timed(lambda: llm.generate(prompt, **gen), args.device, args.repeats) / args.tokens
-        row["slm_generate_ms"], row["llm_generate_ms"] = 1e3 * t_slm_gen, 1e3 * t_llm_gen
-        if batch == 1 and not args.no_assisted:
-            assisted = {}
-            t_assist = timed(lambda: assisted.update(out=llm.generate(prompt, assistant_model=slm, **gen)),
-                             args.device, args.repeats) / args.tokens
-            row["assisted_ms"] = 1e3 * t_assist
-            row["assisted_speedup"] = t_llm_gen / t_assist
+        row: dict = {"per_row": per_row}
+        row["baselines_ms"], row["warmup_s"], row["notes"] = baselines(slm, llm, prompt, gen, hf_static, args, batch)
+        eager = eager_components(slm, llm, real_router, batch, args.prompt, args.prompt + args.tokens // 2, args.device,
+                                 args.repeats)
+        forced = ForcedRouter(real_router, batch, args.tokens)
+        model.router = forced
+        model.capture_store.clear()
+        runs = {}
+        for share in args.shares:
+            decisions = schedule(share, batch, args.tokens, per_row)
+            forced.set_schedule(decisions)
+            run = {"p": share, "p_llm_call": len(llm_call_steps(decisions)) / args.tokens,
+                   "llm_token_share": decisions.float().mean().item()}
+            if not fast or (share in args.eager_shares and batch in args.eager_batches):
+                run["eager_ms"] = 1e3 * timed(lambda: model.generate(prompt, **gen, threshold=0.5), args.device,
+                                              args.repeats) / args.tokens
+            if fast:
+                call = lambda: model.generate(prompt, **gen, **r2r_fast, threshold=0.5)  # noqa: E731
+                if "r2r_first_call" not in row["warmup_s"]:
+                    row["warmup_s"]["r2r_first_call"] = first_call(call, args.device)  # captures the SLM step, router
+                run["ms_per_step"] = 1e3 * timed(call, args.device, args.repeats) / args.tokens
+            else:
+                run["ms_per_step"] = run["eager_ms"]
+            runs[share] = (run, decisions)
+        parts = eager
+        if fast:
+            state = model.capture_store.state
+            parts = captured_components(state, args.prompt + args.tokens // 2, args.repeats, args.device) \
+                if state is not None else eager
+        row["components_ms"] = {"eager": _ms(eager), **({"captured": _ms(parts)} if parts is not eager else {})}
         row["r2r"] = []
-        for share in SHARES:
-            model.router = ForcedRouter(real_router, share, per_row=args.per_row)
-            measured = timed(lambda: model.generate(prompt, **gen, threshold=0.5), args.device, args.repeats) / args.tokens
-            calls = llm_call_steps(share, batch, args.per_row, args.tokens)
-            ideal = ideal_per_token(calls, parts, args.prompt, args.tokens)
-            row["r2r"].append({
-                "p": share, "ms_per_step": 1e3 * measured, "tokens_per_s": batch / measured,
-                "speedup_vs_llm": t_llm_gen / measured, "ideal_ms": 1e3 * ideal, "loop_efficiency": ideal / measured,
-                # per row: the realised share of steps with an LLM call (it averages 1 - (1 - p)^B)
-                "p_llm_call": len(calls) / args.tokens if args.per_row else share,
-            })
-        row["never_route_vs_slm_generate"] = row["r2r"][0]["ms_per_step"] / row["slm_generate_ms"]
-        row["always_route_vs_llm_plus_slm"] = row["r2r"][-1]["ms_per_step"] / (row["llm_generate_ms"] + row["slm_generate_ms"])
+        for share, (run, decisions) in runs.items():
+            ideal = ideal_per_token(llm_call_steps(decisions), parts, eager, args.prompt, args.tokens)
+            run.update(ideal_ms=1e3 * ideal, loop_efficiency=1e3 * ideal / run["ms_per_step"],
+                       tokens_per_s=1e3 * batch / run["ms_per_step"])
+            for name, base in row["baselines_ms"].items():
+                if name.startswith("llm"):
+                    run[f"speedup_vs_{name}"] = base / run["ms_per_step"]
+            if "eager_ms" in run:
+                run["eager_speedup_vs_llm_eager"] = row["baselines_ms"]["llm_eager"] / run["eager_ms"]
+            row["r2r"].append(run)
+        model.router = real_router
         results["batches"][str(batch)] = row
-        print_batch(batch, row)
+        print(json.dumps({"batch": batch, **row}, indent=1, default=str))
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
-    model.router = real_router
     return results
 
 
-def print_batch(batch: int, row: dict) -> None:
-    c = row["components_ms"]
-    print(f"\nbatch {batch}: t_SLM {c['t_slm']:.2f} ms, t_router {c['t_router']:.2f} ms, "
-          f"t_LLM(1) {c['t_llm']['1']:.2f} ms, t_LLM(10) {c['t_llm']['10']:.2f} ms; "
-          f"slm.generate {row['slm_generate_ms']:.2f} ms/token, llm.generate {row['llm_generate_ms']:.2f} ms/token"
-          + (f", assisted {row['assisted_ms']:.2f} ms/token" if "assisted_ms" in row else ""))
-    print(f"{'p':>6} {'ms/step':>9} {'tokens/s':>9} {'vs LLM':>7} {'ideal ms':>9} {'efficiency':>10}")
-    for r in row["r2r"]:
-        print(f"{r['p']:6.2f} {r['ms_per_step']:9.2f} {r['tokens_per_s']:9.2f} {r['speedup_vs_llm']:6.2f}x "
-              f"{r['ideal_ms']:9.2f} {r['loop_efficiency']:10.3f}")
-    print(f"never-route / slm.generate = {row['never_route_vs_slm_generate']:.3f}; "
-          f"always-route / (llm.generate + slm.generate) = {row['always_route_vs_llm_plus_slm']:.3f}")
+def _ms(parts: dict) -> dict:
+    return {k: ({str(g): 1e3 * t for g, t in v.items()} if isinstance(v, dict) else 1e3 * v) for k, v in parts.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -245,14 +165,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-sizes", default="1,4,8")
-    parser.add_argument("--per-row", action="store_true", help="route rows independently (Bernoulli p)")
-    parser.add_argument("--cache", choices=("dynamic", "static"), help="cache_implementation for every run")
+    parser.add_argument("--shares", default=",".join(str(s) for s in SHARES), help="routed shares p")
+    parser.add_argument("--per-row-from", type=int, help="batches of this size and up route rows independently")
+    parser.add_argument("--cache", choices=("dynamic", "static"), help="static: the fast path + HF-compiled baselines")
+    parser.add_argument("--compile-mode", help="run the fast path through torch.compile in this mode (CPU: 'default')")
+    parser.add_argument("--eager-shares", default="0.1", help="with --cache static, also time eager R2R at these p")
+    parser.add_argument("--eager-batches", default="1", help="... at these batch sizes")
+    parser.add_argument("--compiled-slm-batches", default="1", help="batch sizes that time a compiled slm.generate")
     parser.add_argument("--no-assisted", action="store_true")
     parser.add_argument("--router-dims", default="1024x6", help="block width x blocks (default: the paper's)")
     parser.add_argument("--router-dtype", default="float32", help="router weights' dtype")
     parser.add_argument("--out", default="benchmarks/results/speed.json")
     args = parser.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.shares = [float(s) for s in args.shares.split(",")]
+    args.eager_shares = [float(s) for s in args.eager_shares.split(",") if s]
+    args.compiled_slm_batches = [int(b) for b in args.compiled_slm_batches.split(",") if b]
+    args.eager_batches = [int(b) for b in args.eager_batches.split(",") if b]
     torch.set_num_threads(args.threads)
     return measure(args)
 

@@ -1,6 +1,6 @@
 """Markdown tables from the benchmark JSON files (pasted into docs/ so numbers are never retyped).
 
-    python -m benchmarks.tables speed [benchmarks/results/speed.json]
+    python -m benchmarks.tables speed [benchmarks/results/speed.json]      # also speed_gpu.json
     python -m benchmarks.tables humaneval [benchmarks/results/humaneval.json]
 """
 
@@ -11,23 +11,42 @@ import sys
 from pathlib import Path
 
 
+def _f(value, fmt: str = ".2f") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
 def speed_tables(results: dict) -> str:
     lines = []
     for batch, row in results["batches"].items():
-        c = row["components_ms"]
-        lines.append(f"**Batch {batch}.** t_SLM {c['t_slm']:.1f} ms, t_router {c['t_router']:.1f} ms, "
-                     f"t_LLM(g) for g = 1 / 10 / 64: {c['t_llm']['1']:.1f} / {c['t_llm']['10']:.1f} / "
-                     f"{c['t_llm']['64']:.1f} ms. `slm.generate` {row['slm_generate_ms']:.1f} ms/step, "
-                     f"`llm.generate` {row['llm_generate_ms']:.1f} ms/step"
-                     + (f", assisted generation {row['assisted_ms']:.1f} ms/token ({row['assisted_speedup']:.2f}x LLM)"
-                        if "assisted_ms" in row else "") + ".\n")
-        lines.append("| p | P(LLM call) | ms / step | tokens/s | speed-up vs LLM-only | ideal ms / step | loop efficiency |")
-        lines.append("|---|---|---|---|---|---|---|")
+        base, comps = row["baselines_ms"], row["components_ms"]
+        parts = comps.get("captured", comps["eager"])
+        kind = "captured" if "captured" in comps else "eager"
+        lines.append(
+            f"**Batch {batch}**{' (rows routed independently)' if row.get('per_row') else ''}. Components ({kind}): "
+            f"t_SLM {parts['t_slm']:.2f} ms, t_router {parts['t_router']:.2f} ms, t_LLM(g) for g = 1 / 8 / 64: "
+            f"{parts['t_llm']['1']:.1f} / {parts['t_llm'].get('8', parts['t_llm'].get('10', 0)):.1f} / "
+            f"{parts['t_llm']['64']:.1f} ms"
+            + (f" (eager: t_SLM {comps['eager']['t_slm']:.1f} ms, t_LLM(1) {comps['eager']['t_llm']['1']:.1f} ms)"
+               if kind == "captured" else "") + ". "
+            + ", ".join(f"`{name.replace('_', '.generate ', 1)}` {ms:.2f} ms/token" for name, ms in base.items()
+                        if name != "assisted")
+            + (f", assisted generation {base['assisted']:.1f} ms/token" if "assisted" in base else "") + "."
+            + "".join(f" Warm-up: {name.replace('_', ' ')} {sec:.1f} s." for name, sec in row.get("warmup_s", {}).items())
+            + "".join(f" Note: {name}: {text}." for name, text in row.get("notes", {}).items()) + "\n")
+        vs = "llm_compiled" if "llm_compiled" in base else "llm_eager"
+        lines.append(f"| p | P(LLM call) | ms / step | tokens/s | vs `llm.generate` ({vs.split('_')[1]}) | "
+                     "vs `llm.generate` (eager) | eager R2R vs eager LLM | ideal ms / step | loop efficiency |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in row["r2r"]:
-            lines.append(f"| {r['p']:.2f} | {r['p_llm_call']:.2f} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.2f} | "
-                         f"{r['speedup_vs_llm']:.2f}x | {r['ideal_ms']:.1f} | {r['loop_efficiency']:.2f} |")
-        lines.append(f"\nnever-route / `slm.generate` = {row['never_route_vs_slm_generate']:.3f}; always-route / "
-                     f"(`llm.generate` + `slm.generate`) = {row['always_route_vs_llm_plus_slm']:.3f}\n")
+            lines.append(f"| {r['p']:.2f} | {r['p_llm_call']:.2f} | {r['ms_per_step']:.2f} | {r['tokens_per_s']:.1f} | "
+                         f"{r[f'speedup_vs_{vs}']:.2f}x | {r['speedup_vs_llm_eager']:.2f}x | "
+                         f"{_f(r.get('eager_speedup_vs_llm_eager'))}{'x' if 'eager_speedup_vs_llm_eager' in r else ''} | "
+                         f"{r['ideal_ms']:.2f} | {r['loop_efficiency']:.2f} |")
+        never = row["r2r"][0] if row["r2r"][0]["p"] == 0 else None
+        slm = base.get("slm_compiled", base["slm_eager"])
+        if never:
+            lines.append(f"\nnever-route / `slm.generate` ({'compiled' if 'slm_compiled' in base else 'eager'}) = "
+                         f"{never['ms_per_step'] / slm:.3f}\n")
     return "\n".join(lines)
 
 
@@ -48,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     kind = argv[0] if argv else "speed"
     path = Path(argv[1]) if len(argv) > 1 else Path(f"benchmarks/results/{kind}.json")
     data = json.loads(path.read_text())
-    print(speed_tables(data) if kind == "speed" else humaneval_table(data))
+    print(speed_tables(data) if kind.startswith("speed") else humaneval_table(data))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,13 @@ class Router(nn.Module):
     def reset(self) -> None:
         """Called at the start of every generate call (stateful baselines restart here)."""
 
+    def step(self) -> None:
+        """Called eagerly once per decoding step, before ``scores``.
+
+        A router with per-step state updates it here, in place, so that ``scores`` stays a pure
+        tensor function the fast path can capture.
+        """
+
 
 class BackboneLinear(nn.Linear):
     """A Linear of the backbone: the paper initialises these Kaiming-normal (the projections keep torch's default)."""

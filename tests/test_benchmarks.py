@@ -119,10 +119,33 @@ def test_speed_benchmark_writes_every_share_and_batch(tmp_path):
     main(["--slm", "tiny", "--llm", "tiny", "--dtype", "float32", "--tokens", "8", "--prompt", "8", "--repeats", "1",
           "--batch-sizes", "1,2", "--router-dims", "32x1", "--out", str(out)])
     results = json.loads(out.read_text())
-    assert set(results["batches"]) == {"1", "2"} and "assisted_ms" in results["batches"]["1"]
+    assert set(results["batches"]) == {"1", "2"} and "assisted" in results["batches"]["1"]["baselines_ms"]
     for row in results["batches"].values():
         assert [r["p"] for r in row["r2r"]] == list(SHARES)
         assert all(r["ms_per_step"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
+
+
+def test_speed_benchmark_fast_path_on_a_cpu(tmp_path):
+    # The GPU run's path end to end on tiny shapes: static cache, compiled R2R steps and baselines,
+    # captured component costs, per-row routing from batch 2.
+    import json
+
+    from benchmarks.speed import main
+
+    out = tmp_path / "speed.json"
+    main(["--slm", "tiny", "--llm", "tiny", "--dtype", "float32", "--tokens", "8", "--prompt", "8", "--repeats", "1",
+          "--batch-sizes", "1,2", "--router-dims", "32x1", "--shares", "0,0.25", "--cache", "static",
+          "--compile-mode", "default", "--per-row-from", "2", "--no-assisted", "--out", str(out)])
+    results = json.loads(out.read_text())
+    one, two = results["batches"]["1"], results["batches"]["2"]
+    assert {"llm_eager", "llm_compiled", "slm_eager", "slm_compiled"} <= set(one["baselines_ms"])
+    assert "slm_compiled" not in two["baselines_ms"] and two["per_row"] and not one["per_row"]
+    assert set(one["components_ms"]["captured"]["t_llm"]) == {"1", "2", "4", "8", "16", "32", "64"}
+    assert one["warmup_s"]["r2r_first_call"] > 0 and "llm_compiled_first_call" in one["warmup_s"]
+    for row in (one, two):
+        assert [r["p"] for r in row["r2r"]] == [0.0, 0.25]
+        assert all(r["speedup_vs_llm_compiled"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
+        assert "eager_ms" not in row["r2r"][0]
 
 
 def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, single):
@@ -142,14 +165,18 @@ def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, sin
 @pytest.mark.parametrize("per_row", [False, True])
 def test_cost_model_replays_the_forced_routers_decisions(per_row):
     # The ideal time is only comparable with the measured one if both route at the same steps.
-    from benchmarks.speed import ForcedRouter, llm_call_steps, random_model
+    from benchmarks.speed_parts import ForcedRouter, llm_call_steps, random_model, schedule
     from r2r_hf import R2RForCausalLM
 
     slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny", torch.float32, "cpu", 1)
     model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=[16])
-    model.router = ForcedRouter(model.router, 0.3, per_row=per_row)
+    forced = ForcedRouter(model.router, rows=3, steps=12)
+    decisions = schedule(0.3, 3, 12, per_row)
+    forced.set_schedule(decisions)
+    model.router = forced
     prompt = torch.randint(0, 1000, (3, 5), generator=torch.Generator().manual_seed(0))
-    for _ in range(2):  # the router's draws restart with every call
+    for _ in range(2):  # the schedule restarts with every call
         out = model.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0,
                              threshold=0.5, return_dict_in_generate=True)
-        assert out.routed.any(0).nonzero().flatten().tolist() == llm_call_steps(0.3, 3, per_row, 12)
+        assert torch.equal(out.routed, decisions.T)
+        assert out.routed.any(0).nonzero().flatten().tolist() == llm_call_steps(decisions)

@@ -82,6 +82,7 @@ def r2r_decode(
 
         # 2. The router scores the proposal. The step's one host synchronisation reads the routing
         #    decision together with whether every row had finished at the previous step.
+        routing.router.step()
         router_scores = steps.route_scores(slm_logits, slm_hidden, token).to(device)
         routed = (router_scores >= routing.threshold) & running
         any_routed, all_finished = torch.stack((routed.any(), ~running.any())).tolist()

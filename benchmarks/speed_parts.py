@@ -1,0 +1,216 @@
+"""The pieces of the speed benchmark: random models, a router with a forced schedule, timing,
+component costs (eager and captured) and the cost model they add up to."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.cache_utils import DynamicCache
+
+from r2r_hf.core.capture import BUCKETS, CapturedState, bucket_for, kept_lengths
+from r2r_hf.router import Router
+
+CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                        num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+    # for the smoke test only
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
+}
+CHUNKS = (1, 2, 5, 10, 20, 64)  # catch-up chunk lengths whose eager cost is measured
+
+
+def random_model(name: str, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    with torch.device(device):  # built in ``dtype`` on the device: a 32B in fp32 would not fit beside itself
+        model = Qwen2ForCausalLM._from_config(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096), dtype=dtype)
+    return model.eval()
+
+
+def forced_rows(step: int, rows: int, share: float, per_row: bool, generator: torch.Generator) -> torch.Tensor:
+    """Which rows ``ForcedRouter`` routes at ``step``: every row where floor((t+1)p) > floor(tp), or each row w.p. p."""
+    if per_row:
+        return torch.rand(rows, generator=generator) < share
+    due = math.floor((step + 1) * share) > math.floor(step * share)
+    return torch.full((rows,), due, dtype=torch.bool)
+
+
+def schedule(share: float, rows: int, steps: int, per_row: bool, seed: int = 0) -> torch.Tensor:
+    """[steps, rows] the forced decisions of a call (the cost model replays the same ones)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.stack([forced_rows(t, rows, share, per_row, generator) for t in range(steps)])
+
+
+class ForcedRouter(Router):
+    """Runs a real router (its cost is paid) and routes on a fixed schedule instead of its scores.
+
+    The schedule lives on the device and ``step`` (called eagerly once per decoding step) copies
+    the step's row into ``due``, so ``scores`` stays a pure tensor function that the fast path
+    captures like any router.
+
+    Args:
+        inner: the real router.
+        rows, steps: the batch size and the longest call it routes.
+    """
+
+    def __init__(self, inner: Router, rows: int, steps: int) -> None:
+        super().__init__()
+        self.inner, self.step_index = inner, 0
+        device = next(inner.parameters()).device
+        self.register_buffer("table", torch.zeros(steps + 1, rows, dtype=torch.bool, device=device))
+        self.register_buffer("due", torch.zeros(rows, dtype=torch.bool, device=device))
+
+    def set_schedule(self, decisions: torch.Tensor) -> None:
+        """Route as ``decisions`` [steps, rows] says (in place: captured steps keep reading the same memory)."""
+        self.table.zero_()
+        self.table[: len(decisions)] = decisions.to(self.table.device)
+
+    def reset(self) -> None:
+        self.step_index = 0
+
+    def step(self) -> None:
+        self.due.copy_(self.table[self.step_index])
+        self.step_index += 1
+
+    def scores(self, topk_logits, token_embedding, hidden):
+        real = self.inner.scores(topk_logits, token_embedding, hidden)
+        return self.due.float() + 0 * real  # keeps the dependency on the real scores
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, repeats: int, reset=None) -> float:
+    """Best wall time of ``repeats`` runs after one warm-up; ``reset`` runs untimed after each run."""
+    best = math.inf
+    for run in range(repeats + 1):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        if run:
+            best = min(best, time.perf_counter() - start)
+        if reset is not None:
+            reset()
+    return best
+
+
+def first_call(fn, device: str) -> float:
+    """Seconds of one call (the first: compiles and captures happen here)."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def eager_components(slm, llm, router, batch: int, prompt: int, context: int, device: str, repeats: int) -> dict:
+    """Eager seconds: t_SLM (one-token step), t_router, the SLM's prompt prefill, t_LLM(g) per chunk of g tokens.
+
+    Steps and chunks run at ``context`` tokens of cache (mid-generation); prefills from an empty cache.
+    """
+    ids = torch.randint(0, 1000, (batch, context + 64), device=device)
+
+    def forward_after(model, past: int, new: int, runs: int = repeats) -> float:
+        if not past:  # a fresh cache per run, made outside the timed forward
+            caches = [DynamicCache(config=model.config) for _ in range(runs + 1)]
+            return timed(lambda: model(ids[:, :new], past_key_values=caches.pop(), logits_to_keep=1), device, runs)
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :past], past_key_values=cache, logits_to_keep=1)
+        return timed(lambda: model(ids[:, past : past + new], past_key_values=cache, logits_to_keep=1),
+                     device, runs, reset=lambda: cache.crop(-new))  # back to ``past`` tokens, untimed
+
+    hidden = slm.config.hidden_size
+    features = (torch.randn(batch, 100, device=device), torch.randn(batch, hidden, device=device),
+                torch.randn(batch, hidden, device=device))
+    out = {"t_slm": forward_after(slm, context, 1, repeats * 5),
+           "t_router": timed(lambda: router.scores(*features), device, repeats * 5)}
+    out["t_slm_prompt"] = forward_after(slm, 0, prompt)  # the SLM's own prefill, paid once per call
+    out["t_llm"] = {g: forward_after(llm, context, g, repeats * 3) for g in CHUNKS}
+    out["t_llm"][prompt] = forward_after(llm, 0, prompt)  # the first catch-up reads the prompt too
+    return out
+
+
+@torch.no_grad()
+def captured_components(state: CapturedState, context: int, repeats: int, device: str) -> dict:
+    """Seconds of each captured call of ``state`` at ``context`` tokens of cache (one replay each)."""
+    batch, capacity = state.batch, state.capacity
+    state.reset()
+    ids = torch.randint(0, 1000, (batch, capacity), device=device)
+    positions = torch.arange(capacity, device=device).expand(batch, capacity)
+    mask = torch.ones(batch, capacity, dtype=torch.long, device=device)
+    for model, cache in ((state.slm, state.slm_cache), (state.llm, state.llm_cache)):  # fill to ``context``
+        model(ids[:, :context], attention_mask=mask[:, :context], position_ids=positions[:, :context],
+              past_key_values=cache, logits_to_keep=1)
+    step = dict(ids=ids[:, context : context + 1], positions=positions[:, context : context + 1], mask=mask)
+    with kept_lengths(state.slm_cache):
+        logits, hidden = state.slm_step(**step)
+    route = dict(logits=logits, hidden=hidden, token=logits.argmax(-1))
+    restore_slm, restore_llm = _restorer(state.slm_cache), _restorer(state.llm_cache)
+    out = {"t_slm": timed(lambda: state.slm_step(**step), device, repeats * 5, reset=restore_slm),
+           "t_router": timed(lambda: state.route(**route), device, repeats * 5), "t_llm": {}}
+    for bucket in BUCKETS:
+        chunk = dict(ids=ids[:, context : context + bucket], positions=positions[:, context : context + bucket],
+                     mask=mask, last=state.counts[bucket - 1 : bucket], rewind=state.counts[0])
+        with kept_lengths(state.llm_cache):
+            state.llm_chunk(bucket, **chunk)  # captured on first use, outside the timing
+        out["t_llm"][bucket] = timed(lambda: state.llm_chunk(bucket, **chunk), device, repeats * 3, reset=restore_llm)
+    state.reset()
+    return out
+
+
+def _restorer(cache):
+    lengths = [layer.cumulative_length.clone() for layer in cache.layers]
+
+    def restore() -> None:
+        for layer, length in zip(cache.layers, lengths):
+            layer.cumulative_length.copy_(length)
+
+    return restore
+
+
+def t_llm_at(chunk: float, table: dict[int, float], captured: dict[int, float] | None = None) -> float:
+    """Catch-up cost of ``chunk`` tokens: a captured bucket's replay, else eager, interpolated between sizes."""
+    if captured is not None and bucket_for(math.ceil(chunk)) is not None:
+        return captured[bucket_for(math.ceil(chunk))]
+    sizes = sorted(table)
+    if chunk <= sizes[0]:
+        return table[sizes[0]]
+    for low, high in zip(sizes, sizes[1:]):
+        if chunk <= high:
+            return table[low] + (table[high] - table[low]) * (chunk - low) / (high - low)
+    low, high = sizes[-2], sizes[-1]
+    return table[high] + (table[high] - table[low]) * (chunk - high) / (high - low)
+
+
+def llm_call_steps(decisions: torch.Tensor) -> list[int]:
+    """The steps at which some row routes (the LLM runs for the whole batch there)."""
+    return decisions.any(1).nonzero().flatten().tolist()
+
+
+def ideal_per_token(calls: list[int], parts: dict, eager: dict, prompt: int, tokens: int) -> float:
+    """The cost model per generated token: t_SLM + t_router, plus the LLM's catch-up forwards.
+
+    ``parts`` gives t_SLM, t_router (and, for the captured path, the bucket replays in
+    ``parts["t_llm"]``); ``eager`` gives the SLM's prompt prefill and the eager chunk costs. The
+    prefill is spread over the generated tokens, as in ``slm.generate``. At each step in ``calls``
+    the LLM reads every token since its previous call (the first call also reads the prompt).
+    """
+    captured = parts["t_llm"] if parts is not eager else None
+    seen, total = 0, 0.0
+    for step in calls:
+        total += t_llm_at(prompt + step - seen, eager["t_llm"], captured)
+        seen = prompt + step
+    return parts["t_slm"] + parts["t_router"] + eager["t_slm_prompt"] / tokens + total / tokens
