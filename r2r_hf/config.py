@@ -72,7 +72,8 @@ class R2RConfig(PreTrainedConfig):
         for name in ("slm_hidden_size", "slm_embedding_size", "num_topk_logits", "router_expansion", "random_seed"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+                raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}); write a whole "
+                                 "number (in config.json, without quotes).")
         if self.router_type not in ROUTER_TYPES:
             raise ValueError(f"router_type={self.router_type!r} is unknown; use one of {', '.join(ROUTER_TYPES)}.")
         if self.num_topk_logits < 1:

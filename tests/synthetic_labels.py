@@ -10,7 +10,9 @@ from r2r_hf.pipeline.dataset import write_summary
 from r2r_hf.pipeline.store import WorkDir, write_json, write_tensors
 
 
-def write_synthetic_run(root, slm="org/slm", llm="org/llm", samples=80, tokens=40, shard_size=8, hidden=64, seed=0):
+def write_synthetic_run(root, slm="org/slm", llm="org/llm", samples=80, tokens=40, shard_size=8, hidden=64, seed=0,
+                        divergent_share=None):
+    """``divergent_share`` 0.0 or 1.0 labels every judged token neutral or divergent (one class only)."""
     work = WorkDir(root)
     write_json(work.manifest_path, {"slm": slm, "llm": llm, "format": 1})
     g = torch.Generator().manual_seed(seed)
@@ -18,8 +20,8 @@ def write_synthetic_run(root, slm="org/slm", llm="org/llm", samples=80, tokens=4
         ids = [f"s{i}" for i in range(first, min(first + shard_size, samples))]
         n = len(ids) * tokens
         h = torch.randn(n, hidden, generator=g)
-        divergent = h[:, 0] > 1.6
-        neutral = ~divergent & (h[:, 1] > 1.2)
+        divergent = h[:, 0] > 1.6 if divergent_share is None else torch.full((n,), bool(divergent_share))
+        neutral = ~divergent & (h[:, 1] > 1.2) if divergent_share is None else ~divergent
         excluded = ~divergent & ~neutral & (h[:, 2] > 2.5)
         slm_token = torch.randint(3, 300, (n,), generator=g)
         real_token = torch.where(divergent | neutral | excluded, slm_token + 1, slm_token)

@@ -1,7 +1,8 @@
 """Fail loudly when a transformers release changes the private generate() hooks R2R overrides.
 
 R2RForCausalLM replaces ``_sample`` (where generate dispatches greedy and sampling),
-``_validate_generation_mode`` and ``_prepare_cache_for_generation``. If any of these
+``_validate_generation_mode``, ``_prepare_cache_for_generation`` and ``_get_stopping_criteria``
+(to give HF's length criterion the pair's context). If any of these
 moves, these tests name the hook to re-check before the pin in pyproject.toml is widened.
 """
 
@@ -41,6 +42,27 @@ def test_cache_hook_still_exists():
     assert hasattr(GenerationMixin, "_prepare_cache_for_generation")
 
 
+def test_length_criterion_still_reads_the_context_from_an_attribute():
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+
+    assert hasattr(GenerationMixin, "_get_stopping_criteria")
+    assert "max_position_embeddings" in inspect.signature(MaxLengthCriteria).parameters
+    assert MaxLengthCriteria(10, 5).max_position_embeddings == 5
+
+
 def test_generate_reaches_the_r2r_loop(model, single):
     out = model.generate(**single, max_new_tokens=3, return_dict_in_generate=True)
     assert isinstance(out, R2RGenerateOutput) and out.routed is not None
+
+
+def test_generation_config_hook_makes_the_calls_copy():
+    # R2R puts the call's threshold into the copy _prepare_generation_config returns.
+    params = list(inspect.signature(GenerationMixin._prepare_generation_config).parameters)
+    assert params[:2] == ["self", "generation_config"]
+
+
+def test_static_cache_shape_hook_still_exists():
+    # The fast path allocates its static caches up front with the shape HF would use.
+    from r2r_hf.testing import make_tiny_llm
+
+    assert make_tiny_llm()._get_static_cache_init_shape() == (2, 32)

@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -64,7 +65,7 @@ def test_file_choice_follows_the_official_loader(tmp_path):
     for name in ("b_all.pt", "b.pt", "c.pt"):
         (other / name).write_bytes(b"")
     assert find_official_file(other).endswith("/b.pt")
-    (other / "config.json").write_text("{}")
+    (other / "config.json").write_text('{"model_type": "r2r"}')
     assert find_official_file(other) is None, "a folder in our format is not an official router"
 
 
@@ -159,3 +160,52 @@ def test_published_locations_load_offline_through_the_hub_cache(tmp_path, pair_d
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("[")]
     assert rows == [[R1_SLM, R1_LLM, 0.41, 8], ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", 0.2, 8]]
+
+
+def test_an_official_config_string_is_split_into_repo_folder_and_file(tmp_path, slm, llm, monkeypatch, capsys):
+    """The official configs name a router as "org/repo/folder/file.pt"; from_pretrained and the CLI split it."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    _, chosen = _save(tmp_path / "a", pretrained="Qwen/Qwen3-0.6B", threshold=0.3)
+    _, other = _save(tmp_path / "b", pretrained="Qwen/Qwen3-0.6B", threshold=0.7)
+    write_to_cache(cache, "nics-efc/R2R_router_collections", {
+        "Qwen3-0.6B+Qwen3-32B/default_router.pt": str(chosen), "Qwen3-0.6B+Qwen3-32B/router.pt": str(other)})
+    name = "nics-efc/R2R_router_collections/Qwen3-0.6B+Qwen3-32B/router.pt"
+    model = R2RForCausalLM.from_pretrained(name, slm=slm, llm=llm, cache_dir=str(cache))
+    assert model.config.threshold == pytest.approx(0.7), "the named file, not the loader's first choice"
+    assert model.record["calibration"]["source"] == name
+    router = R2RForCausalLM.from_official(name.replace("router.pt", "default_router.pt"), cache_dir=str(cache))
+    assert (router.config.slm_name_or_path, router.config.llm_name_or_path) == ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-32B")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    assert cli_main(["import-official", name, "--out", str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["llm_name_or_path"] == "Qwen/Qwen3-32B" and config["threshold"] == pytest.approx(0.7)
+    assert cli_main(["import-official", name.replace("router.pt", "gone.pt"), "--out", str(tmp_path / "o2")]) == 2
+    assert "gone.pt does not exist" in capsys.readouterr().err
+
+
+def test_a_config_json_that_is_not_ours_beside_a_pt_is_an_official_router(tmp_path):
+    cache = tmp_path / "hub"
+    _, path = _save(tmp_path / "src")
+    foreign = tmp_path / "config.json"
+    foreign.write_text('{"model_type": "qwen2"}')
+    write_to_cache(cache, "org/mixed", {"config.json": str(foreign), "default_router.pt": str(path)})
+    model = R2RForCausalLM.from_official("org/mixed", slm="org/slm", llm="org/llm", cache_dir=str(cache))
+    assert model.config.threshold == pytest.approx(0.37)
+    shutil.copy(foreign, tmp_path / "src" / "config.json")
+    assert find_official_file(tmp_path / "src") == str(path), "a local folder is decided the same way"
+
+
+def test_import_official_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    checkpoint = official_checkpoint(pretrained="org/slm")
+    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("backbone.")}
+    torch.save(checkpoint, tmp_path / "headless.pt")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    for source, message in ((str(tmp_path / "headless.pt"), "holds no backbone.blocks.* tensors"),
+                            ("org/never-downloaded", "not in the local Hugging Face cache")):
+        rc = cli_main(["import-official", source, "--out", str(tmp_path / "out"), "--slm", "org/slm", "--llm", "o/l"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err

@@ -11,16 +11,18 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
-from ..model.hub import missing_local_path
+from ..model.hub import missing_local_path, split_hub_path
+from ..model.loading import context_length
 from ..views import RoutingStreamer, to_html
-from .options import non_negative, non_negative_int, positive_fraction, positive_int
+from .options import device, non_negative, non_negative_int, positive_fraction, positive_int
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", required=True, help="router folder or Hub id")
     p.add_argument("--slm", help="SLM Hub id or folder (default: the one the router names)")
     p.add_argument("--llm", help="LLM Hub id or folder (default: the one the router names)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, or auto (accelerate device map)")
+    p.add_argument("--device", type=device(allow_auto=True), default="cpu",
+                   help="cpu, cuda, cuda:1, or auto (accelerate device map)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
     p.add_argument("--threads", type=positive_int, help="torch CPU threads")
 
@@ -44,7 +46,7 @@ def load(args: argparse.Namespace):
     if args.threads:
         torch.set_num_threads(args.threads)
     router = args.router
-    if missing_local_path(router):
+    if missing_local_path(split_hub_path(router)[0]):
         raise FileNotFoundError(f"The router folder {router} does not exist.")
     kwargs = {}
     if args.dtype != "auto":
@@ -63,19 +65,13 @@ def load(args: argparse.Namespace):
     return model, tokenizer
 
 
-def context_limit(model) -> int | None:
-    limits = [getattr(m.config.get_text_config(), "max_position_embeddings", None) for m in (model.slm, model.llm)]
-    limits = [x for x in limits if x]
-    return min(limits) if limits else None
-
-
 def encode(tokenizer, messages: list[dict], raw: bool, model, max_new_tokens: int) -> dict:
     """Token ids for a turn; refuses prompts that do not fit the models' context."""
     if raw or not getattr(tokenizer, "chat_template", None):
         ids = tokenizer("\n".join(m["content"] for m in messages if m["role"] != "system"), return_tensors="pt")
     else:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-    limit = context_limit(model)
+    limit = context_length(model.slm, model.llm)
     length = ids["input_ids"].shape[1]
     if limit and length + max_new_tokens > limit:
         raise ValueError(
@@ -103,6 +99,8 @@ def stats_line(out, seconds: float) -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        raise ValueError("The prompt is empty; pass the text to answer as the last argument (or use `r2r-hf chat`).")
     model, tokenizer = load(args)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}]

@@ -19,13 +19,20 @@ from . import generate, tools
 COMMANDS = {**generate.COMMANDS, **tools.COMMANDS}
 
 
+def _add_global_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--debug", action="store_true", default=default, help="show full tracebacks on errors")
+    parser.add_argument("--quiet", action="store_true", default=default, help="no progress bars or info messages")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="r2r-hf", description="R2R token routing between a small and a large LM.")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or info messages")
+    _add_global_flags(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, setup, _) in COMMANDS.items():
-        setup(sub.add_parser(name, help=help_text, description=help_text))
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        # Accepted after the subcommand too; SUPPRESS keeps a flag given before it from being reset to False.
+        _add_global_flags(command, argparse.SUPPRESS)
+        setup(command)
     return parser
 
 

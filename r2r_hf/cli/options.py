@@ -6,6 +6,8 @@ import argparse
 import math
 import os
 
+import torch
+
 
 def _number(text: str) -> float:
     try:
@@ -59,6 +61,34 @@ def whole(minimum: int):
 
 positive_int = whole(1)
 non_negative_int = whole(0)
+
+
+def device(allow_auto: bool = False):
+    """A torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``; ``auto`` where allowed) this machine has."""
+    names = "cpu, cuda, cuda:N, mps" + (" or auto" if allow_auto else "")
+
+    def parse(text: str) -> str:
+        if text == "auto" and allow_auto:
+            return text
+        try:
+            dev = torch.device(text)
+        except (RuntimeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected a device ({names}), got {text!r}") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not available: this torch build has no CUDA support or no GPU is visible; "
+                "use --device cpu, or install a CUDA build of torch"
+            )
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not available: {torch.cuda.device_count()} GPU(s) are visible; pick one of them"
+            )
+        if dev.type == "mps" and not torch.backends.mps.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r} is not available on this machine; use --device cpu")
+        return text
+
+    parse.__name__ = "device"
+    return parse
 
 
 def require_dir(path: str, what: str) -> None:

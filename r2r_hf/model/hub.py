@@ -1,10 +1,15 @@
-"""Hub I/O: telling a Hub id from a local path, and uploading a router folder as one commit."""
+"""Hub and folder I/O: telling a Hub id from a local path, which folders a router may be written to,
+and uploading a router folder as one commit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,90 @@ def is_hub_id(name: str | os.PathLike | None) -> bool:
 def missing_local_path(name: str | os.PathLike) -> bool:
     """True when ``name`` can only be a local path and nothing is there."""
     return not os.path.exists(str(name)) and not is_hub_id(name)
+
+
+def split_hub_path(
+    name: str | os.PathLike, subfolder: str | None = None
+) -> tuple[str | os.PathLike, str | None, str | None]:
+    """``"org/repo/folder/router.pt"`` -> ``("org/repo", "folder", "router.pt")``; anything else is returned as is.
+
+    The official R2R configs name a router as one such string. A local path that exists, and any name
+    that does not end in ``.pt``, is left whole (with ``subfolder``), so a missing local folder stays one.
+
+    Returns:
+        (location, subfolder, filename); filename is None unless the name was split.
+    """
+    text = str(name)
+    parts = text.split("/")
+    if os.path.exists(text) or not text.endswith(".pt") or len(parts) < 3 or not is_hub_id("/".join(parts[:2])):
+        return name, subfolder, None
+    inner = "/".join(parts[2:-1]) or None
+    if inner and subfolder and inner != subfolder.strip("/"):
+        raise ValueError(f"{text} names the folder {inner!r} inside the repo and subfolder={subfolder!r} another; "
+                         "name it once.")
+    return "/".join(parts[:2]), inner or subfolder, parts[-1]
+
+
+def is_router_config(path: str | os.PathLike | None) -> bool:
+    """True when ``path`` is a ``config.json`` with ``model_type`` "r2r" (a router r2r_hf wrote)."""
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8")) if path else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "r2r"
+
+
+def is_router_folder(folder: str | os.PathLike) -> bool:
+    """True when ``folder`` holds a router r2r_hf wrote (see ``is_router_config``)."""
+    return is_router_config(Path(folder, "config.json"))
+
+
+def check_output_folder(folder: str | os.PathLike, overwrite: bool = False, update: bool = False) -> None:
+    """Refuse to write a router where it would replace files r2r_hf did not write; call it before the work.
+
+    A new or empty folder, or one holding an r2r router, is accepted. Any other non-empty folder (a model's
+    folder, say) is refused unless ``overwrite``; even then only the router's own files are written into it
+    and nothing there is deleted.
+
+    Args:
+        folder: where the router will be written.
+        overwrite: accept a non-empty folder that holds no r2r router.
+        update: the folder must already hold an r2r router (calibrating one in place).
+    """
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{folder} is a file, not a folder; pass a folder to write the router to.")
+    if update:
+        if not path.is_dir():
+            raise FileNotFoundError(f"The router folder {folder} does not exist.")
+        if not is_router_folder(path):
+            raise ValueError(
+                f"{folder} is not an r2r router folder (no config.json with model_type 'r2r'); pass a folder "
+                "written by `r2r-hf train` or `r2r-hf import-official`."
+            )
+        return
+    if path.is_dir() and any(path.iterdir()) and not is_router_folder(path) and not overwrite:
+        raise FileExistsError(
+            f"{folder} is not empty and holds no r2r router (no config.json with model_type 'r2r'); pass a new or "
+            "empty folder, or --overwrite (overwrite=True) to write the router's files into it (nothing else there "
+            "is deleted)."
+        )
+
+
+@contextlib.contextmanager
+def staging_folder(folder: str | os.PathLike) -> Iterator[str]:
+    """A private folder inside ``folder`` (created if needed); its files replace their namesakes in ``folder`` on exit.
+
+    Whatever writes into it can delete nothing else of ``folder``.
+    """
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".r2r-save-", dir=folder)
+    try:
+        yield staging
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def commit_folder(
@@ -63,8 +152,7 @@ def push_folder(folder: str | os.PathLike, repo_id: str, **kwargs: Any) -> str |
 
     Refuses folders that are not r2r routers.
     """
-    config = Path(folder) / "config.json"
-    if not config.exists() or json.loads(config.read_text()).get("model_type") != "r2r":
+    if not is_router_folder(folder):
         raise ValueError(f"{folder} is not an r2r router folder (no config.json with model_type 'r2r').")
     commit = commit_folder(folder, repo_id, **kwargs)
     return getattr(commit, "commit_url", None)

@@ -104,6 +104,13 @@ def shared_vocab_size(slm: PreTrainedModel, llm: PreTrainedModel) -> int:
     return shared
 
 
+def context_length(slm: PreTrainedModel, llm: PreTrainedModel) -> int | None:
+    """The longest sequence both models were built for (the smaller ``max_position_embeddings``), if known."""
+    limits = [getattr(m.config.get_text_config(), "max_position_embeddings", None) for m in (slm, llm)]
+    limits = [x for x in limits if x]
+    return min(limits) if limits else None
+
+
 def check_router_fits(config: R2RConfig, slm: PreTrainedModel) -> None:
     """Refuse an SLM whose hidden or embedding width differs from what the router was built for."""
     check_router_sizes(

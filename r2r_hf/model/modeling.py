@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
 from ..config import R2RConfig
 from ..core.capture import CaptureStore
@@ -28,10 +29,11 @@ from ..core.features import output_device
 from ..core.routing import Routing
 from ..router import Router, build_router, init_router_module
 from .generation import generation_options, refuse_unsupported, set_call_threshold
-from .hub import HUB_KWARGS, commit_folder, missing_local_path
+from .hub import HUB_KWARGS, commit_folder, missing_local_path, split_hub_path, staging_folder
 from .loading import (
     check_router_fits,
     config_from_models,
+    context_length,
     is_loaded_model,
     load_base_model,
     shared_vocab_size,
@@ -40,6 +42,7 @@ from .loading import (
 from .model_card import CARD_MARKER, render_model_card
 from .official import find_official_file, official_router
 from .record import from_legacy_config, load_record, save_record
+from .weights import load_router_state, load_strictly
 
 
 class R2RForCausalLM(PreTrainedModel, GenerationMixin):
@@ -157,8 +160,9 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         """Load a router, then the SLM and LLM its config names (or the ones given).
 
         Args:
-            pretrained_model_name_or_path: Hub id or folder holding ``config.json`` and ``model.safetensors``,
-                or an official R2R ``.pt`` router (file, folder or Hub repo).
+            pretrained_model_name_or_path: Hub id or folder holding ``config.json`` and ``model.safetensors``
+                (loaded strictly: every tensor the config describes, nothing else), or an official R2R ``.pt``
+                router (file, folder, Hub repo, or ``"org/repo/folder/file.pt"`` as the official configs write it).
             slm: a loaded model, or a Hub id / folder that replaces the config's SLM.
             llm: a loaded model, or a Hub id / folder that replaces the config's LLM.
             slm_kwargs: extra ``AutoModelForCausalLM.from_pretrained`` arguments for the SLM.
@@ -167,13 +171,17 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             kwargs: router loading arguments (revision, subfolder, cache_dir, token...);
                 ``dtype``, ``device_map`` and ``attn_implementation`` here apply to both models.
         """
-        location = pretrained_model_name_or_path
+        # The official configs name a router as "org/repo/folder/file.pt".
+        location, subfolder, filename = split_hub_path(pretrained_model_name_or_path, kwargs.get("subfolder"))
+        if subfolder:
+            kwargs["subfolder"] = subfolder
         if missing_local_path(location):
-            raise OSError(f"The router folder {location} does not exist; pass an existing folder or a Hub id.")
+            raise OSError(f"The router folder {location} does not exist; pass an existing folder, a Hub id (with "
+                          "subfolder= for a folder inside the repo) or an official router file (org/repo/folder/file.pt).")
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
         hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
         config = router_kwargs.pop("config", None)
-        official = None if config is not None else find_official_file(location, hub.get("subfolder"), hub)
+        official = None if config is not None else find_official_file(location, hub.get("subfolder"), hub, filename)
         if official:  # a router published as an official R2R .pt file: convert it on the fly
             model = cls._from_official_file(official, location, hub.get("subfolder"), slm, llm)
             for key, value in router_kwargs.items():
@@ -187,7 +195,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
                 config, router_kwargs = R2RConfig.from_pretrained(location, return_unused_kwargs=True, **router_kwargs)
                 router_kwargs.update(hub)
             if config.router_type == "mlp":
-                model = super().from_pretrained(location, *model_args, config=config, **router_kwargs)
+                model = load_strictly(super().from_pretrained, location, *model_args, config=config, **router_kwargs)
             else:  # baseline routers have no weights to load
                 model = cls(config).eval()
             model.record = {**model.record, **load_record(location, hub)}
@@ -215,16 +223,18 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         ``from_pretrained`` to also load the pair, or ``save_pretrained`` to keep the conversion.
 
         Args:
-            source: a ``.pt`` file, a folder, or a Hub repo (e.g. ``"nics-efc/R2R_router"``).
+            source: a ``.pt`` file, a folder, a Hub repo (e.g. ``"nics-efc/R2R_router"``) or a file in one
+                (``"nics-efc/R2R_router_collections/Qwen3-0.6B+Qwen3-32B/default_router.pt"``).
             subfolder: folder inside the repo (e.g. ``"Qwen3-0.6B+Qwen3-8B"``).
             slm, llm: names or loaded models; default: the published-router table.
             hub_kwargs: revision, cache_dir, token, local_files_only.
         """
-        path = find_official_file(source, subfolder, hub_kwargs)
+        source, subfolder, filename = split_hub_path(source, subfolder)
+        path = find_official_file(source, subfolder, hub_kwargs, filename)
         if path is None:
             raise ValueError(
                 f"No official R2R router file (.pt) found at {source}"
-                f"{'/' + subfolder if subfolder else ''} (it holds a config.json or no .pt file)."
+                f"{'/' + subfolder if subfolder else ''} (it holds an r2r router config.json, or no .pt file)."
             )
         return cls._from_official_file(path, source, subfolder, slm, llm)
 
@@ -232,11 +242,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
     def _from_official_file(cls, path: str, location: Any, subfolder: str | None, slm: Any, llm: Any) -> R2RForCausalLM:
         config, state, record, source = official_router(path, location, subfolder, slm, llm)
         model = cls(config)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"{source} does not match the R2R router layout: missing {sorted(missing)}, unexpected {sorted(unexpected)}."
-            )
+        load_router_state(model, state, source)
         model.record = record
         return model.eval()
 
@@ -244,14 +250,19 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, repo_id: str | None = None, **kwargs: Any):
         """Save the router (``config.json``, ``model.safetensors``), its record and its model card ``README.md``.
 
-        A README.md that r2r_hf did not write is left untouched.
+        A README.md that r2r_hf did not write is left untouched, and no file is deleted.
 
         Args:
             save_directory: target folder.
             repo_id: Hub id shown in the card's usage snippet.
-            kwargs: as ``PreTrainedModel.save_pretrained``.
+            kwargs: as ``PreTrainedModel.save_pretrained`` (use ``push_to_hub()`` to upload).
         """
-        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("push_to_hub"):
+            raise ValueError("save_pretrained(push_to_hub=True) is not supported; call model.push_to_hub(repo_id).")
+        # HF deletes weight shards (model-0000x-of-0000y.safetensors) it does not rewrite; the folder may hold
+        # files r2r_hf did not write, so HF saves into a private folder whose files are then moved in.
+        with staging_folder(save_directory) as staging:
+            result = super().save_pretrained(staging, *args, **kwargs)
         save_record(save_directory, self.record)
         readme = Path(save_directory, "README.md")
         if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
@@ -308,6 +319,10 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             that adds ``routed``, ``router_scores``, ``generated_mask`` and ``llm_token_rate``.
         """
         self.slm, self.llm  # noqa: B018 - raises a clear error when no models are attached
+        prompt = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(prompt, torch.Tensor) and prompt.dim() > 0 and prompt.shape[-1] == 0:
+            raise ValueError("The prompt is empty (input_ids has 0 tokens); pass at least one token, e.g. the "
+                             "tokenizer's BOS token.")
         # HF diverts some modes (contrastive, DoLa, custom_generate) before its own validation.
         refuse_unsupported({**(generation_config.to_dict() if generation_config else {}), **kwargs})
         if threshold is not None:
@@ -327,6 +342,15 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         # inherited from model.generation_config.
         refuse_unsupported(generation_options(generation_config, generation_mode_kwargs))
         super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
+
+    def _get_stopping_criteria(self, *args: Any, **kwargs: Any) -> StoppingCriteriaList:
+        # Private HF hook: HF's length criterion warns once a call runs past config.max_position_embeddings,
+        # which a router's config lacks; the pair's context is the limit, so model.generate warns as slm.generate.
+        criteria = super()._get_stopping_criteria(*args, **kwargs)
+        for criterion in criteria:
+            if isinstance(criterion, MaxLengthCriteria) and criterion.max_position_embeddings is None:
+                criterion.max_position_embeddings = context_length(self.slm, self.llm)
+        return criteria
 
     def _prepare_cache_for_generation(self, *args: Any, **kwargs: Any) -> None:
         # Private HF hook: the R2R loop builds one cache per model itself.

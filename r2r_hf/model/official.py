@@ -12,16 +12,17 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download
-from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
 from huggingface_hub.utils import HfHubHTTPError
 
 from ..config import DEFAULT_THRESHOLD, R2RConfig
-from .hub import is_hub_id
+from .hub import is_hub_id, is_router_config, is_router_folder
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def _choose(names: list[str]) -> str | None:
 def _hub_file(repo_id: str, filename: str, subfolder: str | None, hub: dict[str, Any]) -> str | None:
     try:
         return hf_hub_download(repo_id, filename, subfolder=subfolder or None, **hub)
-    except (EntryNotFoundError, LocalEntryNotFoundError):
+    except (EntryNotFoundError, LocalEntryNotFoundError):  # not in the repo, or (offline) not in the cache
         return None
     except HfHubHTTPError as err:
         if getattr(err.response, "status_code", None) == 404:
@@ -65,12 +66,15 @@ def _hub_file(repo_id: str, filename: str, subfolder: str | None, hub: dict[str,
         raise
 
 
-def _hub_names(repo_id: str, subfolder: str | None, hub: dict[str, Any]) -> list[str]:
-    """File names in a repo folder: from the Hub, or from the local cache when offline."""
+def _hub_names(repo_id: str, subfolder: str | None, hub: dict[str, Any]) -> list[str] | None:
+    """File names in a repo folder: from the Hub, or from the local cache when offline; None when neither answers."""
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
     revision = hub.get("revision")
     try:
         files = HfApi(token=hub.get("token")).list_repo_files(repo_id, revision=revision)
+    except RepositoryNotFoundError:
+        raise OSError(f"{repo_id} is not a Hub repo you can read; check its name (or log in for a private or gated one).") \
+            from None
     except Exception:  # noqa: BLE001 - offline or unreachable: fall back to what the cache holds
         try:
             snapshot = snapshot_download(
@@ -78,20 +82,34 @@ def _hub_names(repo_id: str, subfolder: str | None, hub: dict[str, Any]) -> list
                 allow_patterns=[f"{prefix}*.pt"],
             )
         except Exception:  # noqa: BLE001 - nothing cached for this repo
-            return []
+            return None
         files = [str(p.relative_to(snapshot)) for p in Path(snapshot).rglob("*.pt")]
     return [f[len(prefix) :] for f in files if f.startswith(prefix) and "/" not in f[len(prefix) :]]
 
 
+def _unreachable(where: str) -> OSError:
+    return OSError(
+        f"{where} is not in the local Hugging Face cache and the Hub could not be asked (offline, HF_HUB_OFFLINE=1, "
+        "or no network); connect once to download it, or pass a local .pt file or folder."
+    )
+
+
 def find_official_file(
-    location: str | os.PathLike, subfolder: str | None = None, hub: dict[str, Any] | None = None
+    location: str | os.PathLike,
+    subfolder: str | None = None,
+    hub: dict[str, Any] | None = None,
+    filename: str | None = None,
 ) -> str | None:
     """The official ``.pt`` file the official loader would pick at ``location``, or None.
+
+    A folder is an r2r_hf router (None) when its ``config.json`` has ``model_type`` "r2r"; otherwise
+    it is an official router when it holds a ``.pt`` file.
 
     Args:
         location: a ``.pt`` file, a local folder, or a Hub repo id.
         subfolder: folder inside the repo (e.g. ``"Qwen3-0.6B+Qwen3-8B"``).
         hub: download arguments (revision, cache_dir, token, local_files_only...).
+        filename: this file of the repo folder (e.g. ``"default_router.pt"``) instead of the loader's choice.
     """
     hub = {k: v for k, v in (hub or {}).items() if k in ("revision", "cache_dir", "token", "local_files_only", "force_download")}
     path = Path(location)
@@ -99,18 +117,29 @@ def find_official_file(
         return str(path) if path.suffix == ".pt" else None
     if path.is_dir():
         folder = path / subfolder if subfolder else path
-        if (folder / "config.json").exists() or not folder.is_dir():
+        if not folder.is_dir() or is_router_folder(folder):
             return None
-        name = _choose([p.name for p in folder.iterdir() if p.is_file()])
-        return str(folder / name) if name else None
+        name = filename or _choose([p.name for p in folder.iterdir() if p.is_file()])
+        return str(folder / name) if name and (folder / name).is_file() else None
     repo_id = str(location)
-    if _hub_file(repo_id, "config.json", subfolder, hub):
+    where = "/".join(part for part in (repo_id, subfolder, filename) if part)
+    if filename:
+        found = _hub_file(repo_id, filename, subfolder, hub)
+        if found is None and _hub_names(repo_id, subfolder, hub) is None:
+            raise _unreachable(where)
+        if found is None:
+            raise OSError(f"{where} does not exist; check the repo, folder and file name.")
+        return found
+    if is_router_config(_hub_file(repo_id, "config.json", subfolder, hub)):
         return None
     for name in PREFERRED_FILES:
         found = _hub_file(repo_id, name, subfolder, hub)
         if found:
             return found
-    name = _choose(_hub_names(repo_id, subfolder, hub))
+    names = _hub_names(repo_id, subfolder, hub)
+    if names is None:
+        raise _unreachable(where)
+    name = _choose(names)
     return _hub_file(repo_id, name, subfolder, hub) if name else None
 
 
@@ -131,7 +160,7 @@ def read_official_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             "unpickles arbitrary objects. Export its state_dict and settings with plain types, or convert it "
             "where you trust the file."
         ) from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ValueError(f"{path} is not an official R2R router file: expected a dict with a 'state_dict' entry.")
     model_type = checkpoint.get("model_type")
     if model_type != OFFICIAL_MODEL_TYPE:
@@ -180,14 +209,20 @@ def official_config_and_weights(
         raise ValueError(f"{source}: routers with use_position_embedding=True are not supported (no published router uses it).")
     if slm:
         _check_slm_name(init.get("pretrained_model_name"), slm)
+    not_a_router = "so it is not an R2R router; pass the router file itself (e.g. default_router.pt)"
+    blocks = sorted({int(k.split(".")[2]) for k in state if re.fullmatch(r"backbone\.blocks\.\d+\..+", k)})
+    if not blocks:
+        raise ValueError(f"{source}: the state dict holds no backbone.blocks.* tensors, {not_a_router}.")
     try:
         hidden, topk = state["logits_projection.weight"].shape
         width_in = state["combined_projection.weight"].shape[1]
+        dims = [state[f"backbone.blocks.{i}.mlp.0.weight"].shape[1] for i in blocks]
+        expansion = state[f"backbone.blocks.{blocks[0]}.mlp.0.weight"].shape[0] // dims[0]
     except KeyError as err:
-        raise ValueError(f"{source}: the state dict lacks {err.args[0]!r}; it is not an R2R router.") from None
-    blocks = sorted({int(k.split(".")[2]) for k in state if k.startswith("backbone.blocks.")})
-    dims = [state[f"backbone.blocks.{i}.mlp.0.weight"].shape[1] for i in blocks]
-    expansion = state[f"backbone.blocks.{blocks[0]}.mlp.0.weight"].shape[0] // dims[0]
+        raise ValueError(f"{source}: the state dict lacks {err.args[0]!r}, {not_a_router}.") from None
+    except (AttributeError, IndexError, TypeError, ValueError) as err:  # a tensor of another rank, or no tensor
+        raise ValueError(f"{source}: the state dict does not have the R2R router layout ({err}), {not_a_router}.") \
+            from None
     if init.get("hidden_states_size") not in (None, hidden):
         logger.warning(
             "%s: init_args.hidden_states_size=%s disagrees with the weights (%s); using the weights.",

@@ -8,16 +8,27 @@ At each step the processor reads the SLM's features (captured by hooks on the SL
 lm_head), scores the SLM's greedy proposal, and for routed rows lets the LLM catch
 up on the tokens it has not seen and replaces the row's scores with the LLM's logits.
 
+Where HF's own processors run (transformers 5.23, ``GenerationMixin._get_logits_processor``):
+
+* Its logits processors (repetition penalty, no-repeat n-grams, min length, bad words...)
+  run *before* user processors: they shape the SLM's scores only, and a routed row gets
+  the LLM's raw logits instead.
+* Its sampling warpers (temperature, top-k, top-p, min-p, typical...) run *after* user
+  processors, so they shape routed rows too: with those alone (and SLM and LLM of one
+  vocabulary width), always routing samples exactly as ``llm.generate`` does with the same seed.
+
 What it cannot do that ``R2RForCausalLM.generate`` does:
 
-* HF runs its own processors (temperature, top-k/p, repetition penalty...) *before*
-  user processors, so they shape the SLM's scores only; routed rows get the LLM's raw
-  logits. Exact equality with ``llm.generate`` therefore holds for greedy decoding
-  without other processors.
+* Exact equality with ``llm.generate`` holds only without HF logits processors (above).
 * The router sees the SLM's argmax, not the token a sampler would draw.
 * It sees no attention mask: it treats leading pad tokens of each prompt as padding.
 * It cannot stop routing finished rows before HF pads them; it skips rows whose last
   token was an EOS id.
+* It sees ``generate`` calls only through the SLM's forwards. A call starts fresh records
+  when the SLM's first forward runs on an empty cache (every call that does not pass
+  ``past_key_values``) or when its ids do not extend the previous step's by one token. A call
+  with ``use_cache=False`` or with the previous call's ``past_key_values`` whose prompt is the
+  previous output cannot be told from a continuation: call ``reset()`` before it.
 * It keeps hooks on the SLM until ``close()`` (or use it as a context manager).
 """
 
@@ -80,9 +91,11 @@ class R2RLogitsProcessor(LogitsProcessor):
         self.eos_token_ids = torch.tensor(eos, dtype=torch.long)
         head = slm.get_output_embeddings()
         self._hooks = [
+            slm.register_forward_pre_hook(self._saw_slm_forward, with_kwargs=True),
             head.register_forward_pre_hook(lambda m, args: setattr(self, "_hidden", args[0][:, -1])),
             head.register_forward_hook(lambda m, args, out: setattr(self, "_logits", out[:, -1])),
         ]
+        self._prefilled = False
         self._last_ids: torch.Tensor | None = None
         self._routed: list[torch.Tensor] = []
         self._live: list[torch.Tensor] = []
@@ -100,6 +113,10 @@ class R2RLogitsProcessor(LogitsProcessor):
             return 0.0
         live = torch.stack(self._live, dim=1)
         return self.routed.sum().item() / max(live.sum().item(), 1)
+
+    def reset(self) -> None:
+        """Make the next step start a new generate call (fresh records and LLM cache)."""
+        self._last_ids = None
 
     def close(self) -> None:
         """Remove the hooks on the SLM."""
@@ -125,10 +142,18 @@ class R2RLogitsProcessor(LogitsProcessor):
             self._prompt_mask = ((input_ids != self.pad_token_id).long().cumsum(-1) > 0).long()
         self._routed, self._live = [], []
 
+    def _saw_slm_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        # HF's prefill is the first forward of a generate call, and the only one on an empty cache (a reused
+        # static cache is reset first); latched, because a chunked prefill runs several forwards.
+        cache = kwargs.get("past_key_values")
+        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() == 0:
+            self._prefilled = True
+
     def _is_continuation(self, input_ids: torch.Tensor) -> bool:
         last = self._last_ids
         return (
-            last is not None
+            not self._prefilled
+            and last is not None
             and input_ids.shape[0] == last.shape[0]
             and input_ids.shape[1] == last.shape[1] + 1
             and torch.equal(input_ids[:, :-1], last)
@@ -139,6 +164,7 @@ class R2RLogitsProcessor(LogitsProcessor):
             raise ValueError("This R2RLogitsProcessor was closed; create a new one.")
         if not self._is_continuation(input_ids):
             self._start_call(input_ids)
+        self._prefilled = False
         self._last_ids = input_ids.clone()
         batch, length = input_ids.shape
         finished = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)

@@ -4,7 +4,8 @@ The config (``config.json``) says what the router is; this file says where it ca
 well it does, and the model card is rendered from both. Keys (all optional):
 
 * ``calibration``: how the threshold was picked: ``method``, ``target`` (``{"recall": r}`` or
-  ``{"llm_token_rate": p}``), the ``recall``, ``precision`` and ``llm_token_rate`` reached, ``data``;
+  ``{"llm_token_rate": p}``), ``target_met`` (False where no grid threshold reached the recall target and the
+  highest-recall one was kept), the ``recall``, ``precision`` and ``llm_token_rate`` reached, ``data``;
 * ``training``: data, label statistics, epochs, settings...;
 * ``evaluation``: benchmark results shown in the model card;
 * ``license``: the router's licence for its card (default: the pair's, where both agree);
@@ -64,6 +65,11 @@ def from_legacy_config(fields: dict[str, Any]) -> dict[str, Any]:
 def expected_llm_token_rate(record: dict[str, Any]) -> float | None:
     """The share of tokens the calibrated threshold routed on its calibration data."""
     return (record.get("calibration") or {}).get("llm_token_rate")
+
+
+def target_met(record: dict[str, Any]) -> bool:
+    """False where the calibration could not reach its target (records without the flag met theirs)."""
+    return (record.get("calibration") or {}).get("target_met", True) is not False
 
 
 def recall_target(record: dict[str, Any]) -> float | None:

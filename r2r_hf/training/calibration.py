@@ -4,7 +4,7 @@ Two targets:
 
 * **recall** (the paper's rule): on the grid ``linspace(0.01, 0.99, 100)``, among thresholds whose
   divergent-class recall reaches the target, take the one with the lowest LLM token rate (the
-  largest); if none reaches it, take the highest-recall point.
+  largest); if none reaches it, take the highest-recall point (the report then says ``target_met: False``).
 * **LLM token rate**: the threshold that routes that share of tokens (a score quantile); this is
   how routers are compared at equal cost.
 """
@@ -101,16 +101,19 @@ def calibration_report(
         llm_rate: LLM token rate target.
 
     Returns:
-        (threshold, report) where the report holds metrics on all tokens and on mismatches at
-        0.5 and at the threshold, and the recall-vs-rate curve.
+        (threshold, report) where the report holds the target, whether it was met, metrics on all tokens
+        and on mismatches at 0.5 and at the threshold, and the recall-vs-rate curve.
     """
     if (recall is None) == (llm_rate is None):
         raise ValueError("Give exactly one calibration target: a recall (e.g. 0.95) or an LLM token rate (e.g. 0.15).")
     threshold = threshold_for_recall(scores, targets, recall) if recall is not None else threshold_for_rate(scores, llm_rate)
+    at_threshold = metrics_at(scores, targets, threshold)
     report = {
         "target": {"recall": recall} if recall is not None else {"llm_token_rate": llm_rate},
+        # A rate target is met by construction; a recall target only where some grid threshold reaches it.
+        "target_met": recall is None or at_threshold["recall"] >= recall,
         "threshold": threshold,
-        "all_tokens": {"at_0.5": metrics_at(scores, targets, 0.5), "at_threshold": metrics_at(scores, targets, threshold)},
+        "all_tokens": {"at_0.5": metrics_at(scores, targets, 0.5), "at_threshold": at_threshold},
         "mismatches": {
             "at_0.5": metrics_at(scores[mismatch], targets[mismatch], 0.5),
             "at_threshold": metrics_at(scores[mismatch], targets[mismatch], threshold),
