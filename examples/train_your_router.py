@@ -17,7 +17,8 @@ from r2r_hf.training import TrainSettings, calibrate_router, train_router
 parser = argparse.ArgumentParser()
 parser.add_argument("--slm", required=True)
 parser.add_argument("--llm", required=True)
-parser.add_argument("--verifier", help="judge model (default: the LLM)")
+parser.add_argument("--verifiers", default="llm", help="verifier chain, e.g. code,llm")
+parser.add_argument("--judge", help="judge model of the llm verifier (default: the LLM)")
 parser.add_argument("--prompts", required=True)
 parser.add_argument("--out", required=True)
 parser.add_argument("--limit", type=int, default=32, help="label only the first N prompts")
@@ -28,7 +29,7 @@ args = parser.parse_args()
 labels, router_dir = Path(args.out) / "labels", Path(args.out) / "router"
 
 # 1. Label: reference answers, SLM features, continuations at mismatches, verdicts. Resumable.
-settings = LabelSettings(slm=args.slm, llm=args.llm, verifier=args.verifier, dtype=args.dtype,
+settings = LabelSettings(slm=args.slm, llm=args.llm, verifiers=args.verifiers, judge=args.judge, dtype=args.dtype,
                          max_new_tokens=args.max_new_tokens)
 summary = label(settings, args.prompts, labels, limit=args.limit)
 print("label shares:", {k: f"{v:.1%}" for k, v in summary["shares"].items()})

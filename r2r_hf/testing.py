@@ -171,17 +171,22 @@ def make_tiny_verifier(seed: int = 2) -> LlamaForCausalLM:
     Its lm_head keeps the rows of "0" and "1" only, set to plus and minus the direction in which
     its final hidden state varies most across sample requests, so the answer follows the input.
     """
-    from .pipeline.verify import render
+    from .pipeline.verifiers.judge import render
 
     model = make_tiny_llm(vocab_size=TOKENIZER_VOCAB, seed=seed)
     tok = make_tokenizer()
     zero, one = (tok.convert_tokens_to_ids(t) for t in ("0", "1"))
     g = torch.Generator().manual_seed(seed)
+    writer = make_tiny_slm()
 
-    def text(n: int) -> str:
-        return tok.decode(torch.randint(len(SPECIAL), TOKENIZER_VOCAB, (n,), generator=g).tolist())
+    def text(n: int) -> str:  # text the tiny models write, so the requests of a real tiny run fall on both sides
+        if n == 0:
+            return ""
+        start = torch.randint(len(SPECIAL), TOKENIZER_VOCAB, (1, 3), generator=g)
+        out = writer.generate(start, max_new_tokens=n, do_sample=False, pad_token_id=PAD_ID, eos_token_id=10**6)
+        return tok.decode(out[0, 3:].tolist())
 
-    requests = [render(tok, text(i * 13 % 400), text(3) + "<<" + text(1) + ">>" + text(5 + i % 15),
+    requests = [render(tok, text(i * 7 % 40), text(3) + "<<" + text(1) + ">>" + text(5 + i % 15),
                        text(3) + "<<" + text(1) + ">>" + text(5 + i * 7 % 15)) for i in range(48)]
     with torch.no_grad():
         hidden = []

@@ -22,8 +22,8 @@ def make_models(root):
     return slm, llm, save_tiny_verifier(root)
 
 
-def fast_settings(slm, llm, verifier, **overrides):
-    values = dict(slm=slm, llm=llm, verifier=verifier, dtype="float32", max_new_tokens=20, batch_size=3,
+def fast_settings(slm, llm, judge, **overrides):
+    values = dict(slm=slm, llm=llm, judge=judge, dtype="float32", max_new_tokens=20, batch_size=3,
                   continuation_max_tokens=8, context_tokens=32)
     values.update(overrides)
     return LabelSettings(**values)

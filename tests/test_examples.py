@@ -61,8 +61,8 @@ def test_quantized_llm(tiny):
 
 def test_train_your_router(tiny):
     prompts = write_prompts(tiny["root"] / "prompts.jsonl", 20)
-    out = _run("train_your_router.py", "--slm", tiny["slm"], "--llm", tiny["llm"], "--verifier", tiny["verifier"],
-               "--prompts", prompts, "--out", str(tiny["root"] / "run"), "--limit", "20", "--max-new-tokens", "16",
+    out = _run("train_your_router.py", "--slm", tiny["slm"], "--llm", tiny["llm"], "--judge", tiny["verifier"],
+               "--prompts", prompts, "--out", str(tiny["root"] / "run"), "--limit", "20", "--max-new-tokens", "32",
                "--epochs", "2", "--dtype", "float32")
     assert "expected LLM token rate" in out and "threshold" in out
     assert (tiny["root"] / "run" / "router" / "router_metrics.json").exists()

@@ -14,7 +14,7 @@ from pipeline_helpers import fast_settings, make_models, write_prompts
 from r2r_hf.pipeline import label, load_labels, read_prompts
 from r2r_hf.pipeline.sentences import compare_sentences, sentence_end_ids
 from r2r_hf.pipeline.store import read_json, read_tensors
-from r2r_hf.pipeline.verify import Verifier, parse_verdict
+from r2r_hf.pipeline.verifiers.judge import JudgeVerifier, render
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,10 @@ def test_end_to_end_statistics_are_consistent(finished_run):
     assert sum(summary["shares"].values()) == pytest.approx(1.0)
     assert counts["identical"] > 0 and counts["neutral"] + counts["divergent"] > 0
     assert summary["responses"]["finished"] + summary["responses"]["truncated"] == 7
-    for step in ("responses", "features", "continuations", "verdicts"):
+    for step in ("responses", "features", "continuations"):
         assert summary["cost"][step]["tokens"] > 0 and summary["cost"][step]["seconds"] > 0
+    assert summary["cost"]["verifier llm"]["judged"] > 0 and summary["cost"]["verifier llm"]["seconds"] > 0
+    assert summary["label_set"] == "llm" and set(summary["seconds_per_1000_labelled_tokens"]) >= {"verifier llm"}
     data = load_labels(work)
     rows = data.tensors()
     assert len(rows["label"]) == summary["tokens"] - counts["excluded"]
@@ -69,15 +71,23 @@ def test_features_are_what_the_router_sees_at_that_step(finished_run, models):
 
 
 def test_identical_sentences_are_neutral_without_a_verifier_call(finished_run):
-    work, _, _ = finished_run
+    work, _, summary = finished_run
+    judged = 0
     for k in range(3):
         mismatches = read_json(work / "continuations" / f"shard-{k:05d}.json")["mismatches"]
-        verdicts = read_json(work / "verdicts" / f"shard-{k:05d}.json")["verdicts"]
-        for m, v in zip(mismatches, verdicts):
+        (folder,) = (work / "verdicts").iterdir()
+        verdicts = read_json(folder / f"shard-{k:05d}.json")["verdicts"]
+        labels, meta = read_tensors(work / "labels" / "llm" / f"shard-{k:05d}.safetensors")
+        names = meta["decided_by"]
+        for i, m in enumerate(mismatches):
+            who = names[int(labels["decided_by"][m["row"]])]
             if m["identical"]:
-                assert v == {"verdict": 0, "answer": None}
+                assert str(i) not in verdicts and who == "identical sentences" and labels["label"][m["row"]] == 1
             else:
-                assert v["answer"] is not None and v["verdict"] == parse_verdict(v["answer"])
+                judged += 1
+                assert who == "llm" and labels["label"][m["row"]] == 1 + verdicts[str(i)]["verdict"]
+                assert verdicts[str(i)]["verdict"] == int(verdicts[str(i)]["score"] >= 0.5)
+    assert judged == summary["cost"]["verifier llm"]["judged"] > 0
 
 
 def test_shared_prefix_continuations_equal_plain_greedy_generation(finished_run, models):
@@ -95,14 +105,16 @@ def test_shared_prefix_continuations_equal_plain_greedy_generation(finished_run,
         assert m["continuation"] == ([] if m["slm_token"] == 2 else plain[:cut])
 
 
-def test_verifier_prefix_sharing_changes_no_answer(models, finished_run):
+def test_judge_prefix_sharing_changes_no_score(models, finished_run):
     work, _, _ = finished_run
     verifier = AutoModelForCausalLM.from_pretrained(models[2])
     tok = AutoTokenizer.from_pretrained(models[2])
     items = read_json(work / "continuations" / "shard-00000.json")["mismatches"][:7]
-    shared, _ = Verifier(verifier, tok, batch_size=3, share_prefix=True).judge(items)
-    plain, _ = Verifier(verifier, tok, batch_size=1, share_prefix=False).judge(items)
-    assert [r["answer"] for r in shared] == [r["answer"] for r in plain]
+    requests = [render(tok, i["context"], i["slm_sentence"], i["llm_sentence"]) for i in items]
+    shared = JudgeVerifier(verifier, tok, batch_size=3, share_prefix=True).scores(requests)
+    plain = [JudgeVerifier(verifier, tok, share_prefix=False).scores([r])[0] for r in requests]
+    assert shared == pytest.approx(plain, abs=1e-4)
+    assert any(s < 0.5 for s in plain) and any(s >= 0.5 for s in plain), "the tiny judge says both"
 
 
 def test_resume_with_other_settings_is_refused(finished_run, models):
@@ -158,20 +170,20 @@ def _cli(*args, env=None):
 
 
 def _label_args(models, prompts, out):
-    return ["--slm", models[0], "--llm", models[1], "--verifier", models[2], "--prompts", prompts, "--out", str(out),
+    return ["--slm", models[0], "--llm", models[1], "--judge", models[2], "--prompts", prompts, "--out", str(out),
             "--dtype", "float32", "--max-new-tokens", "20", "--batch-size", "3", "--continuation-max-tokens", "8",
             "--context-tokens", "32"]
 
 
 def _same_run(a, b):
     for step in ("features", "labels"):
-        for path in sorted((a / step).glob("shard-*")):
+        for path in sorted((a / step).rglob("shard-*")):
             ta, _ = read_tensors(path)
-            tb, _ = read_tensors(b / step / path.name)
+            tb, _ = read_tensors(b / path.relative_to(a))
             assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), path
     for step in ("responses", "continuations", "verdicts"):
-        for path in sorted((a / step).glob("shard-*")):
-            ja, jb = read_json(path), read_json(b / step / path.name)
+        for path in sorted((a / step).rglob("shard-*")):
+            ja, jb = read_json(path), read_json(b / path.relative_to(a))
             ja.pop("seconds"), jb.pop("seconds")
             assert ja == jb, path
 
@@ -188,11 +200,12 @@ def test_killed_run_resumes_to_the_same_dataset(finished_run, models, tmp_path):
     assert proc.poll() is None, "the run ended before it could be interrupted"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not (out / "labels").exists() and not list(out.rglob("shard-*.tmp"))
+    assert not list((out / "labels").rglob("shard-*")) and not list(out.rglob("shard-*.tmp"))
     result = subprocess.run(_cli(*_label_args(models, prompts, out)), env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
     _same_run(reference, out)
-    assert read_json(out / "summary.json")["counts"] == read_json(reference / "summary.json")["counts"]
+    assert read_json(out / "labels" / "llm" / "summary.json")["counts"] == \
+        read_json(reference / "labels" / "llm" / "summary.json")["counts"]
 
 
 def test_two_accelerate_processes_label_the_same_as_one(finished_run, models, tmp_path):
@@ -252,8 +265,3 @@ def test_compare_sentences_marks_the_divergence_and_keeps_only_its_sentence():
     comparison = compare_sentences(tok, response, dot, ord("!"), ids(" Go on."), ends, frozenset([0]), 3)
     assert comparison.slm_sentence == "Hi there<<!>> Go on." and comparison.llm_sentence == "Hi there<<.>> We add two."
     assert comparison.context == ""
-
-
-@pytest.mark.parametrize("answer, verdict", [("1", 1), ("0", 0), (" 1.", 1), ("Reply: 0", 0), ("yes", -1), ("7", -1), ("", -1)])
-def test_parse_verdict(answer, verdict):
-    assert parse_verdict(answer) == verdict

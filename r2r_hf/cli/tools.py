@@ -6,12 +6,13 @@ Each is a thin shell over the Python API (``r2r_hf.pipeline``, ``r2r_hf.training
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
 
-from ..model.record import expected_llm_token_rate
-from .options import fraction, positive_fraction, positive_int, require_dir
+from ..model.record import expected_llm_token_rate, recall_target, target_met
+from .options import device, fraction, non_negative_int, positive_fraction, positive_int, require_dir
 
 STEPS = ("responses", "features", "continuations", "verdicts", "labels")
 
@@ -24,14 +25,22 @@ def _setup_import_official(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slm", help="SLM Hub id or folder (default: from the published-router table)")
     p.add_argument("--llm", help="LLM Hub id or folder (default: from the published-router table)")
     p.add_argument("--revision", help="Hub revision of the router repo")
+    _add_overwrite(p)
+
+
+def _add_overwrite(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out folder that holds no r2r router (nothing there is deleted)")
 
 
 def _run_import_official(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
+    from ..model.hub import check_output_folder
     from ..model.loading import check_router_sizes
     from ..model.modeling import R2RForCausalLM
 
+    check_output_folder(args.out, args.overwrite)
     hub = {"revision": args.revision} if args.revision else {}
     model = R2RForCausalLM.from_official(args.source, subfolder=args.subfolder, slm=args.slm, llm=args.llm, **hub)
     config = model.config
@@ -53,7 +62,14 @@ def _run_import_official(args: argparse.Namespace) -> int:
 def _setup_label(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slm", required=True, help="SLM Hub id or folder")
     p.add_argument("--llm", required=True, help="LLM Hub id or folder")
-    p.add_argument("--verifier", help="judge model (Hub id or folder; default: the LLM)")
+    p.add_argument("--verifier", default="llm",
+                   help="verifier chain, e.g. code,llm (code: neutral where the program cannot change; llm: a judge "
+                        "model's verdict); a model name here means --verifier llm --judge MODEL")
+    p.add_argument("--judge", help="judge model of the llm verifier (Hub id or folder; default: the LLM)")
+    p.add_argument("--judge-threshold", type=fraction, default=0.5,
+                   help="the judge calls a difference divergent where its score P(1)/(P(0)+P(1)) reaches this")
+    p.add_argument("--labels", help="name of the label set to write (default: the chain, e.g. code+llm); "
+                                    "relabeling a run with other verifiers writes a new set beside the old ones")
     p.add_argument("--prompts", required=True, help='JSON lines: {"id", "prompt"} or {"id", "messages"}')
     p.add_argument("--out", required=True, help="run folder (an existing one with the same settings is resumed)")
     p.add_argument("--max-new-tokens", type=positive_int, default=1024, help="bound on the LLM's reference answers")
@@ -62,7 +78,8 @@ def _setup_label(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", help="compute dtype of every model (default bfloat16)")
     p.add_argument("--continuation-max-tokens", type=positive_int, default=128,
                    help="bound on an LLM continuation to its sentence end")
-    p.add_argument("--context-tokens", type=int, default=384, help="preceding answer tokens the verifier sees")
+    p.add_argument("--context-tokens", type=non_negative_int, default=384,
+                   help="preceding answer tokens the judge sees")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--threads", type=positive_int, help="torch CPU threads")
 
@@ -72,19 +89,27 @@ def _run_label(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    verifiers, judge = args.verifier, args.judge
+    if judge is None and _names_a_model(verifiers):  # the shorthand of r2r_hf 0.1: --verifier MODEL
+        verifiers, judge = "llm", verifiers
     settings = LabelSettings(
-        slm=args.slm, llm=args.llm, verifier=args.verifier, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+        slm=args.slm, llm=args.llm, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size, continuation_max_tokens=args.continuation_max_tokens,
-        context_tokens=args.context_tokens,
+        context_tokens=args.context_tokens, verifiers=verifiers, judge=judge, judge_threshold=args.judge_threshold,
+        labels=args.labels,
     )
     steps = tuple(s.strip() for s in args.steps.split(",") if s.strip())
     summary = label(settings, args.prompts, args.out, limit=args.limit, steps=steps, progress=not args.quiet)
     if summary is not None:
         shares = summary["shares"]
-        print(f"{summary['tokens']} tokens labelled in {args.out}: identical {shares['identical']:.1%}, "
-              f"neutral {shares['neutral']:.1%}, divergent {shares['divergent']:.1%}, "
-              f"unparsable verdicts {summary['unparsable_verdicts']}")
+        print(f"{summary['tokens']} tokens labelled in {args.out} (label set {summary['label_set']}): identical "
+              f"{shares['identical']:.1%}, neutral {shares['neutral']:.1%}, divergent {shares['divergent']:.1%} "
+              f"({summary['neutral_share_of_mismatches']:.1%} of mismatches neutral), excluded {summary['excluded']}")
     return 0
+
+
+def _names_a_model(text: str) -> bool:
+    return "/" in text or os.path.isdir(text)
 
 
 def _add_target(p: argparse.ArgumentParser, default_recall: float | None) -> None:
@@ -96,6 +121,7 @@ def _add_target(p: argparse.ArgumentParser, default_recall: float | None) -> Non
 
 def _setup_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a finished `r2r-hf label` folder")
+    p.add_argument("--labels", help="its label set (default: the only one)")
     p.add_argument("--out", required=True, help="folder for the trained router")
     _add_target(p, 0.95)
     p.add_argument("--epochs", type=positive_int, default=50)
@@ -108,7 +134,8 @@ def _setup_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-dims", help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
     p.add_argument("--expansion", type=positive_int, default=4, help="MLP expansion inside each block")
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device(), default="cpu", help="where to train: cpu, cuda, cuda:N, mps")
+    _add_overwrite(p)
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -123,7 +150,8 @@ def _run_train(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--hidden-dims must be comma-separated integers, got {args.hidden_dims!r}.") from None
     model = train_router(args.data, args.out, settings, recall=args.recall, llm_rate=args.llm_rate,
-                         device=args.device, progress=not args.quiet, **extra)
+                         device=args.device, progress=not args.quiet, overwrite=args.overwrite, labels=args.labels,
+                         **extra)
     _print_calibration(args.out, model)
     return 0
 
@@ -131,19 +159,21 @@ def _run_train(args: argparse.Namespace) -> int:
 def _setup_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", required=True, help="router folder to calibrate (updated in place)")
     p.add_argument("--data", required=True, help="a finished `r2r-hf label` folder")
+    p.add_argument("--labels", help="its label set (default: the only one)")
     p.add_argument("--split", choices=("validation", "train", "all"), default="validation")
     p.add_argument("--seed", type=int, default=0, help="the split seed used in training")
     _add_target(p, None)
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
+    from ..model.hub import check_output_folder
     from ..model.modeling import R2RForCausalLM
     from ..pipeline import load_labels
     from ..training import calibrate_router
 
-    require_dir(args.router, "router")
+    check_output_folder(args.router, update=True)  # before loading anything: the router is updated in place
     model = R2RForCausalLM.from_pretrained(args.router, load_pair=False)
-    data = load_labels(args.data, seed=args.seed)
+    data = load_labels(args.data, seed=args.seed, labels=args.labels)
     if args.split != "all":
         data = data.split_of(args.split)
     calibrate_router(model, data, recall=args.recall, llm_rate=args.llm_rate, out_dir=args.router)
@@ -170,8 +200,10 @@ def _run_push(args: argparse.Namespace) -> int:
 def _print_calibration(folder: str, model) -> None:
     rate = expected_llm_token_rate(model.record)
     recall = model.record.get("calibration", {}).get("recall")
+    # An unmet recall target is also logged as a warning by calibrate_router (on stderr).
+    missed = "" if target_met(model.record) else f" (target {recall_target(model.record):.1%} not reached)"
     print(f"router in {folder}: threshold {model.config.threshold:.4g}, expected LLM token rate "
-          f"{rate:.1%}" + (f", divergent recall {recall:.1%}" if recall is not None else ""))
+          f"{rate:.1%}" + (f", divergent recall {recall:.1%}{missed}" if recall is not None else ""))
 
 
 COMMANDS = {

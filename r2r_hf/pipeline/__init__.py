@@ -2,8 +2,8 @@
 
 Steps (each resumable, shard by shard): 0 ``responses`` (LLM reference answers),
 1 ``features`` (SLM prefill: the router's inputs per answer token), 2 ``continuations``
-(LLM continues each mismatch to its sentence end), 3 ``verdicts`` (a verifier judges
-neutral or divergent), 4 ``labels`` (one label per token, plus ``summary.json``).
+(LLM continues each mismatch to its sentence end), 3 ``verdicts`` (a chain of verifiers judges
+neutral or divergent; ``verifiers/``), 4 ``labels`` (one label set per chain, with its summary).
 """
 
 from .dataset import LabelData, load_labels

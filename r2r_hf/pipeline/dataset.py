@@ -1,13 +1,13 @@
-"""Step 4: one label per answer token, and the label dataset's loading API.
+"""Step 4: one label per answer token for a verifier chain (a label set), and the label dataset's loading API.
 
-Labels: 0 identical (the SLM's proposal equals the LLM's token), 1 neutral (they differ but
-the verifier, or identical sentences, say it does not matter), 2 divergent (the LLM must
-write it), -1 excluded (the verifier's answer could not be parsed). The router learns
-``label == 2``; rows labelled -1 are never trained on.
+Labels: 0 identical (the SLM's proposal equals the LLM's token), 1 neutral (they differ, and the
+two sentences are the same text or a verifier said it does not matter), 2 divergent (the LLM must
+write it), -1 excluded (no verifier of the chain decided). The router learns ``label == 2``;
+rows labelled -1 are never trained on. Each label records who decided it (``decided_by``).
 
 Load a finished run with one call::
 
-    data = r2r_hf.pipeline.load_labels("work/")
+    data = r2r_hf.pipeline.load_labels("work/", labels="code+llm")   # the only label set: labels may be omitted
     data.summary
     for batch in data.batches(1024, shuffle=True): ...   # dicts of tensors, one shard in RAM at a time
 """
@@ -20,32 +20,80 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
-from .store import WorkDir, read_json, read_tensors, write_json, write_tensors
+from .store import LEGACY_SET, WorkDir, read_json, read_tensors, write_json, write_tensors
+from .verifiers.chain import IDENTICAL, UNDECIDED, decide_shard, verifier_seconds
 
-IDENTICAL, NEUTRAL, DIVERGENT, EXCLUDED = 0, 1, 2, -1
-CLASS_NAMES = {IDENTICAL: "identical", NEUTRAL: "neutral", DIVERGENT: "divergent", EXCLUDED: "excluded"}
+IDENTICAL_TOKEN, NEUTRAL, DIVERGENT, EXCLUDED = 0, 1, 2, -1
+CLASS_NAMES = {IDENTICAL_TOKEN: "identical", NEUTRAL: "neutral", DIVERGENT: "divergent", EXCLUDED: "excluded"}
 FEATURES = ("topk_logits", "token_embedding", "hidden")
+STEP_COSTS = ("responses", "features", "continuations")
 
 
-def shard_labels(features: dict[str, torch.Tensor], continuations: list[dict], verdicts: list[dict]) -> torch.Tensor:
-    """Per-token labels of a shard from its mismatches and their verdicts."""
-    labels = torch.full(features["slm_token"].shape, IDENTICAL, dtype=torch.int8)
-    for mismatch, verdict in zip(continuations, verdicts):
-        value = verdict["verdict"]
-        labels[mismatch["row"]] = NEUTRAL if value == 0 else DIVERGENT if value == 1 else EXCLUDED
-    return labels
+def check_label_set(work: WorkDir, name: str, chain_settings: list[dict[str, Any]]) -> None:
+    """Record a new label set's verifier settings; refuse to mix other settings into an existing one."""
+    path = work.folder("labels", name) / "settings.json"
+    settings = {"name": name, "verifiers": chain_settings}
+    if name == LEGACY_SET:
+        raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another name with --labels.")
+    if path.exists():
+        old = read_json(path)
+        if old != settings:
+            raise ValueError(f"{path.parent} holds labels from other verifier settings ({old['verifiers']}); label "
+                             "into a new label set with --labels NAME (earlier labels are never overwritten).")
+        return
+    write_json(path, settings)
 
 
-def summarize(work: WorkDir) -> dict:
-    """Class counts and shares, response and cost statistics of a finished run."""
+def write_label_set(work: WorkDir, name: str, chain: list, shards: int, identical, progress: bool = True) -> dict:
+    """Write the labels of every shard for a verifier chain, then the set's ``summary.json``; returns the summary.
+
+    Args:
+        work: the run.
+        name: the label set.
+        chain: the verifiers, in order.
+        shards: how many shards the run has.
+        identical: shard index -> per mismatch, whether its two sentences are the same text.
+    """
+    names = [IDENTICAL] + [v.name for v in chain] + [UNDECIDED]
+    by = {n: {"neutral": 0, "divergent": 0, "excluded": 0} for n in names}
+    for k in tqdm(range(shards), desc="labels", unit="shard", disable=not progress):
+        same = identical(k)
+        decisions = decide_shard(work, k, chain, len(same), same)
+        for decision, who in decisions:
+            by[who]["neutral" if decision == 0 else "divergent" if decision == 1 else "excluded"] += 1
+        if work.done("labels", k, name):
+            continue
+        features, _ = read_tensors(work.shard("features", k), ["slm_token"])
+        mismatches = read_json(work.shard("continuations", k))["mismatches"]
+        labels = torch.full(features["slm_token"].shape, IDENTICAL_TOKEN, dtype=torch.int8)
+        decided_by = torch.full(features["slm_token"].shape, -1, dtype=torch.int8)
+        for m, (decision, who) in zip(mismatches, decisions):
+            labels[m["row"]] = NEUTRAL if decision == 0 else DIVERGENT if decision == 1 else EXCLUDED
+            decided_by[m["row"]] = names.index(who)
+        write_tensors(work.shard("labels", k, name), {"label": labels, "decided_by": decided_by}, {"decided_by": names})
+    summary = summarize(work, name)
+    summary["decided_by"] = by
+    cost = verifier_seconds(work, chain, list(range(shards)))
+    summary["cost"].update({f"verifier {v}": c for v, c in cost.items()})
+    per_thousand = 1000 / max(summary["tokens"], 1)
+    summary["seconds_per_1000_labelled_tokens"] = {step: round(c["seconds"] * per_thousand, 3)
+                                                  for step, c in summary["cost"].items()}
+    write_json(work.summary_path(name), summary)
+    return summary
+
+
+def summarize(work: WorkDir, label_set: str) -> dict:
+    """Class counts and shares, response and cost statistics of a label set."""
     counts = {name: 0 for name in CLASS_NAMES.values()}
     responses = {"finished": 0, "truncated": 0}
-    cost = {step: {"tokens": 0, "seconds": 0.0} for step in ("responses", "features", "continuations", "verdicts")}
-    for index in work.shards("labels"):
-        labels, _ = read_tensors(work.shard("labels", index), ["label"])
+    cost = {step: {"tokens": 0, "seconds": 0.0} for step in STEP_COSTS}
+    for index in work.shards("labels", label_set):
+        labels, _ = read_tensors(work.shard("labels", index, label_set), ["label"])
         values, numbers = torch.unique(labels["label"], return_counts=True)
         for v, n in zip(values.tolist(), numbers.tolist()):
             counts[CLASS_NAMES[v]] += n
@@ -58,23 +106,18 @@ def summarize(work: WorkDir) -> dict:
             cost[step]["seconds"] += meta.get("seconds", 0.0)
     total = sum(counts.values())
     judged = total - counts["excluded"]
+    mismatches = counts["neutral"] + counts["divergent"]
     return {
+        "label_set": label_set,
         "tokens": total,
         "counts": counts,
         "shares": {k: (v / judged if judged and k != "excluded" else 0.0) for k, v in counts.items() if k != "excluded"},
-        "mismatch_rate": (counts["neutral"] + counts["divergent"]) / judged if judged else 0.0,
-        "unparsable_verdicts": counts["excluded"],
+        "mismatch_rate": mismatches / judged if judged else 0.0,
+        "neutral_share_of_mismatches": counts["neutral"] / mismatches if mismatches else 0.0,
+        "excluded": counts["excluded"],
         "responses": responses,
         "cost": cost,
     }
-
-
-def write_labels(work: WorkDir, index: int) -> None:
-    """Write the labels shard ``index`` from the steps before it."""
-    features, _ = read_tensors(work.shard("features", index), ["slm_token"])
-    continuations = read_json(work.shard("continuations", index))["mismatches"]
-    verdicts = read_json(work.shard("verdicts", index))["verdicts"]
-    write_tensors(work.shard("labels", index), {"label": shard_labels(features, continuations, verdicts)}, {})
 
 
 def _in_validation(sample_id: str, fraction: float, seed: int) -> bool:
@@ -82,47 +125,68 @@ def _in_validation(sample_id: str, fraction: float, seed: int) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
+def pick_label_set(work: WorkDir, labels: str | None) -> str:
+    """The label set to read: the one named, or the only one there is."""
+    sets = work.label_sets()
+    if not sets:
+        raise FileNotFoundError(f"{work.root} holds no labels; run `r2r-hf label` there first.")
+    if labels is None:
+        if len(sets) > 1:
+            raise ValueError(f"{work.root} holds several label sets ({', '.join(sets)}); pick one with --labels "
+                             "(Python: labels=...).")
+        return sets[0]
+    if labels not in sets:
+        raise ValueError(f"{work.root} holds no label set {labels!r}; it holds {', '.join(sets)}.")
+    return labels
+
+
 @dataclass
 class LabelData:
-    """A finished labeling run (or a split of it), read shard by shard.
+    """A finished labeling run's label set (or a split of it), read shard by shard.
 
     Args:
         root: the run's folder.
         split: ``None`` (all samples), ``"train"`` or ``"validation"``.
         validation_fraction: share of samples (never of tokens) held out.
         seed: decides which samples are held out.
+        labels: the label set (default: the only one).
     """
 
     root: Path
     split: str | None = None
     validation_fraction: float = 0.1
     seed: int = 0
+    labels: str | None = None
     shards: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        work = WorkDir(self.root)
-        self.shards = work.shards("labels")
+        self._work = WorkDir(self.root)
+        self.labels = pick_label_set(self._work, self.labels)
+        self.shards = self._work.shards("labels", self.labels)
         if not self.shards:
-            raise FileNotFoundError(f"{self.root} holds no labels; run `r2r-hf label` there first.")
-        self._work = work
+            raise FileNotFoundError(f"{self.root} label set {self.labels!r} has no labels yet; finish `r2r-hf label`.")
 
     @property
     def summary(self) -> dict:
-        return read_json(self.root / "summary.json")
+        return read_json(self._work.summary_path(self.labels))
 
     @property
     def manifest(self) -> dict:
-        return read_json(self._work.manifest_path)
+        return self._work.manifest()
 
     def split_of(self, split: str) -> LabelData:
         """The same data restricted to ``"train"`` or ``"validation"`` samples."""
-        return LabelData(self.root, split, self.validation_fraction, self.seed)
+        return LabelData(self.root, split, self.validation_fraction, self.seed, self.labels)
 
     def shard(self, index: int) -> dict[str, torch.Tensor]:
         """All usable rows of one shard: features (float32), ``label`` and ``target`` (label == divergent)."""
         tensors, meta = read_tensors(self._work.shard("features", index))
-        labels, _ = read_tensors(self._work.shard("labels", index))
+        labels, _ = read_tensors(self._work.shard("labels", index, self.labels), ["label"])
+        if len(labels["label"]) != len(tensors["slm_token"]):
+            raise ValueError(f"Shard {index} of {self.root} has {len(labels['label'])} labels for "
+                             f"{len(tensors['slm_token'])} tokens; delete labels/{self.labels}/shard-{index:05d} "
+                             "and rerun the 'labels' step.")
         keep = labels["label"] != EXCLUDED
         if self.split is not None:
             held = torch.tensor([_in_validation(i, self.validation_fraction, self.seed) for i in meta["ids"]])
@@ -156,19 +220,21 @@ class LabelData:
 
 
 def load_labels(root: str | os.PathLike, split: str | None = None, validation_fraction: float = 0.1,
-                seed: int = 0) -> LabelData:
-    """Open a labeling run's dataset.
+                seed: int = 0, labels: str | None = None) -> LabelData:
+    """Open a labeling run's label set.
 
     Args:
         root: the ``--out`` folder of ``r2r-hf label``.
         split: ``None``, ``"train"`` or ``"validation"`` (split by sample, never by token).
         validation_fraction: share of samples held out for validation.
         seed: which samples are held out.
+        labels: the label set (default: the only one the run has).
     """
-    return LabelData(Path(root), split, validation_fraction, seed)
+    return LabelData(Path(root), split, validation_fraction, seed, labels)
 
 
-def write_summary(work: WorkDir) -> dict:
-    summary = summarize(work)
-    write_json(work.root / "summary.json", summary)
+def write_summary(work: WorkDir, label_set: str = LEGACY_SET) -> dict:
+    """Write (and return) the summary of a label set from its shards (``legacy``: a format-1 run)."""
+    summary = summarize(work, label_set)
+    write_json(work.summary_path(label_set), summary)
     return summary

@@ -28,19 +28,28 @@ class Prompt:
         return tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
 
 
-def read_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prompt]:
+def read_prompts(path: str | os.PathLike, limit: int | None = None, tokenizer=None) -> list[Prompt]:
     """Parse a prompts file; any malformed line is an error naming the file and line.
 
     Args:
         path: a JSON-lines file.
         limit: keep only the first ``limit`` prompts.
+        tokenizer: when given, every prompt must become at least one token with it (and ``messages``
+            need its chat template), so that nothing is written for a prompt that would fail later.
     """
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"--prompts {path} is a folder; pass the prompts file (JSON lines) itself.")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Prompts file {path} does not exist.")
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}:{number}: not valid UTF-8 ({err.reason} at byte {err.start}); save the "
+                                 "file as UTF-8.") from None
             if not line.strip():
                 continue
             where = f"{path}:{number}"
@@ -58,8 +67,8 @@ def read_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prom
                 raise ValueError(f"{where}: id {pid!r} appears twice; ids must be unique.")
             seen.add(pid)
             if has_prompt:
-                if not isinstance(row["prompt"], str) or not row["prompt"]:
-                    raise ValueError(f'{where}: "prompt" must be a non-empty string.')
+                if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+                    raise ValueError(f'{where}: "prompt" must be a string with text in it (not only whitespace).')
                 prompts.append(Prompt(pid, prompt=row["prompt"]))
             else:
                 messages = row["messages"]
@@ -69,8 +78,19 @@ def read_prompts(path: str | os.PathLike, limit: int | None = None) -> list[Prom
                 ):
                     raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", "content"}} strings.')
                 prompts.append(Prompt(pid, messages=tuple(messages)))
+            if tokenizer is not None:
+                _check_tokenizes(prompts[-1], tokenizer, where)
             if limit is not None and len(prompts) >= limit:
                 break
     if not prompts:
         raise ValueError(f"{path} holds no prompts.")
     return prompts
+
+
+def _check_tokenizes(prompt: Prompt, tokenizer, where: str) -> None:
+    if prompt.messages is not None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f'{where}: "messages" need a chat template, and the tokenizer has none; give the prompt '
+                         'as "prompt" text instead.')
+    if not prompt.ids(tokenizer):
+        raise ValueError(f"{where}: the prompt {prompt.id!r} becomes no tokens at all (is it only whitespace?); "
+                         "remove it or write a prompt.")

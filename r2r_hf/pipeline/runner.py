@@ -4,83 +4,92 @@ Prompts are cut into shards of ``batch_size``; shard k always holds the same pro
 its results do not depend on how many processes share the work. Under ``accelerate
 launch`` process i takes shards i, i + n, ... for steps 0-3; the main process then writes
 the labels and the summary. Every shard is written atomically and skipped on a rerun.
+
+Steps 0-2 (responses, features, continuations) depend only on the run's settings (the
+manifest); steps 3-4 (verdicts, labels) on the verifier chain, and write a label set of their
+own. Relabeling a run with other verifiers reuses steps 0-2 and every verifier's earlier verdicts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from ..model.loading import shared_vocab_size
 from ..model.tokens import check_same_tokenizer, special_ids, tokenizer_fingerprint
 from .continuation import continue_mismatches
-from .dataset import write_labels, write_summary
+from .dataset import check_label_set, write_label_set
 from .prefill import slm_features
 from .prompts import Prompt, read_prompts
 from .reference import reference_responses
-from .sentences import sentence_end_ids
-from .store import (
-    STEPS,
-    WorkDir,
-    read_json,
-    read_tensors,
-    text_hash,
-    write_json,
-    write_tensors,
-)
-from .verify import Verifier, verify_shard
+from .sentences import mismatch_texts, sentence_end_ids
+from .store import FORMAT, STEPS, WorkDir, read_json, read_tensors, text_hash, write_json, write_tensors
+from .verifiers import CodeVerifier, JudgeVerifier, Mismatch, parse_chain
+from .verifiers.chain import decide_shard, judge_shard
+
+RUN_FIELDS = ("slm", "llm", "dtype", "max_new_tokens", "batch_size", "num_topk_logits", "continuation_max_tokens",
+              "context_tokens")
 
 
 @dataclass
 class LabelSettings:
-    """Everything that decides the labels (recorded in the manifest; a resume must match).
+    """Everything that decides the labels.
+
+    The run's fields (``RUN_FIELDS``: models, dtype, lengths) decide steps 0-2 and are recorded in
+    the manifest; a resume must match them. The verifier fields decide steps 3-4 and are recorded
+    with the label set they write.
 
     Args:
         slm, llm: Hub ids or folders of the pair.
-        verifier: Hub id or folder of the judge (None: the LLM judges).
         dtype: one compute dtype for every model and step.
         max_new_tokens: bound on the LLM's reference answers.
         batch_size: prompts per shard, also the batch of every batched step.
         num_topk_logits: sorted SLM logits kept per token.
         continuation_max_tokens: bound on a continuation to its sentence end.
-        context_tokens: preceding answer tokens the verifier sees.
-        verifier_max_new_tokens: bound on the verifier's answer.
-        share_verifier_prefix: compute the verifier instructions' KV cache once.
+        context_tokens: preceding answer tokens a judge sees.
+        verifiers: the verifier chain, e.g. ``"code,llm"`` (``verifiers.KNOWN``).
+        judge: Hub id or folder of the ``llm`` verifier's judge (None: the LLM).
+        judge_threshold: the judge calls a mismatch divergent where its score reaches this.
+        labels: the label set's name (default: the chain, e.g. ``code+llm``).
     """
 
     slm: str
     llm: str
-    verifier: str | None = None
     dtype: str = "bfloat16"
     max_new_tokens: int = 1024
     batch_size: int = 8
     num_topk_logits: int = 100
     continuation_max_tokens: int = 128
     context_tokens: int = 384
-    verifier_max_new_tokens: int = 4
-    share_verifier_prefix: bool = True
+    verifiers: str = "llm"
+    judge: str | None = None
+    judge_threshold: float = 0.5
+    labels: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "batch_size", "num_topk_logits", "continuation_max_tokens",
-                     "verifier_max_new_tokens"):
+        for name in ("max_new_tokens", "batch_size", "num_topk_logits", "continuation_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if self.context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, got {self.context_tokens}.")
         if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
             raise ValueError(f"dtype {self.dtype!r} is not a torch dtype; use bfloat16, float16 or float32.")
+        self.chain = parse_chain(self.verifiers)
+        if not 0 <= self.judge_threshold <= 1:
+            raise ValueError(f"judge_threshold must be in [0, 1], got {self.judge_threshold}.")
+        self.label_set = self.labels or "+".join(self.chain)
+        if not self.label_set.replace("+", "").replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"The label set name {self.label_set!r} must be letters, digits, '+', '-' or '_'.")
+
+    def run(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in RUN_FIELDS}
 
 
 def _load_tokenizer(name: str, role: str):
@@ -90,8 +99,16 @@ def _load_tokenizer(name: str, role: str):
         raise OSError(f"Could not load the {role} tokenizer from {name!r}: {str(err).splitlines()[0]}") from err
 
 
+def _vocab_size(name: str) -> int:
+    """The vocabulary size a model's config declares (its lm_head width), read without loading weights."""
+    try:
+        return int(AutoConfig.from_pretrained(name).get_text_config().vocab_size)
+    except (OSError, ValueError) as err:
+        raise OSError(f"Could not read the config of {name!r}: {str(err).splitlines()[0]}") from err
+
+
 def _process_state():
-    """(index, count, barrier) of this process; accelerate when launched by it, else a single process."""
+    """(index, count, barrier, device) of this process; accelerate when launched by it, else a single process."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from accelerate import PartialState
 
@@ -108,10 +125,12 @@ class _Models:
     def __init__(self, settings: LabelSettings, device) -> None:
         self.settings, self.device, self._cache = settings, device, {}
 
-    def get(self, name: str):
+    def get(self, name: str, role: str = "model"):
         if name not in self._cache:
-            kwargs: dict[str, Any] = {"dtype": getattr(torch, self.settings.dtype)}
-            model = AutoModelForCausalLM.from_pretrained(name, **kwargs).eval()
+            try:
+                model = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, self.settings.dtype)).eval()
+            except (OSError, ValueError) as err:
+                raise OSError(f"Could not load the {role} {name!r}: {str(err).splitlines()[0]}") from err
             if self.device is not None:
                 model.to(self.device)
             self._cache[name] = model
@@ -126,12 +145,12 @@ def label(
     steps: tuple[str, ...] = STEPS,
     progress: bool = True,
 ) -> dict | None:
-    """Label the SLM/LLM disagreements on a prompts file; returns the summary (main process).
+    """Label the SLM/LLM disagreements on a prompts file; returns the label set's summary (main process).
 
     Args:
-        settings: models and settings of the run.
+        settings: models and settings of the run and of its verifiers.
         prompts_path: ``prompts.jsonl`` (``{"id", "prompt"}`` or ``{"id", "messages"}`` per line).
-        out: the run folder; an existing one with the same settings is resumed.
+        out: the run folder; an existing one with the same run settings is resumed (or relabeled).
         limit: label only the first ``limit`` prompts.
         steps: which of ``responses, features, continuations, verdicts, labels`` to run.
         progress: show tqdm bars.
@@ -140,60 +159,61 @@ def label(
     if unknown:
         raise ValueError(f"Unknown step(s) {unknown}; choose from {', '.join(STEPS)}.")
     # Everything that can be wrong with the input is checked before anything is written.
-    prompts = read_prompts(prompts_path, limit)
     slm_tok = _load_tokenizer(settings.slm, "SLM")
     llm_tok = _load_tokenizer(settings.llm, "LLM")
+    prompts = read_prompts(prompts_path, limit, tokenizer=llm_tok)
     check_same_tokenizer(slm_tok, llm_tok, min(_vocab_size(settings.slm), _vocab_size(settings.llm)), settings.slm,
                          settings.llm)
-    verifier_tok = _load_tokenizer(settings.verifier, "verifier") if settings.verifier else llm_tok
+    judge_tok = _load_tokenizer(settings.judge, "judge") if settings.judge and "llm" in settings.chain else llm_tok
     index, count, barrier, device = _process_state()
     work = WorkDir(out)
-    manifest = {
-        **asdict(settings), "tokenizer_hash": tokenizer_fingerprint(llm_tok),
-        "verifier_tokenizer_hash": tokenizer_fingerprint(verifier_tok), "format": 1,
-    }
-    if index == 0:
-        work.check_manifest(manifest)
-    barrier()
-    if index != 0:
-        work.check_manifest(manifest)
-
+    manifest = {**settings.run(), "tokenizer_hash": tokenizer_fingerprint(llm_tok), "format": FORMAT}
     shards = [prompts[i : i + settings.batch_size] for i in range(0, len(prompts), settings.batch_size)]
     mine = [k for k in range(len(shards)) if k % count == index]
-    for k in mine:  # a resumed run must see the same prompts in every shard it already answered
-        if work.done("responses", k) and read_json(work.shard("responses", k)).get("prompt_hash") != _prompt_hash(shards[k]):
-            raise ValueError(
-                f"The prompts of shard {k} changed since its answers were written ({work.root}); "
-                "use the original prompts file or a new --out folder."
-            )
-    models = _Models(settings, device)
-    context = _Context(settings, work, llm_tok, verifier_tok, models)
-    for step in steps[: steps.index("labels") if "labels" in steps else len(steps)]:
-        todo = [k for k in mine if not work.done(step, k)]
-        for k in tqdm(todo, desc=f"{step} (process {index})" if count > 1 else step, unit="shard",
-                      disable=not progress or not todo):
-            context.run(step, k, shards[k])
-    barrier()
-    if index != 0 or "labels" not in steps:
-        return None
-    missing = [k for k in range(len(shards)) if not work.done("verdicts", k)]
-    if missing:
-        raise ValueError(f"Cannot write labels: shards {missing[:5]}... lack verdicts; run the earlier steps first.")
-    for k in tqdm(range(len(shards)), desc="labels", unit="shard", disable=not progress):
-        if not work.done("labels", k):
-            write_labels(work, k)
-    return write_summary(work)
+    # One run per folder: the main process holds the lock (the others run under it).
+    with work.lock() if index == 0 else contextlib.nullcontext():
+        if index == 0:
+            work.check_manifest(manifest)
+        barrier()
+        if index != 0:
+            work.check_manifest(manifest)
+        context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards)
+        for k in range(len(shards)):  # a resumed run must see the same prompts in every shard already answered
+            if work.done("responses", k):
+                context.samples(k)
+        if index == 0 and any(step in steps for step in ("verdicts", "labels")):
+            check_label_set(work, settings.label_set, context.chain_settings())
+        for step in steps[: steps.index("labels") if "labels" in steps else len(steps)]:
+            todo = [k for k in mine if not context.done(step, k)]
+            for k in tqdm(todo, desc=f"{step} (process {index})" if count > 1 else step, unit="shard",
+                          disable=not progress or not todo):
+                context.run(step, k)
+        barrier()
+        if index != 0 or "labels" not in steps:
+            return None
+        missing = [k for k in range(len(shards)) if not context.done("verdicts", k)]
+        if missing:
+            raise ValueError(f"Cannot write labels: shards {missing[:5]}... lack verdicts; run the earlier steps first.")
+        return write_label_set(work, settings.label_set, context.chain, len(shards), context.identical,
+                               progress=progress)
 
 
 class _Context:
     """Runs one step on one shard, reading the previous steps' shards."""
 
-    def __init__(self, settings: LabelSettings, work: WorkDir, tokenizer, verifier_tokenizer, models: _Models):
-        self.settings, self.work, self.tokenizer, self.verifier_tokenizer = settings, work, tokenizer, verifier_tokenizer
-        self.models = models
-        self.pad_id, self.eos_ids = answer_ids(tokenizer, settings.llm)
+    def __init__(self, settings: LabelSettings, work: WorkDir, tokenizer, judge_tokenizer, models: _Models,
+                 shards: list[list[Prompt]]) -> None:
+        self.settings, self.work, self.tokenizer, self.judge_tokenizer = settings, work, tokenizer, judge_tokenizer
+        self.models, self.shards = models, shards
+        try:
+            generation = GenerationConfig.from_pretrained(settings.llm)
+        except OSError:  # no generation_config.json: the tokenizer's ids
+            generation = None
+        self.pad_id, self.eos_ids = special_ids(tokenizer, generation)
+        if not self.eos_ids:
+            raise ValueError(f"{settings.llm!r} defines no EOS token; R2R labeling needs one to end answers.")
         self._ends: frozenset[int] | None = None
-        self._verifier: Verifier | None = None
+        self._chain: list | None = None
 
     @property
     def ends(self) -> frozenset[int]:
@@ -201,65 +221,96 @@ class _Context:
             self._ends = sentence_end_ids(self.tokenizer)
         return self._ends
 
-    def _require(self, step: str, k: int) -> Path:
-        path = self.work.shard(step, k)
+    def chain_settings(self) -> list[dict[str, Any]]:
+        """What decides the label set, without loading a judge: each verifier's settings."""
+        s = self.settings
+        return [CodeVerifier().settings() if name == "code" else
+                {"name": "llm", "judge": s.judge or s.llm, "threshold": s.judge_threshold} for name in s.chain]
+
+    @property
+    def chain(self) -> list:
+        """The verifiers of the label set (the judge is loaded on first use)."""
+        if self._chain is None:
+            s, chain = self.settings, []
+            for name in s.chain:
+                if name == "code":
+                    chain.append(CodeVerifier())
+                else:
+                    judge = s.judge or s.llm
+                    chain.append(JudgeVerifier(self.models.get(judge, "judge"), self.judge_tokenizer, s.judge_threshold,
+                                               s.batch_size, model_name=judge))
+            self._chain = chain
+        return self._chain
+
+    def done(self, step: str, k: int) -> bool:
+        """Whether shard k needs no work for ``step`` (for verdicts: every verifier answered what it is asked)."""
+        if step != "verdicts":
+            return self.work.done(step, k)
+        if not all(self.work.done("verdicts", k, v.key()) for v in self.chain):
+            return False
+        identical = self.identical(k)
+        try:
+            decide_shard(self.work, k, self.chain, len(identical), identical)
+        except ValueError:  # a verdict the chain needs is missing (another chain asked less)
+            return False
+        return True
+
+    def samples(self, k: int) -> list[dict]:
+        """Shard k's responses, after checking they answer the prompts of shard k of this prompts file."""
+        path = self.work.shard("responses", k)
         if not path.exists():
-            raise ValueError(f"Shard {k} has no {step} yet; run the '{step}' step first.")
-        return path
+            raise ValueError(f"Shard {k} has no responses yet; run the 'responses' step first.")
+        stored = read_json(path)
+        if stored.get("prompt_hash") != _prompt_hash(self.shards[k]):
+            raise ValueError(f"The prompts of shard {k} changed since its answers were written ({self.work.root}); "
+                             "use the original prompts file or a new --out folder.")
+        return stored["samples"]
+
+    def identical(self, k: int) -> list[bool]:
+        return [m["identical"] for m in read_json(self.work.shard("continuations", k))["mismatches"]]
+
+    def items(self, k: int) -> list[Mismatch]:
+        samples = self.samples(k)
+        eos = frozenset(self.eos_ids)
+        out = []
+        for i, m in enumerate(read_json(self.work.shard("continuations", k))["mismatches"]):
+            texts = mismatch_texts(self.tokenizer, samples[m["sample"]], m, self.ends, eos)
+            out.append(Mismatch(index=i, context=m["context"], slm_sentence=m["slm_sentence"],
+                                llm_sentence=m["llm_sentence"], **texts))
+        return out
 
     @torch.no_grad()
-    def run(self, step: str, k: int, prompts: list[Prompt]) -> None:
+    def run(self, step: str, k: int) -> None:
         s = self.settings
         if step == "responses":
-            result = reference_responses(self.models.get(s.llm), self.tokenizer, prompts, s.max_new_tokens,
-                                         self.pad_id, self.eos_ids)
-            result["prompt_hash"] = _prompt_hash(prompts)
+            result = reference_responses(self.models.get(s.llm, "LLM"), self.tokenizer, self.shards[k],
+                                         s.max_new_tokens, self.pad_id, self.eos_ids)
+            result["prompt_hash"] = _prompt_hash(self.shards[k])
             write_json(self.work.shard(step, k), result)
             return
-        samples = read_json(self._require("responses", k))["samples"]
+        samples = self.samples(k)
         if step == "features":
-            slm, llm = self.models.get(s.slm), self.models.get(s.llm)
+            slm, llm = self.models.get(s.slm, "SLM"), self.models.get(s.llm, "LLM")
             tensors, meta = slm_features(slm, samples, s.num_topk_logits, shared_vocab_size(slm, llm))
             write_tensors(self.work.shard(step, k), tensors, meta)
         elif step == "continuations":
             features, _ = read_tensors(self._require("features", k), ["sample", "position", "slm_token", "real_token"])
             result = continue_mismatches(
-                self.models.get(s.llm), self.tokenizer, samples, features, self.ends, self.eos_ids, self.pad_id,
+                self.models.get(s.llm, "LLM"), self.tokenizer, samples, features, self.ends, self.eos_ids, self.pad_id,
                 s.batch_size, s.continuation_max_tokens, s.context_tokens,
             )
             write_json(self.work.shard(step, k), result)
         elif step == "verdicts":
-            mismatches = read_json(self._require("continuations", k))["mismatches"]
-            write_json(self.work.shard(step, k), verify_shard(self.verifier, mismatches))
+            self._require("continuations", k)
+            judge_shard(self.work, k, self.chain, self.items(k), self.identical(k))
 
-    @property
-    def verifier(self) -> Verifier:
-        if self._verifier is None:
-            s = self.settings
-            self._verifier = Verifier(self.models.get(s.verifier or s.llm), self.verifier_tokenizer,
-                                      s.verifier_max_new_tokens, s.batch_size, s.share_verifier_prefix)
-        return self._verifier
+    def _require(self, step: str, k: int):
+        path = self.work.shard(step, k)
+        if not path.exists():
+            raise ValueError(f"Shard {k} has no {step} yet; run the '{step}' step first.")
+        return path
 
 
 def _prompt_hash(prompts: list[Prompt]) -> str:
     return text_hash([(p.id, p.prompt, p.messages) for p in prompts])
 
-
-def answer_ids(tokenizer, llm: str) -> tuple[int, list[int]]:
-    """(pad id, end-of-answer ids) of the LLM's answers: its generation config's, else the tokenizer's."""
-    try:
-        generation = GenerationConfig.from_pretrained(llm)
-    except OSError:
-        generation = None
-    pad, eos = special_ids(tokenizer, generation)
-    if not eos:
-        raise ValueError(f"{llm!r} defines no EOS token; R2R labeling needs one to end answers.")
-    return pad, eos
-
-
-def _vocab_size(name: str) -> int:
-    """The vocabulary size a model's config declares (its lm_head width), read without loading weights."""
-    try:
-        return int(AutoConfig.from_pretrained(name).get_text_config().vocab_size)
-    except (OSError, ValueError) as err:
-        raise OSError(f"Could not read the config of {name!r}: {str(err).splitlines()[0]}") from err

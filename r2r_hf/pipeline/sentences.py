@@ -104,3 +104,31 @@ def compare_sentences(
         slm_sentence=side(slm_token, slm_tail),
         llm_sentence=side(response[index], llm_tail),
     )
+
+
+def mismatch_texts(
+    tokenizer, sample: dict, record: dict, ends: frozenset[int], eos_ids: frozenset[int]
+) -> dict[str, str]:
+    """The texts a verifier reads about one mismatch (``verifiers.base.Mismatch`` fields beyond the sentences).
+
+    Args:
+        tokenizer: decodes token ids.
+        sample: the step-0 sample (``prompt_ids``, ``response_ids``).
+        record: the step-2 mismatch (``position``, ``slm_token``, ``continuation``).
+        ends, eos_ids: sentence-end and end-of-answer ids.
+    """
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode([t for t in ids if t not in eos_ids])
+
+    response, j, slm_token = sample["response_ids"], record["position"], record["slm_token"]
+    llm_tail = [] if response[j] in eos_ids else through_first_end(response[j + 1 :], ends)
+    return {
+        "prompt": tokenizer.decode(sample["prompt_ids"]),
+        "prefix": text(response[:j]),
+        "slm_token": text([slm_token]),
+        "llm_token": text([response[j]]),
+        "slm": text([slm_token] + record["continuation"]),
+        "llm": text([response[j]] + llm_tail),
+        "response": text(response),
+    }

@@ -1,24 +1,29 @@
-"""On-disk layout of a labeling run: atomic shards, a manifest, and per-step records.
+"""On-disk layout of a labeling run: atomic shards, a manifest, a lock, and one folder per label set.
 
     work/
-      manifest.json                 models, revisions, dtype, tokenizer hash, settings
-      responses/shard-00003.json    step 0: LLM reference responses
-      features/shard-00003.safetensors   step 1: SLM features per response token
-      continuations/shard-00003.json     step 2: the two sentences at each mismatch
-      verdicts/shard-00003.json     step 3: neutral / divergent per mismatch
-      labels/shard-00003.safetensors     step 4: one label per response token
-      summary.json                  step 4: class counts and shares, per-step cost
+      manifest.json                          models, dtype, generation settings, tokenizer hash (format 2)
+      responses/shard-00003.json             step 0: LLM reference responses
+      features/shard-00003.safetensors       step 1: SLM features per response token
+      continuations/shard-00003.json         step 2: the two versions of the sentence at each mismatch
+      verdicts/<verifier key>/shard-00003.json    step 3: one verifier's verdicts (kept per verifier, reused)
+      labels/<label set>/shard-00003.safetensors  step 4: one label per response token for a chain of verifiers
+      labels/<label set>/settings.json, summary.json   the chain and its class shares and costs
 
-Every file is written to a temporary name and renamed into place, so a killed process
-leaves either a whole shard or none; a rerun skips the shards that exist.
+Steps 0-2 depend on the manifest only, so relabeling with other verifiers reuses them. Every
+file is written to a temporary name and renamed into place, so a killed process leaves either a
+whole shard or none; a rerun skips the shards that exist. Runs of format 1 (one label set, written
+to ``labels/`` and ``summary.json`` directly) are read as the label set ``legacy``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,10 @@ os.umask(_UMASK)
 STEPS = ("responses", "features", "continuations", "verdicts", "labels")
 _SUFFIX = {"responses": ".json", "features": ".safetensors", "continuations": ".json", "verdicts": ".json",
            "labels": ".safetensors"}
+FORMAT = 2
+LEGACY_SET = "legacy"  # the label set of a format-1 run
+# Manifest keys of format 1 that now belong to a label set (they no longer decide steps 0-2).
+_FORMAT1_VERIFIER_KEYS = ("verifier", "verifier_max_new_tokens", "share_verifier_prefix", "verifier_tokenizer_hash")
 
 
 def _atomic(path: Path, write) -> None:
@@ -59,9 +68,18 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     _atomic(Path(path), write)
 
 
+def _corrupt(path: str | os.PathLike, err: BaseException) -> ValueError:
+    reason = " ".join(str(err).split())[:200] or type(err).__name__
+    return ValueError(f"{path} is corrupt ({reason}); delete it and rerun `r2r-hf label` on the run to write it again.")
+
+
 def read_json(path: str | os.PathLike) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """Read a JSON file of a run; a damaged one is one clear error naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _corrupt(path, err) from None
 
 
 def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
@@ -71,11 +89,16 @@ def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], met
 
 
 def read_tensors(path: str | os.PathLike, keys: list[str] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read (some of) the tensors of a shard and its metadata."""
-    with safe_open(str(path), framework="pt") as f:
-        names = keys if keys is not None else list(f.keys())
-        tensors = {k: f.get_tensor(k) for k in names}
-        metadata = json.loads((f.metadata() or {}).get("r2r", "{}"))
+    """Read (some of) the tensors of a shard and its metadata; a damaged shard is one clear error naming it."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = keys if keys is not None else list(f.keys())
+            tensors = {k: f.get_tensor(k) for k in names}
+            metadata = json.loads((f.metadata() or {}).get("r2r", "{}"))
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+        raise _corrupt(path, err) from None
     return tensors, metadata
 
 
@@ -83,32 +106,72 @@ class WorkDir:
     """Paths and bookkeeping of one labeling run.
 
     Args:
-        root: the run's folder (created if missing).
+        root: the run's folder (created when something is first written).
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
 
-    def shard(self, step: str, index: int) -> Path:
-        return self.root / step / f"shard-{index:05d}{_SUFFIX[step]}"
-
-    def done(self, step: str, index: int) -> bool:
-        return self.shard(step, index).exists()
-
-    def shards(self, step: str) -> list[int]:
+    def folder(self, step: str, subset: str | None = None) -> Path:
+        """The folder of a step; verdicts and labels have one subfolder per verifier / label set."""
         folder = self.root / step
+        return folder if subset is None or subset == LEGACY_SET else folder / subset
+
+    def shard(self, step: str, index: int, subset: str | None = None) -> Path:
+        return self.folder(step, subset) / f"shard-{index:05d}{_SUFFIX[step]}"
+
+    def done(self, step: str, index: int, subset: str | None = None) -> bool:
+        return self.shard(step, index, subset).exists()
+
+    def shards(self, step: str, subset: str | None = None) -> list[int]:
+        folder = self.folder(step, subset)
         if not folder.is_dir():
             return []
-        return sorted(int(p.name[6:11]) for p in folder.glob(f"shard-*{_SUFFIX[step]}"))
+        found = []
+        for path in folder.iterdir():
+            name = path.name
+            if path.is_dir() or name.startswith("."):
+                continue
+            if name in ("settings.json", "summary.json") and step == "labels":
+                continue
+            if not (name.startswith("shard-") and name.endswith(_SUFFIX[step]) and name[6:11].isdigit()
+                    and len(name) == 11 + len(_SUFFIX[step])):
+                raise ValueError(f"{path} is not a shard of this run; move it out of {folder} (only shard-NNNNN"
+                                 f"{_SUFFIX[step]} files belong there).")
+            found.append(int(name[6:11]))
+        return sorted(found)
+
+    def label_sets(self) -> list[str]:
+        """Names of the label sets written so far (``legacy`` for a format-1 run)."""
+        folder = self.root / "labels"
+        if not folder.is_dir():
+            return []
+        named = sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / "settings.json").exists())
+        legacy = any(p.name.startswith("shard-") for p in folder.iterdir() if p.is_file())
+        return ([LEGACY_SET] if legacy else []) + named
+
+    def summary_path(self, label_set: str) -> Path:
+        return self.root / "summary.json" if label_set == LEGACY_SET else self.folder("labels", label_set) / "summary.json"
 
     @property
     def manifest_path(self) -> Path:
         return self.root / "manifest.json"
 
+    def manifest(self) -> dict[str, Any]:
+        """The run's manifest in format 2 (a format-1 manifest read as one)."""
+        if not self.manifest_path.exists():
+            raise FileNotFoundError(f"{self.root} holds no manifest.json; it is not a labeling run.")
+        manifest = read_json(self.manifest_path)
+        if not isinstance(manifest, dict):
+            raise _corrupt(self.manifest_path, ValueError("not a JSON object"))
+        if manifest.get("format", 1) == 1:
+            manifest = {k: v for k, v in manifest.items() if k not in _FORMAT1_VERIFIER_KEYS} | {"format": FORMAT}
+        return manifest
+
     def check_manifest(self, manifest: dict[str, Any]) -> None:
         """Write the manifest on a new run; on a resumed run refuse any differing setting."""
         if self.manifest_path.exists():
-            old = read_json(self.manifest_path)
+            old = self.manifest()
             differences = [
                 f"{key}: {old.get(key)!r} before, {manifest.get(key)!r} now"
                 for key in sorted(set(old) | set(manifest))
@@ -121,6 +184,24 @@ class WorkDir:
                 )
             return
         write_json(self.manifest_path, manifest)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run for one process: a second run on the same folder is refused at once.
+
+        An OS file lock dies with its process, so a run killed by SIGKILL never blocks a resume.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValueError(f"Another `r2r-hf label` run is writing {self.root}; wait for it to finish, "
+                                 "or label into another --out folder.") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def text_hash(*parts: Any) -> str:

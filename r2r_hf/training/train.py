@@ -14,21 +14,24 @@ an epoch. ``auto_hidden_dims`` therefore scales the residual blocks with the tra
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ..config import R2RConfig
 from ..core.features import Features, score
+from ..model.hub import check_output_folder
 from ..model.modeling import R2RForCausalLM
 from ..pipeline.dataset import LabelData, load_labels
 from ..router import Router
 from .calibration import calibration_report
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,11 +106,15 @@ def train_router(
     llm_rate: float | None = None,
     device: str = "cpu",
     progress: bool = True,
+    overwrite: bool = False,
+    labels: str | None = None,
     **config_kwargs,
 ) -> R2RForCausalLM:
     """Train (MLP) or set up (baselines) a router on a labeling run, calibrate it, save it.
 
     Writes ``out_dir/config.json``, ``model.safetensors``, ``README.md`` and ``router_metrics.json`` (the record).
+    ``out_dir`` is checked before any work: a non-empty folder that holds no r2r router is refused unless
+    ``overwrite`` (``model.hub.check_output_folder``).
 
     Args:
         data_dir: the ``--out`` folder of ``r2r-hf label``.
@@ -117,18 +124,22 @@ def train_router(
         llm_rate: ... or for this LLM token rate instead.
         device: where to train.
         progress: show a tqdm bar over epochs.
+        overwrite: write into a non-empty folder that holds no r2r router (nothing there is deleted).
+        labels: the run's label set to train on (default: the only one).
         config_kwargs: ``R2RConfig`` fields (router_type, router_hidden_dims, router_dropout...).
     """
     settings = settings or TrainSettings()
     if llm_rate is not None:
         recall = None
+    check_output_folder(out_dir, overwrite)
     torch.manual_seed(settings.seed)
-    data = load_labels(data_dir, validation_fraction=settings.validation_fraction, seed=settings.seed)
+    data = load_labels(data_dir, validation_fraction=settings.validation_fraction, seed=settings.seed, labels=labels)
     train, val = data.split_of("train"), data.split_of("validation")
     train_tokens, train_pos, _ = _count(train)
     val_tokens, val_pos, _ = _count(val)
     if val_tokens == 0 or train_tokens == 0:
         raise ValueError(f"{data_dir} is too small to split by sample; label more prompts or change validation_fraction.")
+    _check_classes(data_dir, config_kwargs.get("router_type", "mlp"), train_tokens, train_pos, val_pos, recall)
     manifest = data.manifest
     first = data.shard(data.shards[0])
     config_kwargs.setdefault("router_hidden_dims", auto_hidden_dims(train_tokens))
@@ -143,8 +154,6 @@ def train_router(
     started = time.perf_counter()
     best_epoch = None
     if config.router_type == "mlp":
-        if train_pos == 0:
-            raise ValueError(f"The training split of {data_dir} holds no divergent tokens; label more prompts.")
         pos_weight = torch.tensor((train_tokens - train_pos) / train_pos, device=device)
         optimizer = torch.optim.AdamW(router.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
         best_loss, best_state, waited = math.inf, None, 0
@@ -174,6 +183,7 @@ def train_router(
     model.router = router.cpu()
     model.record["training"] = {
         "data": str(data_dir),
+        "label_set": data.labels,
         "train_tokens": train_tokens, "train_divergent": train_pos,
         "validation_tokens": val_tokens, "validation_divergent": val_pos,
         "label_statistics": _label_statistics(data),
@@ -181,8 +191,25 @@ def train_router(
         "seconds": round(time.perf_counter() - started, 1),
         "settings": asdict(settings),
     }
-    calibrate_router(model, val, recall=recall, llm_rate=llm_rate, out_dir=out_dir, history=history)
+    calibrate_router(model, val, recall=recall, llm_rate=llm_rate, out_dir=out_dir, history=history,
+                     overwrite=overwrite)
     return model
+
+
+def _check_classes(data_dir, router_type: str, train_tokens: int, train_pos: int, val_pos: int,
+                   recall: float | None) -> None:
+    """Refuse, before training, data a router cannot learn from or be calibrated on."""
+    if router_type == "mlp" and train_pos in (0, train_tokens):
+        # One class only: pos_weight is 0 or undefined and the loss is trivial; the router would learn nothing.
+        raise ValueError(
+            f"The training split of {data_dir} holds {train_pos} divergent and {train_tokens - train_pos} "
+            "non-divergent tokens, but a router learns from both classes; label more (or more varied) prompts."
+        )
+    if recall is not None and val_pos == 0:
+        raise ValueError(
+            f"The validation split of {data_dir} holds no divergent tokens, so a recall target cannot be calibrated; "
+            "label more prompts or calibrate to an LLM token rate (--llm-rate)."
+        )
 
 
 def _label_statistics(data: LabelData) -> dict:
@@ -199,10 +226,14 @@ def calibrate_router(
     llm_rate: float | None = None,
     out_dir: str | os.PathLike | None = None,
     history: list[dict] | None = None,
+    overwrite: bool = False,
 ) -> dict:
-    """Pick the threshold on ``data`` and store it, its recall and expected LLM token rate in the config.
+    """Pick the threshold on ``data``; store it in the config and how it was chosen in ``model.record``.
 
-    With ``out_dir``, saves the router there with ``router_metrics.json`` beside it.
+    With ``out_dir``, saves the router there with ``router_metrics.json`` beside it (the folder is checked
+    first, as in ``train_router``). A recall target no grid threshold reaches keeps the paper's fallback, the
+    highest-recall grid point; the record then says ``target_met: False`` with the recall reached, and a
+    warning is logged.
 
     Args:
         model: the router (no SLM/LLM needed).
@@ -211,17 +242,29 @@ def calibrate_router(
         llm_rate: ... or LLM token rate target.
         out_dir: where to save.
         history: training curve to record in the metrics.
+        overwrite: as in ``train_router``.
     """
     if llm_rate is not None:
         recall = None
+    if out_dir is not None:
+        check_output_folder(out_dir, overwrite)
     scored = scores_on(model.router, data)
     threshold, report = calibration_report(scored["scores"], scored["targets"], scored["mismatch"], recall, llm_rate)
     at = report["all_tokens"]["at_threshold"]
     model.config.threshold = float(threshold) if math.isfinite(threshold) else threshold
+    if recall is None:
+        method = f"LLM token rate {llm_rate}"
+    elif report["target_met"]:
+        method = f"lowest LLM token rate with recall >= {recall}"
+    else:
+        method = f"highest recall on the threshold grid (no grid threshold reaches recall {recall})"
+        logger.warning("No threshold on the grid reaches divergent recall %.3g on %s; kept the best reachable "
+                       "threshold %.4g (recall %.3g), and the record says target_met: false.", recall, data.root,
+                       threshold, at["recall"])
     model.record["calibration"] = {
-        "method": f"lowest LLM token rate with recall >= {recall}" if recall is not None
-        else f"LLM token rate {llm_rate}",
+        "method": method,
         "target": report["target"],
+        "target_met": report["target_met"],
         "data": f"{data.root} ({data.split or 'all'} split, {at['tokens']} tokens)",
         "recall": at["recall"], "precision": at["precision"], "llm_token_rate": at["llm_token_rate"],
     }
@@ -229,6 +272,5 @@ def calibrate_router(
         report["training_curve"] = history
     model.record.update(report)
     if out_dir is not None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir)
     return report

@@ -1,60 +1,70 @@
-"""Step 3: a verifier model judges each pair of sentences: neutral (0) or divergent (1).
+"""The ``llm`` verifier (the paper's): a judge model reads the two versions of a sentence and says
+whether they lead the answer to different places.
 
-Identical sentences are neutral without a call. The verifier answers greedily in a few
-tokens; an answer without a 0 or 1 is recorded as unparsable (-1), counted and excluded
-from training, never guessed. The fixed instructions are the same for every call: their
-KV cache is computed once and shared by every batch.
+A small judge writes "1" for almost anything when asked to answer with a digit (our 1.5B judged
+2,613 of 2,616 mismatches divergent that way). So the judge here is not asked to write: one
+forward gives its probabilities for "0" and "1" as the next token, the score is
+P(1) / (P(0) + P(1)), and a mismatch is divergent where the score reaches a threshold chosen on
+a hand-checked set (``benchmarks/calibrate_judge.py``). Worked examples in the instructions show
+the judge what neutral means. The instructions' KV cache is computed once and shared by every
+batch. The judge need not share the pair's tokenizer: it reads text.
 """
 
 from __future__ import annotations
 
 import copy
-import re
-import time
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ..core.features import input_device, lm_forward
-from ..model.tokens import special_ids
-from .reference import greedy_config
+from ...core.features import lm_forward
+from ...model.tokens import special_ids
+from ..store import text_hash
+from .base import Mismatch, Verdict
 
-INSTRUCTIONS = """You judge whether two versions of a sentence, written while answering the same request, \
-would lead the answer in different directions. Both versions follow the same context. They first differ at \
-the token marked <<like this>>.
+PROMPT_VERSION = 2
+INSTRUCTIONS = """Two versions of the same passage of an answer share everything before the token marked \
+<<like this>>; there they differ. Decide whether the difference sends the answer somewhere else.
 
-Reply 1 (divergent) if the difference changes the meaning, the reasoning, the logic, the code's behaviour or \
-a conclusion, adds or drops information, shifts the focus, or contradicts the other version.
-Reply 0 (neutral) if the difference is only surface: wording, tense, formatting, spacing, an abbreviation or \
-a synonym, and both versions lead to the same place.
+Answer 1 (divergent) if it changes what the answer does or concludes: the logic, a value, a condition, \
+a step of the method, what the code computes, or a claim.
+Answer 0 (neutral) if both versions end up in the same place: other wording, a synonym, another variable \
+name used consistently, formatting or spacing, a comment or explanation phrased differently, or the same \
+computation written another way.
 
-Reply with one digit, 0 or 1, and nothing else.
+Answer with one digit, 0 or 1.
 
-Example 1
-Context: We need the sum of the first ten odd numbers.
-Sentence A: <<The>> sum of the first n odd numbers is n squared.
-Sentence B: <<This>> sum of the first n odd numbers is n squared.
-Reply: 0
+Example
+Context: def total(prices):
+Version A:     <<result>> = 0
+Version B:     <<s>> = 0
+Answer: 0
 
-Example 2
-Context: We need the sum of the first ten odd numbers.
-Sentence A: Let me <<add>> them one by one.
-Sentence B: Let me <<use>> the formula n squared instead.
-Reply: 1"""
+Example
+Context: def mean(xs):
+Version A:     return sum(xs) / <<len>>(xs)
+Version B:     return sum(xs) / <<max>>(len(xs), 1)
+Answer: 1
 
-QUESTION = "Context: {context}\nSentence A: {slm}\nSentence B: {llm}\nReply:"
-_DIGIT = re.compile(r"\d")
+Example
+Context: The list is sorted first.
+Version A: <<Then>> we scan it once to find the pair.
+Version B: <<Next>>, we scan it once to find the pair.
+Answer: 0
 
+Example
+Context: def is_even(n):
+Version A:     return n % 2 <<==>> 0
+Version B:     return n % 2 <<!=>> 0
+Answer: 1"""
 
-def parse_verdict(answer: str) -> int:
-    """The verifier's first digit if it is 0 or 1; -1 (unparsable) for no digit or another one."""
-    match = _DIGIT.search(answer)
-    return int(match.group(0)) if match and match.group(0) in "01" else -1
+QUESTION = "Context: {context}\nVersion A: {slm}\nVersion B: {llm}\nAnswer:"
 
 
 def render(tokenizer, context: str, slm: str, llm: str) -> list[int]:
-    """Token ids of one verifier request (chat template when the tokenizer has one)."""
+    """Token ids of one judge request (chat template when the tokenizer has one), ending where the digit goes."""
     question = QUESTION.format(context=context.strip() or "(start of the answer)", slm=slm, llm=llm)
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
@@ -73,50 +83,69 @@ def shared_prefix(tokenizer) -> list[int]:
     return a[:n]
 
 
-class Verifier:
-    """Batched, prefix-cached judging of sentence pairs.
+def digit_ids(tokenizer) -> tuple[int, int]:
+    """The ids of "0" and "1" as the judge would write them first."""
+    ids = []
+    for digit in "01":
+        encoded = tokenizer.encode(digit, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ValueError(f"The judge's tokenizer writes {digit!r} as {len(encoded)} tokens; the llm verifier needs "
+                             "a judge whose tokenizer has single tokens for 0 and 1.")
+        ids.append(encoded[0])
+    return ids[0], ids[1]
+
+
+class JudgeVerifier:
+    """Batched, prefix-cached scoring of sentence pairs by a judge model.
 
     Args:
-        model: any causal chat LM (default in the pipeline: the LLM).
+        model: any causal LM (default in the pipeline: the LLM).
         tokenizer: its tokenizer.
-        max_new_tokens: answer length bound.
-        batch_size: requests decoded together.
+        threshold: divergent where P(1) / (P(0) + P(1)) >= threshold.
+        batch_size: requests scored together.
         share_prefix: reuse the instructions' KV cache across requests.
+        model_name: how the judge is named in the settings (its Hub id or folder).
     """
 
+    name = "llm"
+
     @torch.no_grad()
-    def __init__(self, model: PreTrainedModel, tokenizer, max_new_tokens: int = 4, batch_size: int = 8,
-                 share_prefix: bool = True) -> None:
-        self.model, self.tokenizer = model, tokenizer
-        self.batch_size = batch_size
-        pad, eos = special_ids(tokenizer, model.generation_config)
-        self.pad_id = pad
-        self.config = greedy_config(model, max_new_tokens, pad, eos)
+    def __init__(self, model: PreTrainedModel, tokenizer, threshold: float = 0.5, batch_size: int = 8,
+                 share_prefix: bool = True, model_name: str | None = None) -> None:
+        if not 0 <= threshold <= 1:
+            raise ValueError(f"The judge threshold must be in [0, 1], got {threshold}.")
+        self.model, self.tokenizer, self.threshold, self.batch_size = model, tokenizer, threshold, batch_size
+        self.model_name = model_name or getattr(model, "name_or_path", "") or type(model).__name__
+        self.pad_id = special_ids(tokenizer, model.generation_config)[0]
+        self.digits = digit_ids(tokenizer)
         self.prefix = shared_prefix(tokenizer) if share_prefix else []
         self._prefix_cache = None
         if self.prefix:
             self._prefix_cache = DynamicCache(config=model.config)
             lm_forward(model, torch.tensor([self.prefix]), None, None, self._prefix_cache)
 
-    def judge(self, items: list[dict]) -> tuple[list[dict], int]:
-        """Verdicts for ``items`` (dicts with ``context``, ``slm_sentence``, ``llm_sentence``).
+    def key(self) -> str:
+        """Scores depend on the judge and the prompt, not on the threshold: scores are reused across thresholds."""
+        return f"llm-{text_hash(self.model_name, PROMPT_VERSION, str(self.model.dtype))}"
 
-        Returns:
-            (one ``{"verdict", "answer"}`` per item, tokens processed).
-        """
-        results, tokens = [], 0
+    def settings(self) -> dict[str, Any]:
+        return {"name": self.name, "judge": self.model_name, "threshold": self.threshold,
+                "prompt_version": PROMPT_VERSION, "dtype": str(self.model.dtype)}
+
+    def decide(self, stored: dict[str, Any]) -> int | None:
+        return int(stored["score"] >= self.threshold)
+
+    def judge(self, items: list[Mismatch]) -> list[Verdict]:
+        verdicts = []
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
-            requests = [render(self.tokenizer, i["context"], i["slm_sentence"], i["llm_sentence"]) for i in chunk]
-            answers = self._generate(requests)
-            tokens += sum(len(r) - len(self.prefix) for r in requests) + sum(len(a) for a in answers)
-            for answer_ids in answers:
-                answer = self.tokenizer.decode(answer_ids, skip_special_tokens=True)
-                results.append({"verdict": parse_verdict(answer), "answer": answer})
-        return results, tokens
+            scores = self.scores([render(self.tokenizer, m.context, m.slm_sentence, m.llm_sentence) for m in chunk])
+            verdicts += [Verdict(int(s >= self.threshold), "judge", round(s, 6)) for s in scores]
+        return verdicts
 
     @torch.no_grad()
-    def _generate(self, requests: list[list[int]]) -> list[list[int]]:
+    def scores(self, requests: list[list[int]]) -> list[float]:
+        """P(1) / (P(0) + P(1)) for the next token of each request."""
         n = len(self.prefix) if self._prefix_cache is not None and all(
             r[: len(self.prefix)] == self.prefix for r in requests) else 0
         tails = [r[n:] for r in requests]
@@ -124,31 +153,16 @@ class Verifier:
         ids = torch.full((len(requests), n + width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, tail in enumerate(tails):
-            ids[row, :n] = torch.tensor(self.prefix[:n], dtype=torch.long) if n else ids[row, :n]
-            ids[row, n + width - len(tail) :] = torch.tensor(tail)
-            mask[row, :n] = 1
+            if n:
+                ids[row, :n] = torch.tensor(self.prefix)
+                mask[row, :n] = 1
+            ids[row, n + width - len(tail) :] = torch.tensor(tail)  # padding sits between the prefix and the tail
             mask[row, n + width - len(tail) :] = 1
-        kwargs = {}
-        if n:  # padding sits between the shared prefix and each request's own part
+        cache = None
+        if n:
             cache = copy.deepcopy(self._prefix_cache)
             cache.batch_repeat_interleave(len(requests))
-            kwargs["past_key_values"] = cache
-        device = input_device(self.model)
-        out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                  generation_config=self.config, **kwargs)
-        eos = set(self.config.eos_token_id)
-        answers = []
-        for row in out[:, ids.shape[1] :].tolist():
-            end = next((i for i, t in enumerate(row) if t in eos), len(row))
-            answers.append(row[:end])
-        return answers
-
-
-def verify_shard(verifier: Verifier, mismatches: list[dict]) -> dict:
-    """Verdicts for one shard's mismatches; identical sentence pairs are neutral without a call."""
-    start = time.perf_counter()
-    to_judge = [m for m in mismatches if not m["identical"]]
-    judged, tokens = verifier.judge(to_judge)
-    it = iter(judged)
-    verdicts = [{"verdict": 0, "answer": None} if m["identical"] else next(it) for m in mismatches]
-    return {"verdicts": verdicts, "tokens": tokens, "seconds": time.perf_counter() - start}
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = lm_forward(self.model, ids[:, n:], mask, positions[:, n:], cache)[:, -1].float()
+        pair = logits[:, list(self.digits)].log_softmax(-1)
+        return pair[:, 1].exp().tolist()
