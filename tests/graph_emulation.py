@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 from unittest import mock
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from r2r_hf.core.capture import CudaGraphStep

@@ -180,3 +180,18 @@ def test_cost_model_replays_the_forced_routers_decisions(per_row):
                              threshold=0.5, return_dict_in_generate=True)
         assert torch.equal(out.routed, decisions.T)
         assert out.routed.any(0).nonzero().flatten().tolist() == llm_call_steps(decisions)
+
+
+def test_mcnemar_exact_and_system_names():
+    from benchmarks.humaneval import parse_system
+    from benchmarks.humaneval_report import mcnemar_exact
+
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(1, 4) == pytest.approx(0.375)  # 2 * P(X <= 1), X ~ Binomial(5, 1/2) = 2 * 6/32
+    assert mcnemar_exact(0, 10) == pytest.approx(2 / 1024)
+    assert mcnemar_exact(7, 3) == mcnemar_exact(3, 7)
+    assert parse_system("entropy@0.08") == ("entropy", 0.08) and parse_system("slm") == ("slm", None)
+    assert parse_system("r2r") == ("r2r", None)
+    for bad in ("slm@0.1", "entropy", "r2r@x", "r2r@0", "mystery"):
+        with pytest.raises(ValueError, match="Unknown system"):
+            parse_system(bad)
