@@ -6,9 +6,9 @@ Every step, for the whole batch:
 2. ``route``     the router scores that proposal from the SLM's features;
 3. ``catch up``  where any row routes, the LLM reads every token committed since its
                  last call in ONE forward and writes that row's token instead;
-4. ``commit``    the chosen token is appended (pad for finished rows), streamed and
-                 checked against the stopping criteria;
-5. ``SLM step``  the SLM reads the committed token, whichever model wrote it.
+4. ``commit``    the chosen token is appended (pad for finished rows);
+5. ``SLM step``  the SLM reads the committed token, whichever model wrote it;
+6. ``record``    the token is recorded, streamed and checked against the stopping criteria.
 
 Nothing is rolled back: the SLM's cache only ever holds committed tokens and the
 LLM's cache only grows, so both can be static and the fixed-shape calls captured
@@ -104,10 +104,17 @@ def r2r_decode(
             if keep_logits:
                 raw = torch.where(routed[:, None], llm_logits[:, :vocab].to(raw.device), raw)
 
-        # 4. Commit: finished rows get the pad token; stream; check stopping.
+        # 4. Commit: finished rows get the pad token.
         if pad_finished:
             token = torch.where(running, token, pad)
         seq.append(token)
+
+        # 5. The SLM reads the committed token, launched before the bookkeeping below so the device
+        #    runs the step while the host keeps the records.
+        if seq.length < max_len:
+            slm_logits, slm_hidden = steps.slm_read(seq, seq.length - 1)
+
+        # 6. Record, stream, check stopping.
         routed_record[:, step] = routed
         score_record[:, step] = torch.where(running, router_scores, float("nan"))
         generated_record[:, step] = running
@@ -123,9 +130,6 @@ def r2r_decode(
         step += 1
         if seq.length >= max_len:
             break
-
-        # 5. The SLM reads the committed token.
-        slm_logits, slm_hidden = steps.slm_read(seq, seq.length - 1)
 
     if streamer is not None:
         streamer.end()
