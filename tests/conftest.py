@@ -42,6 +42,17 @@ def pair_dir(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
+@pytest.fixture(scope="session")
+def router_dir(pair_dir, tmp_path_factory):
+    """A saved untrained router naming the tiny pair's folders (loads with from_pretrained alone)."""
+    from transformers import AutoModelForCausalLM
+
+    slm, llm = (AutoModelForCausalLM.from_pretrained(p) for p in pair_dir)
+    path = tmp_path_factory.mktemp("router")
+    R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER).save_pretrained(path)
+    return path
+
+
 @pytest.fixture
 def batch(tok):
     return tok(PROMPTS, return_tensors="pt", padding=True)

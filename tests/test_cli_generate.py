@@ -10,24 +10,12 @@ import sys
 
 import pytest
 
-from r2r_hf import R2RForCausalLM
 from r2r_hf.cli import main as cli_main
 from r2r_hf.views import RoutingStreamer
 from r2r_hf.views import LLM_COLOR, to_ansi, to_html
 
-from conftest import SMALL_ROUTER
 
 GREEDY = dict(max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
-
-
-@pytest.fixture(scope="module")
-def router_dir(pair_dir, tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    slm, llm = (AutoModelForCausalLM.from_pretrained(p) for p in pair_dir)
-    path = tmp_path_factory.mktemp("router")
-    R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER).save_pretrained(path)
-    return path
 
 
 def _mixed(model, enc):

@@ -6,18 +6,8 @@ from transformers import AutoModelForCausalLM
 
 from r2r_hf import R2RForCausalLM
 
-from conftest import SMALL_ROUTER
 
 GREEDY = dict(max_new_tokens=10, do_sample=False)
-
-
-@pytest.fixture(scope="module")
-def router_dir(pair_dir, tmp_path_factory):
-    slm = AutoModelForCausalLM.from_pretrained(pair_dir[0])
-    llm = AutoModelForCausalLM.from_pretrained(pair_dir[1])
-    path = tmp_path_factory.mktemp("router")
-    R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER).save_pretrained(path)
-    return path
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -33,14 +33,6 @@ def synthetic(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def router_dir(pair_dir, tmp_path_factory):
-    slm, llm = (AutoModelForCausalLM.from_pretrained(p) for p in pair_dir)
-    path = tmp_path_factory.mktemp("router")
-    R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER).save_pretrained(path)
-    return path
-
-
 @pytest.fixture
 def slm_folder(pair_dir, tmp_path):
     """A copy of the tiny SLM's folder, with a weight shard HF's save_pretrained would delete."""
