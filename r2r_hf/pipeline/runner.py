@@ -205,13 +205,7 @@ class _Context:
                  shards: list[list[Prompt]]) -> None:
         self.settings, self.work, self.tokenizer, self.judge_tokenizer = settings, work, tokenizer, judge_tokenizer
         self.models, self.shards = models, shards
-        try:
-            generation = GenerationConfig.from_pretrained(settings.llm)
-        except OSError:  # no generation_config.json: the tokenizer's ids
-            generation = None
-        self.pad_id, self.eos_ids = special_ids(tokenizer, generation)
-        if not self.eos_ids:
-            raise ValueError(f"{settings.llm!r} defines no EOS token; R2R labeling needs one to end answers.")
+        self.pad_id, self.eos_ids = answer_ids(tokenizer, settings.llm)
         self._ends: frozenset[int] | None = None
         self._chain: list | None = None
 
@@ -270,14 +264,7 @@ class _Context:
         return [m["identical"] for m in read_json(self.work.shard("continuations", k))["mismatches"]]
 
     def items(self, k: int) -> list[Mismatch]:
-        samples = self.samples(k)
-        eos = frozenset(self.eos_ids)
-        out = []
-        for i, m in enumerate(read_json(self.work.shard("continuations", k))["mismatches"]):
-            texts = mismatch_texts(self.tokenizer, samples[m["sample"]], m, self.ends, eos)
-            out.append(Mismatch(index=i, context=m["context"], slm_sentence=m["slm_sentence"],
-                                llm_sentence=m["llm_sentence"], **texts))
-        return out
+        return shard_mismatches(self.work, k, self.samples(k), self.tokenizer, self.ends, self.eos_ids)
 
     @torch.no_grad()
     def run(self, step: str, k: int) -> None:
@@ -309,6 +296,37 @@ class _Context:
         if not path.exists():
             raise ValueError(f"Shard {k} has no {step} yet; run the '{step}' step first.")
         return path
+
+
+def answer_ids(tokenizer, llm: str) -> tuple[int, list[int]]:
+    """(pad id, end-of-answer ids) of the LLM's answers: its generation config's, else the tokenizer's."""
+    try:
+        generation = GenerationConfig.from_pretrained(llm)
+    except OSError:  # no generation_config.json: the tokenizer's ids
+        generation = None
+    pad, eos = special_ids(tokenizer, generation)
+    if not eos:
+        raise ValueError(f"{llm!r} defines no EOS token; R2R labeling needs one to end answers.")
+    return pad, eos
+
+
+def shard_mismatches(work: WorkDir, k: int, samples: list[dict], tokenizer, ends: frozenset[int],
+                     eos_ids: list[int]) -> list[Mismatch]:
+    """Shard k's mismatches as the text a verifier reads.
+
+    Args:
+        work: the run.
+        k: the shard.
+        samples: its step-0 samples.
+        tokenizer: the pair's tokenizer.
+        ends, eos_ids: sentence-end and end-of-answer ids.
+    """
+    out = []
+    for i, m in enumerate(read_json(work.shard("continuations", k))["mismatches"]):
+        texts = mismatch_texts(tokenizer, samples[m["sample"]], m, ends, frozenset(eos_ids))
+        out.append(Mismatch(index=i, context=m["context"], slm_sentence=m["slm_sentence"],
+                            llm_sentence=m["llm_sentence"], **texts))
+    return out
 
 
 def _prompt_hash(prompts: list[Prompt]) -> str:
