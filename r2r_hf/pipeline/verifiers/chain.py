@@ -42,7 +42,7 @@ def judge_shard(work: WorkDir, k: int, chain: list[Verifier], items: list[Mismat
 
 def decide_shard(work: WorkDir, k: int, chain: list[Verifier], count: int, identical: list[bool]) -> list[tuple[int | None, str]]:
     """(0 neutral / 1 divergent / None undecided, who decided) for each of the shard's ``count`` mismatches."""
-    verdicts = [read_json(work.shard("verdicts", k, v.key()))["verdicts"] if chain else {} for v in chain]
+    verdicts = [read_json(work.shard("verdicts", k, v.key()))["verdicts"] for v in chain]
     out = []
     for index in range(count):
         if identical[index]:

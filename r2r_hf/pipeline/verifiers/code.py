@@ -26,7 +26,7 @@ from .base import Mismatch, Verdict
 
 _FENCE = re.compile(r"^[ \t]*```", re.M)
 _STRING_PREFIX = re.compile(r"^[rRbBuU]{0,2}$")
-VERSION = 1  # bump when a rule changes: stored verdicts of an older version are not reused
+VERSION = 2  # bump when a rule changes: stored verdicts of an older version are not reused
 
 
 def program_region(response: str, prefix: str) -> tuple[str, str]:
@@ -131,18 +131,16 @@ class CodeVerifier:
             return Verdict(None, "before the program")
         where = inside(code)
         ends_line = "\n" in m.slm_token or "\n" in m.llm_token
+        closes = any(q in m.slm_token or q in m.llm_token for q in ('"""', "'''"))
         if where == "comment" and not ends_line:
             return Verdict(0, "in a comment")
-        if where == "bare string":
-            quotes = ('"""', "'''")
-            if not any(q in m.slm_token or q in m.llm_token for q in quotes):
-                return Verdict(0, "in a docstring")
-            return Verdict(None, "closes a docstring")
-        if where == "string":
-            return Verdict(None, "in a string the code uses")
+        if where == "bare string" and not closes:
+            return Verdict(0, "in a docstring")
         slm_code, llm_code = code + m.slm, code + m.llm
         if _normal(_tokens(slm_code)[0]) == _normal(_tokens(llm_code)[0]):
             return Verdict(0, "same tokens")
         if _same_tree(slm_code, llm_code):
             return Verdict(0, "same syntax tree")
-        return Verdict(None, "the code differs")
+        if where == "bare string":
+            return Verdict(None, "closes a docstring")
+        return Verdict(None, "in a string the code uses" if where == "string" else "the code differs")
