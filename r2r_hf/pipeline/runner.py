@@ -181,7 +181,7 @@ def label(
         for k in range(len(shards)):  # a resumed run must see the same prompts in every shard already answered
             if work.done("responses", k):
                 context.samples(k)
-        if index == 0 and any(step in steps for step in ("verdicts", "labels")):
+        if index == 0 and "labels" in steps:  # verdicts alone decide no label set (a judge's scores serve any threshold)
             check_label_set(work, settings.label_set, context.chain_settings())
         for step in steps[: steps.index("labels") if "labels" in steps else len(steps)]:
             todo = [k for k in mine if not context.done(step, k)]
