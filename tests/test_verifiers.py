@@ -44,6 +44,7 @@ def _mismatch(before: str, slm_token: str, llm_token: str, slm_rest: str = "", l
     (("a + b\n", "a+b", "a", "\n", " + b\n"), 0, "same tokens"),
     (("a + b\n", "(a + b)", "a", "\n", " + b\n"), 0, "same syntax tree"),
     (("a + b\n", "a - b", "a", "\n", " + b\n"), None, "the code differs"),
+    (("total = a", "result", "total", " = a + b\n", " = a + b\n"), None, "the code differs"),  # the line after a comment
 ])
 def test_code_verifier_rules(case, verdict, why):
     got = CodeVerifier().judge_one(_mismatch(*case))

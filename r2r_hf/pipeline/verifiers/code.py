@@ -26,7 +26,7 @@ from .base import Mismatch, Verdict
 
 _FENCE = re.compile(r"^[ \t]*```", re.M)
 _STRING_PREFIX = re.compile(r"^[rRbBuU]{0,2}$")
-VERSION = 2  # bump when a rule changes: stored verdicts of an older version are not reused
+VERSION = 3  # bump when a rule changes: stored verdicts of an older version are not reused
 
 
 def program_region(response: str, prefix: str) -> tuple[str, str]:
@@ -93,12 +93,13 @@ def inside(code: str) -> str | None:
         line = code.splitlines()[where[0] - 1] if code.splitlines() else ""
         before = line[: where[1]].strip()
         return "bare string" if _STRING_PREFIX.match(before) else "string"
+    last_line = code.rsplit("\n", 1)[-1]
     if error is None:
         real = [t for t in tokens if t[0] not in (tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER,
                                                   tokenize.DEDENT, tokenize.INDENT)]
-        if real and real[-1][0] == tokenize.COMMENT and not code.endswith("\n"):
+        # The comment must be on the line being written, not end the line before it.
+        if real and real[-1][0] == tokenize.COMMENT and real[-1][1].strip() in last_line:
             return "comment"
-    last_line = code.rsplit("\n", 1)[-1]
     if last_line.count('"') % 2 or last_line.count("'") % 2:
         return "string"
     return None
