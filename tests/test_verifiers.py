@@ -66,6 +66,9 @@ def test_chain_names_are_checked():
         parse_chain("cod")
     with pytest.raises(ValueError, match="twice"):
         parse_chain("llm,llm")
+    with pytest.raises(ValueError, match="can only end a chain"):
+        parse_chain("divergent,code")
+    assert parse_chain("code,divergent") == ("code", "divergent")
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +172,14 @@ def test_unknown_verifier_and_unloadable_judge_are_one_sentence(models, tmp_path
     prompts = write_prompts(tmp_path / "p.jsonl", 2)
     with pytest.raises(ValueError, match="Unknown verifier"):
         fast_settings(*models, verifiers="exec")
+
+
+def test_code_then_divergent_keeps_only_the_provably_neutral(models, tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 4)
+    summary = label(fast_settings(*models, verifiers="code,divergent"), prompts, tmp_path / "w", progress=False)
+    by = summary["decided_by"]
+    assert by["divergent"]["neutral"] == 0 and by["code"]["divergent"] == 0 and summary["excluded"] == 0
+    assert summary["counts"]["neutral"] == by["code"]["neutral"] + by["identical sentences"]["neutral"]
     with pytest.raises(OSError, match="Could not load the judge tokenizer"):
         label(fast_settings(models[0], models[1], str(tmp_path / "no-judge")), prompts, tmp_path / "w", progress=False)
 

@@ -4,6 +4,9 @@
   after the code, the same tokens or syntax tree); passes the rest on. Cheap and objective.
 * ``llm``: a judge model scores whether the two sentences lead the answer to different places (the
   paper's verifier), with a threshold on its probabilities.
+* ``divergent``: calls every mismatch it is asked about divergent; it ends a chain whose earlier
+  verifiers only ever call differences neutral (``code,divergent``: the labels before any verifier,
+  minus the differences the code verifier shows cannot matter).
 
 Chain them (``code,llm``): each is asked only what the ones before it passed on.
 """
@@ -14,7 +17,25 @@ from .base import Mismatch, Verdict, Verifier
 from .code import CodeVerifier
 from .judge import JudgeVerifier
 
-KNOWN = ("code", "llm")
+KNOWN = ("code", "llm", "divergent")
+
+
+class DivergentVerifier:
+    """Every mismatch it is asked about is divergent (see the module docstring)."""
+
+    name = "divergent"
+
+    def key(self) -> str:
+        return "divergent"
+
+    def settings(self) -> dict:
+        return {"name": self.name}
+
+    def decide(self, stored: dict) -> int:
+        return stored["verdict"]
+
+    def judge(self, items: list[Mismatch]) -> list[Verdict]:
+        return [Verdict(1, "a difference no earlier verifier called neutral") for _ in items]
 
 
 def parse_chain(names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -26,9 +47,12 @@ def parse_chain(names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
         if name not in KNOWN:
             raise ValueError(f"Unknown verifier {name!r}; choose from {', '.join(KNOWN)} (chain several with commas, "
                              "e.g. --verifier code,llm; the judge model of 'llm' is --judge).")
+    if "divergent" in parts[:-1]:
+        raise ValueError("'divergent' decides every mismatch it is asked about: it can only end a chain.")
     if len(set(parts)) != len(parts):
         raise ValueError(f"The verifier chain {','.join(parts)} names a verifier twice.")
     return tuple(parts)
 
 
-__all__ = ["KNOWN", "CodeVerifier", "JudgeVerifier", "Mismatch", "Verdict", "Verifier", "parse_chain"]
+__all__ = ["KNOWN", "CodeVerifier", "DivergentVerifier", "JudgeVerifier", "Mismatch", "Verdict", "Verifier",
+           "parse_chain"]

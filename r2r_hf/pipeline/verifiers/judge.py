@@ -19,12 +19,12 @@ import torch
 from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ...core.features import lm_forward
+from ...core.features import HiddenStateCapture, lm_forward
 from ...model.tokens import special_ids
 from ..store import text_hash
 from .base import Mismatch, Verdict
 
-PROMPT_VERSION = 2
+PROMPT_VERSION = 3  # 3: the two digits' logits computed in float32 (bf16 logits gave a handful of scores)
 INSTRUCTIONS = """Two versions of the same passage of an answer share everything before the token marked \
 <<like this>>; there they differ. Decide whether the difference sends the answer somewhere else.
 
@@ -163,6 +163,13 @@ class JudgeVerifier:
             cache = copy.deepcopy(self._prefix_cache)
             cache.batch_repeat_interleave(len(requests))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = lm_forward(self.model, ids[:, n:], mask, positions[:, n:], cache)[:, -1].float()
-        pair = logits[:, list(self.digits)].log_softmax(-1)
-        return pair[:, 1].exp().tolist()
+        with HiddenStateCapture(self.model) as capture:
+            lm_forward(self.model, ids[:, n:], mask, positions[:, n:], cache)
+            hidden = capture.hidden[:, -1].float()
+        # The two digits' logits in float32: in bf16 the difference of two logits near 20 has a resolution
+        # of about 0.1, which left a handful of distinct scores.
+        head = self.model.get_output_embeddings()
+        logits = hidden @ head.weight[list(self.digits)].float().T
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias[list(self.digits)].float()
+        return logits.log_softmax(-1)[:, 1].exp().tolist()
