@@ -1,6 +1,7 @@
 """How well each router finds the divergent tokens it has not been trained on, at equal LLM token rate.
 
-    python -m benchmarks.router_quality --labels work/coder [--rates 0.05,0.1,0.2,0.4]
+    python -m benchmarks.router_quality --labels work/coder [--label-set code+divergent] [--router DIR ...] \
+        [--rates 0.05,0.1,0.2,0.4]
 
 A second evaluation beside HumanEval, with far less noise: on the labeling run's validation split
 (prompts the router never trained on, the LLM's own answers teacher-forced) it gives, for the
@@ -37,10 +38,13 @@ def baseline_like(trained: R2RForCausalLM, kind: str) -> R2RForCausalLM:
     return R2RForCausalLM(R2RConfig(**{**trained.config.to_dict(), "router_type": kind})).eval()
 
 
-def evaluate(labels: str, rates: list[float]) -> dict:
-    validation = load_labels(labels).split_of("validation")
-    trained = R2RForCausalLM.from_pretrained(ROUTER, load_pair=False)
-    routers = {"r2r": trained, **{kind: baseline_like(trained, kind) for kind in ("entropy", "random")}}
+def evaluate(labels: str, rates: list[float], routers_dirs: dict[str, str] | None = None,
+             label_set: str | None = None) -> dict:
+    validation = load_labels(labels, labels=label_set).split_of("validation")
+    trained = {name: R2RForCausalLM.from_pretrained(path, load_pair=False)
+               for name, path in (routers_dirs or {"r2r": ROUTER}).items()}
+    first = next(iter(trained.values()))
+    routers = {**trained, **{kind: baseline_like(first, kind) for kind in ("entropy", "random")}}
     results = {}
     for name, model in routers.items():
         scored = scores_on(model.router, validation)
@@ -49,20 +53,24 @@ def evaluate(labels: str, rates: list[float]) -> dict:
             {"llm_token_rate": rate, **{k: v for k, v in metrics_at(scores, targets, threshold_for_rate(scores, rate)).items()
                                         if k in ("recall", "precision", "llm_token_rate")}}
             for rate in rates]}
-    return {"data": f"validation split of {Path(labels).name}: {len(scores)} tokens, {int(targets.sum())} divergent",
-            "routers": results}
+    return {"data": f"validation split of {Path(labels).name}, label set {validation.labels}: {len(scores)} tokens, "
+                    f"{int(targets.sum())} divergent", "routers": results}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--labels", required=True)
+    parser.add_argument("--label-set", help="the run's label set (default: the only one)")
+    parser.add_argument("--router", action="append", help="NAME=DIR of a trained router (repeat; default: the shipped one)")
     parser.add_argument("--rates", default="0.05,0.1,0.2,0.4")
     parser.add_argument("--out", default="benchmarks/results/router_quality.json")
     args = parser.parse_args(argv)
-    results = evaluate(args.labels, [float(r) for r in args.rates.split(",")])
+    dirs = dict(r.split("=", 1) for r in args.router) if args.router else None
+    results = evaluate(args.labels, [float(r) for r in args.rates.split(",")], dirs, args.label_set)
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print("| router | ROC AUC | " + " | ".join(f"recall at {r['llm_token_rate']:.0%}" for r in results["routers"]["r2r"]["at_rate"]) + " |")
-    print("|---|---|" + "---|" * len(results["routers"]["r2r"]["at_rate"]))
+    first = next(iter(results["routers"].values()))
+    print("| router | ROC AUC | " + " | ".join(f"recall at {r['llm_token_rate']:.0%}" for r in first["at_rate"]) + " |")
+    print("|---|---|" + "---|" * len(first["at_rate"]))
     for name, r in results["routers"].items():
         print(f"| {name} | {r['roc_auc']:.3f} | " + " | ".join(f"{p['recall']:.1%}" for p in r["at_rate"]) + " |")
 
