@@ -2,6 +2,7 @@
 
     python -m benchmarks.tables speed [benchmarks/results/speed.json]      # also speed_gpu.json
     python -m benchmarks.tables humaneval [benchmarks/results/humaneval.json]
+    python -m benchmarks.tables equal-rate benchmarks/results/humaneval-TAG.json   # R2R vs entropy/random per rate
 """
 
 from __future__ import annotations
@@ -62,12 +63,38 @@ def humaneval_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def equal_rate_table(results: dict) -> str:
+    """R2R against the entropy and random routers point by point (same target rate), then summed over the points."""
+    lines = ["| target rate | R2R passed (rate) | entropy passed (rate) | R2R only / entropy only | McNemar p | "
+             "random passed (rate) | R2R only / random only | McNemar p |", "|---|---|---|---|---|---|---|---|"]
+
+    def cells(point: dict, kind: str) -> str:
+        other = point.get(kind)
+        if other is None:
+            return "— | — | —"
+        return (f"{other['passed']} ({other['llm_token_rate']:.1%}) | {other['r2r_only']} / {other['other_only']} | "
+                f"{other['p_value']:.2f}")
+
+    for point in results["equal_rate_points"]:
+        r2r = point["r2r"]
+        lines.append(f"| {point['rate']:.0%} | {r2r['passed']} ({r2r['llm_token_rate']:.1%}) | {cells(point, 'entropy')} | "
+                     f"{cells(point, 'random')} |")
+    # Summed per baseline: each sum runs over the points where that baseline was run.
+    for kind, t in results["summed_over_points"].items():
+        other = f"{t['other_passed']} | {t['r2r_only']} / {t['other_only']} | {t['p_value']:.2f}"
+        blank = "— | — | —"
+        lines.append(f"| summed over {t['points']} points | {t['r2r_passed']} | "
+                     f"{other if kind == 'entropy' else blank} | {other if kind == 'random' else blank} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     kind = argv[0] if argv else "speed"
     path = Path(argv[1]) if len(argv) > 1 else Path(f"benchmarks/results/{kind}.json")
     data = json.loads(path.read_text())
-    print(speed_tables(data) if kind.startswith("speed") else humaneval_table(data))
+    tables = {"speed": speed_tables, "humaneval": humaneval_table, "equal-rate": equal_rate_table}
+    print(tables["speed" if kind.startswith("speed") else kind](data))
 
 
 if __name__ == "__main__":

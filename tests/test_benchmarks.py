@@ -1,5 +1,6 @@
 """The real-pair benchmark's plumbing, without downloading any model."""
 
+import json
 import hashlib
 import zipfile
 
@@ -195,3 +196,35 @@ def test_mcnemar_exact_and_system_names():
     for bad in ("slm@0.1", "entropy", "r2r@x", "r2r@0", "mystery"):
         with pytest.raises(ValueError, match="Unknown system"):
             parse_system(bad)
+
+
+def test_humaneval_report_pairs_routers_at_equal_rates(tmp_path, monkeypatch):
+    from benchmarks.humaneval_report import TASKS, report
+    from benchmarks.tables import equal_rate_table
+
+    monkeypatch.chdir(tmp_path)  # the report reads benchmarks/results/ relative to the working folder
+    folder = tmp_path / "benchmarks" / "results" / "humaneval"
+    (folder / "t").mkdir(parents=True)
+    (folder / "params.json").write_text(json.dumps({"slm": 1, "llm": 3}))
+
+    def write(path, passed: set[int], routed: int):
+        with open(path, "w") as f:
+            for i in range(TASKS):
+                f.write(json.dumps({"task_id": f"HumanEval/{i}", "status": "passed" if i in passed else "failed",
+                                    "generated_tokens": 10, "routed_tokens": routed, "threshold": 0.5}) + "\n")
+
+    write(folder / "slm.jsonl", set(range(50)), 0)
+    write(folder / "llm.jsonl", set(range(70)), 10)
+    write(folder / "t" / "r2r@0.1.jsonl", set(range(60)) | {100}, 1)   # 61 passed
+    write(folder / "t" / "entropy@0.1.jsonl", set(range(58)) | {101, 102, 103}, 1)  # 61 passed, other tasks
+    write(folder / "t" / "random@0.2.jsonl", set(range(55)), 2)  # no r2r@0.2: not a point
+    out = report("t", ["slm", "llm", "r2r@0.1", "entropy@0.1", "random@0.2"], {})
+    (point,) = out["equal_rate_points"]
+    assert point["entropy"]["r2r_only"] == 3 and point["entropy"]["other_only"] == 3  # 58, 59, 100 vs 101-103
+    assert point["entropy"]["p_value"] == 1.0 and "random" not in point
+    assert out["summed_over_points"] == {"entropy": {"points": 1, "r2r_passed": 61, "other_passed": 61, "r2r_only": 3,
+                                                     "other_only": 3, "p_value": 1.0}}
+    assert out["gap"]["recovered"]["r2r@0.1"] == pytest.approx(11 / 20)
+    table = equal_rate_table(out)
+    assert "| 10% | 61 (10.0%) | 61 (10.0%) | 3 / 3 | 1.00 | — | — | — |" in table
+    assert "| summed over 1 points | 61 | 61 | 3 / 3 | 1.00 | — | — | — |" in table
