@@ -152,6 +152,18 @@ def test_unreachable_recall_keeps_the_best_threshold_and_says_so(synthetic, tmp_
     assert "(not reached)" in (folder / "README.md").read_text()
 
 
+def test_a_rate_calibration_without_divergent_tokens_records_no_recall(tmp_path, capsys, caplog):
+    write_synthetic_run(tmp_path / "data", samples=24, divergent_share=0.0)
+    folder = _silent_router(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="r2r_hf.training.train"):
+        assert cli_main(["calibrate", "--router", str(folder), "--data", str(tmp_path / "data"),
+                         "--llm-rate", "0.2"]) == 0
+    assert "divergent recall not measured (no divergent token in the calibration data)" in capsys.readouterr().out
+    assert "holds no divergent token, so the router's recall cannot be measured" in caplog.text
+    assert json.loads((folder / "router_metrics.json").read_text())["calibration"]["recall"] is None
+    assert "recall not measured" in (folder / "README.md").read_text()
+
+
 def test_reachable_targets_are_recorded_as_met(synthetic):
     router = R2RForCausalLM(R2RForCausalLM.config_class(slm_hidden_size=64, router_type="entropy"))
     val = load_labels(synthetic).split_of("validation")

@@ -199,11 +199,16 @@ def _run_push(args: argparse.Namespace) -> int:
 
 def _print_calibration(folder: str, model) -> None:
     rate = expected_llm_token_rate(model.record)
-    recall = model.record.get("calibration", {}).get("recall")
+    calibration = model.record.get("calibration", {})
+    recall = calibration.get("recall")
     # An unmet recall target is also logged as a warning by calibrate_router (on stderr).
     missed = "" if target_met(model.record) else f" (target {recall_target(model.record):.1%} not reached)"
-    print(f"router in {folder}: threshold {model.config.threshold:.4g}, expected LLM token rate "
-          f"{rate:.1%}" + (f", divergent recall {recall:.1%}{missed}" if recall is not None else ""))
+    if recall is not None:
+        recall_text = f", divergent recall {recall:.1%}{missed}"
+    else:
+        recall_text = ", divergent recall not measured (no divergent token in the calibration data)" \
+            if "recall" in calibration else ""
+    print(f"router in {folder}: threshold {model.config.threshold:.4g}, expected LLM token rate {rate:.1%}{recall_text}")
 
 
 COMMANDS = {

@@ -83,7 +83,9 @@ def _threshold_section(config: R2RConfig, record: dict[str, Any]) -> str:
     if target is not None:
         details.append(f"target divergent-class recall {target:.3g}" + ("" if target_met(record) else " (not reached)"))
     if "recall" in cal:
-        details.append(f"measured recall {_fmt(cal['recall'])}")
+        recall = cal["recall"]
+        details.append("recall not measured (no divergent token in the calibration data)" if recall is None
+                       else f"measured recall {_fmt(recall)}")
     if rate is not None:
         details.append(f"expected LLM token rate {rate:.1%}")
     if "method" in cal:

@@ -261,12 +261,16 @@ def calibrate_router(
         logger.warning("No threshold on the grid reaches divergent recall %.3g on %s; kept the best reachable "
                        "threshold %.4g (recall %.3g), and the record says target_met: false.", recall, data.root,
                        threshold, at["recall"])
+    if at["positives"] == 0:  # e.g. a tiny run: a recall of 0/0 is not a measurement, so none is recorded
+        logger.warning("The calibration data %s holds no divergent token, so the router's recall cannot be "
+                       "measured; label more prompts for a recall figure.", data.root)
     model.record["calibration"] = {
         "method": method,
         "target": report["target"],
         "target_met": report["target_met"],
         "data": f"{data.root} ({data.split or 'all'} split, {at['tokens']} tokens)",
-        "recall": at["recall"], "precision": at["precision"], "llm_token_rate": at["llm_token_rate"],
+        "recall": at["recall"] if at["positives"] else None, "precision": at["precision"],
+        "llm_token_rate": at["llm_token_rate"],
     }
     if history is not None:
         report["training_curve"] = history
