@@ -124,6 +124,11 @@ def test_speed_benchmark_writes_every_share_and_batch(tmp_path):
     for row in results["batches"].values():
         assert [r["p"] for r in row["r2r"]] == list(SHARES)
         assert all(r["ms_per_step"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
+    from benchmarks.tables import speed_tables
+
+    text = speed_tables(results)  # the eager run's tables: one speed-up column, both overhead ratios
+    assert text.count("| 0.05 |") == 2 and "(compiled)" not in text
+    assert text.count("never-route / `slm.generate` (eager) = ") == 2 and "always-route / (" in text
 
 
 def test_speed_benchmark_fast_path_on_a_cpu(tmp_path):
@@ -147,6 +152,11 @@ def test_speed_benchmark_fast_path_on_a_cpu(tmp_path):
         assert [r["p"] for r in row["r2r"]] == [0.0, 0.25]
         assert all(r["speedup_vs_llm_compiled"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
         assert "eager_ms" not in row["r2r"][0]
+    from benchmarks.tables import speed_tables
+
+    text = speed_tables(results)
+    assert "vs `llm.generate` (compiled)" in text and "never-route / `slm.generate` (compiled) = " in text
+    assert "Components (captured)" in text and "Warm-up: r2r first call" in text
 
 
 def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, single):
