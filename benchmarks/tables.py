@@ -74,6 +74,10 @@ def humaneval_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _p(value: float) -> str:
+    return "< 0.001" if value < 0.001 else format(value, ".3f" if value < 0.01 else ".2f")
+
+
 def equal_rate_table(results: dict) -> str:
     """R2R against the entropy and random routers point by point (same target rate), then summed over the points."""
     lines = ["| target rate | R2R passed (rate) | entropy passed (rate) | R2R only / entropy only | McNemar p | "
@@ -84,7 +88,7 @@ def equal_rate_table(results: dict) -> str:
         if other is None:
             return "— | — | —"
         return (f"{other['passed']} ({other['llm_token_rate']:.1%}) | {other['r2r_only']} / {other['other_only']} | "
-                f"{other['p_value']:.2f}")
+                f"{_p(other['p_value'])}")
 
     for point in results["equal_rate_points"]:
         r2r = point["r2r"]
@@ -92,9 +96,9 @@ def equal_rate_table(results: dict) -> str:
                      f"{cells(point, 'random')} |")
     # Summed per baseline: each sum runs over the points where that baseline was run.
     for kind, t in results["summed_over_points"].items():
-        other = f"{t['other_passed']} | {t['r2r_only']} / {t['other_only']} | {t['p_value']:.2f}"
+        other = f"{t['other_passed']} | {t['r2r_only']} / {t['other_only']} | {_p(t['p_value'])}"
         blank = "— | — | —"
-        lines.append(f"| summed over {t['points']} points | {t['r2r_passed']} | "
+        lines.append(f"| summed over {t['points']} point{'s' if t['points'] > 1 else ''} | {t['r2r_passed']} | "
                      f"{other if kind == 'entropy' else blank} | {other if kind == 'random' else blank} |")
     return "\n".join(lines)
 

@@ -237,4 +237,4 @@ def test_humaneval_report_pairs_routers_at_equal_rates(tmp_path, monkeypatch):
     assert out["gap"]["recovered"]["r2r@0.1"] == pytest.approx(11 / 20)
     table = equal_rate_table(out)
     assert "| 10% | 61 (10.0%) | 61 (10.0%) | 3 / 3 | 1.00 | — | — | — |" in table
-    assert "| summed over 1 points | 61 | 61 | 3 / 3 | 1.00 | — | — | — |" in table
+    assert "| summed over 1 point | 61 | 61 | 3 / 3 | 1.00 | — | — | — |" in table
