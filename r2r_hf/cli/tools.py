@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from ..model.record import expected_llm_token_rate, recall_target, target_met
+from ..model.record import RECALL_NOT_MEASURED, expected_llm_token_rate, recall_target, target_met
 from .options import device, fraction, non_negative_int, positive_fraction, positive_int, require_dir
 
 STEPS = ("responses", "features", "continuations", "verdicts", "labels")
@@ -203,11 +203,8 @@ def _print_calibration(folder: str, model) -> None:
     recall = calibration.get("recall")
     # An unmet recall target is also logged as a warning by calibrate_router (on stderr).
     missed = "" if target_met(model.record) else f" (target {recall_target(model.record):.1%} not reached)"
-    if recall is not None:
-        recall_text = f", divergent recall {recall:.1%}{missed}"
-    else:
-        recall_text = ", divergent recall not measured (no divergent token in the calibration data)" \
-            if "recall" in calibration else ""
+    recall_text = "" if "recall" not in calibration else \
+        f", divergent recall {RECALL_NOT_MEASURED if recall is None else f'{recall:.1%}{missed}'}"
     print(f"router in {folder}: threshold {model.config.threshold:.4g}, expected LLM token rate {rate:.1%}{recall_text}")
 
 

@@ -17,7 +17,7 @@ from huggingface_hub import ModelCard, try_to_load_from_cache
 from ..config import R2RConfig
 from ..version import __version__
 from .hub import is_hub_id
-from .record import expected_llm_token_rate, recall_target, target_met
+from .record import RECALL_NOT_MEASURED, expected_llm_token_rate, recall_target, target_met
 
 CARD_MARKER = "Card written by r2r_hf"  # a README.md carrying it may be regenerated; any other is the user's
 
@@ -84,7 +84,7 @@ def _threshold_section(config: R2RConfig, record: dict[str, Any]) -> str:
         details.append(f"target divergent-class recall {target:.3g}" + ("" if target_met(record) else " (not reached)"))
     if "recall" in cal:
         recall = cal["recall"]
-        details.append("recall not measured (no divergent token in the calibration data)" if recall is None
+        details.append(f"recall {RECALL_NOT_MEASURED}" if recall is None
                        else f"measured recall {_fmt(recall)}")
     if rate is not None:
         details.append(f"expected LLM token rate {rate:.1%}")

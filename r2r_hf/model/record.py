@@ -67,6 +67,10 @@ def expected_llm_token_rate(record: dict[str, Any]) -> float | None:
     return (record.get("calibration") or {}).get("llm_token_rate")
 
 
+# Said wherever a calibration recorded no recall (a rate target on data without a divergent token).
+RECALL_NOT_MEASURED = "not measured (no divergent token in the calibration data)"
+
+
 def target_met(record: dict[str, Any]) -> bool:
     """False where the calibration could not reach its target (records without the flag met theirs)."""
     return (record.get("calibration") or {}).get("target_met", True) is not False

@@ -31,7 +31,7 @@ from .prompts import Prompt, read_prompts
 from .reference import reference_responses
 from .sentences import mismatch_texts, sentence_end_ids
 from .store import FORMAT, STEPS, WorkDir, read_json, read_tensors, text_hash, write_json, write_tensors
-from .verifiers import CodeVerifier, DivergentVerifier, JudgeVerifier, Mismatch, parse_chain
+from .verifiers import MODEL_FREE, JudgeVerifier, Mismatch, parse_chain
 from .verifiers.chain import decide_shard, judge_shard
 
 RUN_FIELDS = ("slm", "llm", "dtype", "max_new_tokens", "batch_size", "num_topk_logits", "continuation_max_tokens",
@@ -218,9 +218,8 @@ class _Context:
     def chain_settings(self) -> list[dict[str, Any]]:
         """What decides the label set, without loading a judge: each verifier's settings."""
         s = self.settings
-        fixed = {"code": CodeVerifier().settings(), "divergent": DivergentVerifier().settings()}
-        return [fixed.get(name) or {"name": "llm", "judge": s.judge or s.llm, "threshold": s.judge_threshold}
-                for name in s.chain]
+        return [MODEL_FREE[name]().settings() if name in MODEL_FREE else
+                {"name": "llm", "judge": s.judge or s.llm, "threshold": s.judge_threshold} for name in s.chain]
 
     @property
     def chain(self) -> list:
@@ -228,10 +227,8 @@ class _Context:
         if self._chain is None:
             s, chain = self.settings, []
             for name in s.chain:
-                if name == "code":
-                    chain.append(CodeVerifier())
-                elif name == "divergent":
-                    chain.append(DivergentVerifier())
+                if name in MODEL_FREE:
+                    chain.append(MODEL_FREE[name]())
                 else:
                     judge = s.judge or s.llm
                     chain.append(JudgeVerifier(self.models.get(judge, "judge"), self.judge_tokenizer, s.judge_threshold,

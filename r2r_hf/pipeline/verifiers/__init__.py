@@ -15,27 +15,12 @@ from __future__ import annotations
 
 from .base import Mismatch, Verdict, Verifier
 from .code import CodeVerifier
+from .divergent import DivergentVerifier
 from .judge import JudgeVerifier
 
 KNOWN = ("code", "llm", "divergent")
-
-
-class DivergentVerifier:
-    """Every mismatch it is asked about is divergent (see the module docstring)."""
-
-    name = "divergent"
-
-    def key(self) -> str:
-        return "divergent"
-
-    def settings(self) -> dict:
-        return {"name": self.name}
-
-    def decide(self, stored: dict) -> int:
-        return stored["verdict"]
-
-    def judge(self, items: list[Mismatch]) -> list[Verdict]:
-        return [Verdict(1, "a difference no earlier verifier called neutral") for _ in items]
+# The verifiers that need no model: built from their name alone (``llm`` needs the judge).
+MODEL_FREE = {"code": CodeVerifier, "divergent": DivergentVerifier}
 
 
 def parse_chain(names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -54,5 +39,5 @@ def parse_chain(names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(parts)
 
 
-__all__ = ["KNOWN", "CodeVerifier", "DivergentVerifier", "JudgeVerifier", "Mismatch", "Verdict", "Verifier",
+__all__ = ["KNOWN", "MODEL_FREE", "CodeVerifier", "DivergentVerifier", "JudgeVerifier", "Mismatch", "Verdict", "Verifier",
            "parse_chain"]
