@@ -34,11 +34,21 @@ class Router(nn.Module):
 
     capturable = True
 
+    def for_call(self) -> Router:
+        """The router one generate call scores with (called once per call, before the first step).
+
+        A stateless router returns itself. A router with per-call state returns a fresh instance, so
+        concurrent calls on one model never share that state (the default restarts it via ``reset``
+        and returns itself: enough for single-threaded use).
+        """
+        self.reset()
+        return self
+
     def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def reset(self) -> None:
-        """Called at the start of every generate call (stateful baselines restart here)."""
+        """Restart per-call state (the default ``for_call`` calls it)."""
 
     def step(self) -> None:
         """Called eagerly once per decoding step, before ``scores``.
@@ -144,8 +154,9 @@ class EntropyRouter(Router):
 class RandomRouter(Router):
     """Baseline: a uniform score from a private, seeded generator (routes about ``1 - threshold``).
 
-    It never touches the global random stream, so sampling stays reproducible. Its draws come from a
-    CPU generator, so it is never captured.
+    It never touches the global random stream, so sampling stays reproducible. Every generate call
+    draws from its own generator seeded with ``seed`` (``for_call``), so a call routes the same
+    whether or not others run beside it. Its draws come from a CPU generator, so it is never captured.
     """
 
     capturable = False
@@ -157,6 +168,9 @@ class RandomRouter(Router):
 
     def reset(self) -> None:
         self.generator.manual_seed(self.seed)
+
+    def for_call(self) -> RandomRouter:
+        return RandomRouter(self.seed)
 
     def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         draw = torch.rand(topk_logits.shape[0], generator=self.generator)

@@ -1,7 +1,6 @@
 """Everything one generate call routes with travels in that call: threshold precedence, threads, streamers."""
 
 import json
-import threading
 
 import pytest
 import torch
@@ -42,27 +41,6 @@ def test_threshold_precedence_call_then_config_then_model_defaults(model, single
 def test_a_bad_threshold_on_a_generation_config_is_refused(model, single):
     with pytest.raises(ValueError, match="threshold must be a number"):
         model.generate(**single, generation_config=GenerationConfig(threshold="high", max_new_tokens=2))
-
-
-def test_concurrent_calls_from_threads_route_independently(model, slm, llm, batch):
-    expected = {INF: slm.generate(**batch, **GREEDY), 0.0: llm.generate(**batch, **GREEDY)}
-    results, errors = [], []
-
-    def work(threshold):
-        try:
-            for _ in range(3):
-                results.append((threshold, model.generate(**batch, **GREEDY, threshold=threshold)))
-        except Exception as err:  # noqa: BLE001 - reported below
-            errors.append(err)
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in (INF, 0.0, INF, 0.0)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors and len(results) == 12
-    for threshold, out in results:
-        assert torch.equal(out, expected[threshold]), f"threshold {threshold}"
 
 
 class _Recorder(RoutingAwareStreamer):

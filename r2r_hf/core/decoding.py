@@ -13,27 +13,101 @@ Every step, for the whole batch:
 Nothing is rolled back: the SLM's cache only ever holds committed tokens and the
 LLM's cache only grows, so both can be static and the fixed-shape calls captured
 (``capture.py``). Sampling keeps HF's random stream: it advances once per committed
-token, because the LLM redraws from the state the SLM's draw started from. Hence
-never-route equals ``slm.generate`` and always-route equals ``llm.generate``, token for
+token, because the LLM redraws from the state the SLM's draw started from (``sampling.py``).
+Hence never-route equals ``slm.generate`` and always-route equals ``llm.generate``, token for
 token, under the same seed. The host waits on the device once per step: for the
 routing decision (which also tells whether every row finished at the previous step).
+
+Steps 1-5 are small functions over one explicit ``Batch`` (what the batch decodes over between
+steps) and the batch's ``Routing``; ``r2r_decode`` adds HF's records, streaming and stopping, and
+the server's engine (``r2r_hf/serve``) adds rows joining and leaving between steps.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from .outputs import R2RGenerateOutput, RoutingAwareStreamer
 from .routing import Routing, call_length
-from .steps import Committed, propose, rng_state, set_rng_state
+from .steps import Committed, propose
+
+
+@dataclass
+class Batch:
+    """What a batch decodes over between steps.
+
+    Args:
+        seq: the committed tokens.
+        llm_seen: columns of ``seq`` already in the LLM's cache (one lag shared by the batch).
+        slm_logits: [B, V] the SLM's next-token logits after reading ``seq``.
+        slm_hidden: [B, H] its post-norm hidden state there.
+    """
+
+    seq: Committed
+    llm_seen: int
+    slm_logits: torch.Tensor
+    slm_hidden: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Steps 1-2 of one step: the SLM's token, its processed scores, the router's scores and decision.
+
+    ``rng`` is where the random stream stood before the SLM's draw (None when greedy).
+    """
+
+    token: torch.Tensor
+    scores: torch.Tensor
+    router_scores: torch.Tensor
+    routed: torch.Tensor
+    rng: object
+
+
+def start(routing: Routing, seq: Committed) -> Batch:
+    """The SLM prefills the prompt: the batch is ready for its first proposal."""
+    logits, hidden = routing.steps.slm_read(seq, 0)
+    return Batch(seq, 0, logits, hidden)
+
+
+def propose_and_route(routing: Routing, batch: Batch, running: torch.Tensor) -> Proposal:
+    """1. The SLM proposes; 2. the router scores the proposal. Routes only running rows."""
+    rng = routing.sampler.state()  # kept so the LLM can redraw in the SLM's place
+    scores, token = propose(batch.slm_logits, batch.seq, routing.processors, routing.vocab_size, routing.sampler)
+    routing.router.step()
+    router_scores = routing.steps.route_scores(batch.slm_logits, batch.slm_hidden, token).to(token.device)
+    routed = (router_scores >= routing.threshold) & running
+    return Proposal(token, scores, router_scores, routed, rng)
+
+
+def catch_up(routing: Routing, batch: Batch, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """3. The LLM reads every token since its last call in one chunk and writes the routed rows' token.
+
+    Returns the tokens [B], the writers' processed scores [B, V] and the LLM's raw logits [B, V'].
+    """
+    llm_logits = routing.steps.llm_read(batch.seq, batch.llm_seen)
+    batch.llm_seen = batch.seq.length
+    routing.sampler.restore(proposal.rng)
+    llm_scores, llm_token = propose(llm_logits, batch.seq, routing.processors, routing.vocab_size, routing.sampler)
+    token = torch.where(proposal.routed, llm_token, proposal.token)
+    scores = torch.where(proposal.routed[:, None], llm_scores, proposal.scores)
+    return token, scores, llm_logits
+
+
+def commit(routing: Routing, batch: Batch, token: torch.Tensor, read: bool = True) -> None:
+    """4. Append the chosen tokens; 5. the SLM reads them (launched at once so the device works while the
+    host keeps its records). ``read=False`` when no step follows."""
+    batch.seq.append(token)
+    if read:
+        batch.slm_logits, batch.slm_hidden = routing.steps.slm_read(batch.seq, batch.seq.length - 1)
 
 
 def r2r_decode(
     routing: Routing,
     input_ids: torch.Tensor,
-    logits_processor: LogitsProcessorList,
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
     attention_mask: torch.Tensor | None = None,
@@ -43,80 +117,58 @@ def r2r_decode(
     """Generate with token-level routing, once HF ``generate`` has prepared everything.
 
     Args:
-        routing: the call's models, router, threshold and engine.
+        routing: the call's router, threshold, processors, sampler and engine.
         input_ids: [B, P] left-padded prompts.
-        logits_processor, stopping_criteria, generation_config: as prepared by HF ``generate``.
+        stopping_criteria, generation_config: as prepared by HF ``generate``.
         attention_mask: [B, P], or None when nothing is padded.
         position_ids: [B, P] positions of the prompt tokens.
         streamer: an HF streamer (it already received the prompt); a ``RoutingAwareStreamer``
             is also told which rows the LLM wrote.
     """
-    batch, prompt_len = input_ids.shape
+    rows, prompt_len = input_ids.shape
     device = input_ids.device
-    do_sample = bool(generation_config.do_sample)
     return_dict = bool(generation_config.return_dict_in_generate)
     keep_scores = return_dict and bool(generation_config.output_scores)
     keep_logits = return_dict and bool(generation_config.output_logits)
     pad = generation_config._pad_token_tensor
     pad_finished = pad is not None and any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     max_len = call_length(generation_config, prompt_len)
-    vocab, steps = routing.vocab_size, routing.steps
+    vocab, new_max = routing.vocab_size, max_len - prompt_len
 
-    seq = Committed.from_prompt(input_ids, attention_mask, position_ids, steps.capacity)
-    llm_seen = 0  # tokens of `seq` already in the LLM's cache (one lag shared by the batch)
-    running = torch.ones(batch, dtype=torch.bool, device=device)
-    routed_record = torch.zeros(batch, max_len - prompt_len, dtype=torch.bool, device=device)
-    score_record = torch.full((batch, max_len - prompt_len), float("nan"), device=device)
-    generated_record = torch.zeros(batch, max_len - prompt_len, dtype=torch.bool, device=device)
+    running = torch.ones(rows, dtype=torch.bool, device=device)
+    routed_record = torch.zeros(rows, new_max, dtype=torch.bool, device=device)
+    score_record = torch.full((rows, new_max), float("nan"), device=device)
+    generated_record = torch.zeros(rows, new_max, dtype=torch.bool, device=device)
     scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
     logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
 
-    routing.router.reset()
-    slm_logits, slm_hidden = steps.slm_read(seq, 0)  # prefill the prompt
+    batch = start(routing, Committed.from_prompt(input_ids, attention_mask, position_ids, routing.steps.capacity))
     step = 0
     while True:
-        # 1. The SLM proposes (the RNG state is kept so the LLM can redraw in its place).
-        rng = rng_state(device) if do_sample else None
-        scores, token = propose(slm_logits, seq, logits_processor, vocab, do_sample)
-        raw = slm_logits[:, :vocab] if keep_logits else None
-
-        # 2. The router scores the proposal. The step's one host synchronisation reads the routing
-        #    decision together with whether every row had finished at the previous step.
-        routing.router.step()
-        router_scores = steps.route_scores(slm_logits, slm_hidden, token).to(device)
-        routed = (router_scores >= routing.threshold) & running
-        any_routed, all_finished = torch.stack((routed.any(), ~running.any())).tolist()
+        # 1-2. Propose and route. The step's one host synchronisation reads the routing decision
+        #      together with whether every row had finished at the previous step.
+        proposal = propose_and_route(routing, batch, running)
+        any_routed, all_finished = torch.stack((proposal.routed.any(), ~running.any())).tolist()
         if all_finished:
-            if do_sample:
-                set_rng_state(device, rng)  # this step's draw is not committed
+            routing.sampler.restore(proposal.rng)  # this step's draw is not committed
             break
+        token, scores = proposal.token, proposal.scores
+        raw = batch.slm_logits[:, :vocab] if keep_logits else None
 
         # 3. Routed rows: the LLM catches up in one chunk, then writes their token.
         if any_routed:
-            llm_logits = steps.llm_read(seq, llm_seen)
-            llm_seen = seq.length
-            if do_sample:
-                set_rng_state(device, rng)
-            llm_scores, llm_token = propose(llm_logits, seq, logits_processor, vocab, do_sample)
-            token = torch.where(routed, llm_token, token)
-            if keep_scores:
-                scores = torch.where(routed[:, None], llm_scores, scores)
+            token, scores, llm_logits = catch_up(routing, batch, proposal)
             if keep_logits:
-                raw = torch.where(routed[:, None], llm_logits[:, :vocab].to(raw.device), raw)
+                raw = torch.where(proposal.routed[:, None], llm_logits[:, :vocab].to(raw.device), raw)
 
-        # 4. Commit: finished rows get the pad token.
+        # 4-5. Commit (finished rows get the pad token); the SLM reads the committed token.
         if pad_finished:
             token = torch.where(running, token, pad)
-        seq.append(token)
-
-        # 5. The SLM reads the committed token, launched before the bookkeeping below so the device
-        #    runs the step while the host keeps the records.
-        if seq.length < max_len:
-            slm_logits, slm_hidden = steps.slm_read(seq, seq.length - 1)
+        commit(routing, batch, token, read=batch.seq.length + 1 < max_len)
 
         # 6. Record, stream, check stopping.
-        routed_record[:, step] = routed
-        score_record[:, step] = torch.where(running, router_scores, float("nan"))
+        routed_record[:, step] = proposal.routed
+        score_record[:, step] = torch.where(running, proposal.router_scores, float("nan"))
         generated_record[:, step] = running
         if keep_scores:
             scores_out += (scores,)
@@ -124,16 +176,17 @@ def r2r_decode(
             logits_out += (raw.float(),)
         if streamer is not None:
             if isinstance(streamer, RoutingAwareStreamer):
-                streamer.put_routing(routed.cpu(), torch.where(running, router_scores, float("nan")).cpu())
+                streamer.put_routing(proposal.routed.cpu(),
+                                     torch.where(running, proposal.router_scores, float("nan")).cpu())
             streamer.put(token.cpu())
-        running = running & ~stopping_criteria(seq.view(), scores_out)
+        running = running & ~stopping_criteria(batch.seq.view(), scores_out)
         step += 1
-        if seq.length >= max_len:
+        if batch.seq.length >= max_len:
             break
 
     if streamer is not None:
         streamer.end()
-    sequences = seq.view().clone()
+    sequences = batch.seq.view().clone()
     if not return_dict:
         return sequences
     generated, routed_out = generated_record[:, :step], routed_record[:, :step]

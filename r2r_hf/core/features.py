@@ -7,6 +7,7 @@ was trained on.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,10 @@ class HiddenStateCapture:
     A forward pre-hook avoids ``output_hidden_states=True``, which would keep every
     layer's states. Use as a context manager around one or many forwards.
 
+    The hook sits on a module that every thread running the model shares, so each capture keeps
+    only the forwards of the thread that opened it: concurrent ``generate`` calls on one model
+    (threads, a server) each read their own hidden state.
+
     Args:
         model: a causal LM whose ``get_output_embeddings()`` is its lm_head.
     """
@@ -68,14 +73,17 @@ class HiddenStateCapture:
         self.model = model
         self.hidden: torch.Tensor | None = None
         self._handle = None
+        self._thread: int | None = None
 
     def _hook(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        self.hidden = args[0]
+        if threading.get_ident() == self._thread:
+            self.hidden = args[0]
 
     def __enter__(self) -> HiddenStateCapture:
         head = self.model.get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(self.model).__name__} has no output embeddings (lm_head); R2R needs a causal LM.")
+        self._thread = threading.get_ident()
         self._handle = head.register_forward_pre_hook(self._hook)
         return self
 

@@ -1,8 +1,9 @@
-"""``Routing``: everything one generate call routes with, as one explicit value.
+"""``Routing``: everything one decoding batch routes with, as one explicit value.
 
-It is built once per call from the call's own generation config (HF makes a per-call copy
-of it, so concurrent calls never share one) and handed to the loop. Nothing about a call
-lives anywhere else: not on the model, not in a global.
+For ``generate`` it is built once per call from the call's own generation config (HF makes a
+per-call copy of it, so concurrent calls never share one) and handed to the loop. Nothing about a
+call lives anywhere else: not on the model, not in a global. The server builds one per batch
+composition, with per-row thresholds, processors and random streams.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from transformers import GenerationConfig
 
 from .capture import CaptureStore, choose_steps
 from .engines import Steps
+from .sampling import RowSampler, Sampler, seeded_generator
+from .steps import Processors
 
 
 def call_length(generation_config: GenerationConfig, prompt_length: int) -> int:
@@ -32,23 +35,22 @@ def check_threshold(value: object) -> float:
 
 @dataclass(frozen=True)
 class Routing:
-    """What one call routes with.
+    """What one batch routes with.
 
     Args:
-        slm, llm: the pair.
-        router: scores the SLM's proposals (``router.reset()`` runs once per call).
+        router: scores the SLM's proposals (``router.for_call()``: per-call state is this call's own).
         vocab_size: the vocabulary both models can write; logits are cut to it.
-        num_topk: sorted SLM logits the router reads.
-        threshold: route where ``score >= threshold``.
-        steps: the call's model calls and caches (eager, compiled or captured; ``capture.py``).
+        threshold: route where ``score >= threshold``: one number, or one per row ([B]).
+        processors: HF's logits processors (or a per-row equivalent), applied to both models' logits.
+        sampler: argmax or draws; its random stream advances once per committed token.
+        steps: the batch's model calls and caches (eager, compiled or captured; ``capture.py``).
     """
 
-    slm: nn.Module
-    llm: nn.Module
     router: nn.Module
     vocab_size: int
-    num_topk: int
-    threshold: float
+    threshold: float | torch.Tensor
+    processors: Processors
+    sampler: Sampler | RowSampler
     steps: Steps
 
     @classmethod
@@ -60,18 +62,25 @@ class Routing:
         vocab_size: int,
         num_topk: int,
         generation_config: GenerationConfig,
+        processors: Processors,
         input_ids: torch.Tensor,
         store: CaptureStore | None = None,
     ) -> Routing:
-        """The routing of one call; ``generation_config.threshold`` and ``max_length`` are this call's.
+        """The routing of one ``generate`` call; ``generation_config`` is the call's own copy.
 
         Args:
-            slm, llm, router, vocab_size, num_topk: as the fields.
-            generation_config: the call's generation config, with ``threshold`` set.
+            slm, llm, router: the pair and the router.
+            vocab_size, num_topk: as the fields; sorted SLM logits the router reads.
+            generation_config: the call's generation config, with ``threshold`` (and maybe ``seed``) set.
+            processors: the call's logits processors.
             input_ids: [B, P] the prompts (their shape sizes the caches).
             store: where captured steps are kept between calls (None: always eager).
         """
         threshold = check_threshold(getattr(generation_config, "threshold", None))
+        seed = getattr(generation_config, "seed", None)
+        generator = None if seed is None else seeded_generator(seed, input_ids.device)
+        sampler = Sampler(bool(generation_config.do_sample), input_ids.device, generator)
+        router = router.for_call()
         needed = call_length(generation_config, input_ids.shape[1])
         steps = choose_steps(slm, llm, router, num_topk, generation_config, input_ids.shape[0], needed, store)
-        return cls(slm, llm, router, vocab_size, num_topk, threshold, steps)
+        return cls(router, vocab_size, threshold, processors, sampler, steps)

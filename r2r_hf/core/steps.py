@@ -1,19 +1,24 @@
 """The state one generate call decodes over, and the small steps that are the same on every path.
 
 ``Committed`` holds the tokens written so far in buffers allocated once per call. ``propose``
-and ``pick`` turn a model's logits into its token exactly as HF's ``_sample`` does, so the
-routed rows and the SLM's rows go through the same processors and the same random stream.
+turns a model's logits into its token exactly as HF's ``_sample`` does, so the routed rows and
+the SLM's rows go through the same processors and the same random stream (``sampling.py``).
 The model calls themselves (SLM step, router, LLM catch-up) live in ``engines.py``: eager,
 compiled or captured, with the same signatures.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
+
+from .sampling import RowSampler, Sampler
+
+# HF's LogitsProcessorList, or any callable of the same shape: (ids [B, L], logits [B, V]) -> scores [B, V].
+Processors = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -72,36 +77,9 @@ def make_cache(model: torch.nn.Module, implementation: str | None, length: int) 
     return DynamicCache(config=model.config)
 
 
-def rng_state(device: torch.device) -> torch.Tensor:
-    """State of the generator ``torch.multinomial`` draws from on ``device``."""
-    if device.type == "cpu":
-        return torch.get_rng_state()
-    return torch.get_device_module(device.type).get_rng_state(device.index)
-
-
-def set_rng_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cpu":
-        torch.set_rng_state(state)
-    else:
-        torch.get_device_module(device.type).set_rng_state(state, device.index)
-
-
-def pick(scores: torch.Tensor, do_sample: bool, width: int) -> torch.Tensor:
-    """HF's token choice: a multinomial draw from softmax(scores), or the argmax.
-
-    A draw is taken over the writing model's own lm_head width (padding rows at -inf):
-    the random stream advances by what that model's own ``generate`` would consume.
-    """
-    if not do_sample:
-        return scores.argmax(-1)
-    if width > scores.shape[-1]:
-        scores = torch.nn.functional.pad(scores, (0, width - scores.shape[-1]), value=-float("inf"))
-    return torch.multinomial(scores.softmax(-1), num_samples=1).squeeze(1)
-
-
 def propose(
-    logits: torch.Tensor, seq: Committed, processors: LogitsProcessorList, vocab: int, do_sample: bool
+    logits: torch.Tensor, seq: Committed, processors: Processors, vocab: int, sampler: Sampler | RowSampler
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A model's processed scores over the shared vocabulary, and its token (HF's ``_sample`` step)."""
     scores = processors(seq.view(), logits[:, :vocab].to(device=seq.ids.device, dtype=torch.float32, copy=True))
-    return scores, pick(scores, do_sample, width=logits.shape[-1])
+    return scores, sampler.pick(scores, width=logits.shape[-1])

@@ -1,10 +1,10 @@
-"""What ``R2RForCausalLM.generate`` accepts: HF's options minus those R2R cannot honour, plus ``threshold``.
+"""What ``R2RForCausalLM.generate`` accepts: HF's options minus those R2R cannot honour, plus R2R's own.
 
-``threshold`` is an entry of the call's generation config like any other option: HF copies
-the generation config for every call, so the value a call routes with lives in that copy and
-nowhere else. Precedence, highest first: ``generate(threshold=...)``, a ``threshold`` set on the
-``GenerationConfig`` passed to ``generate``, one set on ``model.generation_config``, and the
-router's ``config.threshold``.
+R2R's own options (``R2R_OPTIONS``) are entries of the call's generation config like any other
+option: HF copies the generation config for every call, so the values a call routes with live in
+that copy and nowhere else. Precedence, highest first: ``generate(threshold=...)``, a value set on
+the ``GenerationConfig`` passed to ``generate``, one set on ``model.generation_config``, and (for
+``threshold``) the router's ``config.threshold``.
 """
 
 from __future__ import annotations
@@ -58,9 +58,22 @@ def generation_options(generation_config: GenerationConfig, mode_kwargs: dict[st
     return options
 
 
-def set_call_threshold(generation_config: GenerationConfig, threshold: float | None, default: float) -> None:
-    """Put the call's threshold into its generation config (see the module docstring for precedence)."""
-    if threshold is not None:
-        generation_config.threshold = threshold
-    elif getattr(generation_config, "threshold", None) is None:
-        generation_config.threshold = default
+# R2R's own generate options, with what each means; HF's GenerationConfig keeps unknown entries as attributes.
+R2R_OPTIONS = {
+    "threshold": "route where the router's score >= threshold (default: the router's config.threshold)",
+    "seed": "draw this call's samples from its own generator seeded so (as torch.manual_seed(seed) would), "
+            "leaving the global random stream untouched",
+}
+
+
+def pop_call_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take R2R's own options out of ``generate``'s keyword arguments (HF would refuse them as unused)."""
+    return {name: kwargs.pop(name) for name in R2R_OPTIONS if kwargs.get(name) is not None}
+
+
+def set_call_options(generation_config: GenerationConfig, options: dict[str, Any], default_threshold: float) -> None:
+    """Put the call's R2R options into its generation config (see the module docstring for precedence)."""
+    for name, value in options.items():
+        setattr(generation_config, name, value)
+    if getattr(generation_config, "threshold", None) is None:
+        generation_config.threshold = default_threshold

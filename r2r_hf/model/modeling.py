@@ -28,7 +28,7 @@ from ..core.decoding import r2r_decode
 from ..core.features import output_device
 from ..core.routing import Routing
 from ..router import Router, build_router, init_router_module
-from .generation import generation_options, refuse_unsupported, set_call_threshold
+from .generation import generation_options, pop_call_options, refuse_unsupported, set_call_options
 from .hub import HUB_KWARGS, commit_folder, missing_local_path, split_hub_path, staging_folder
 from .loading import (
     check_router_fits,
@@ -310,7 +310,9 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             generation_config: as in HF; a ``threshold`` set on it is honoured.
             threshold: route to the LLM where the router's score >= threshold, for this call only
                 (default: ``config.threshold``). ``0.0`` routes every token, ``float("inf")`` none.
-            kwargs: anything HF ``generate`` accepts (max_new_tokens, do_sample, streamer,
+            kwargs: ``seed=N`` draws this call's samples from its own generator (the draws
+                ``torch.manual_seed(N)`` would give, without touching the global stream: safe beside
+                concurrent calls); and anything HF ``generate`` accepts (max_new_tokens, do_sample, streamer,
                 stop_strings with tokenizer, logits_processor, return_dict_in_generate,
                 cache_implementation="static", compile_config...).
 
@@ -332,9 +334,9 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
     def _prepare_generation_config(self, generation_config: GenerationConfig | None, **kwargs: Any):
         # Private HF hook (tests/test_hf_internals.py guards it): the call's copy of the generation
         # config is made here, so the call's threshold goes into that copy.
-        threshold = kwargs.pop("threshold", None)
+        options = pop_call_options(kwargs)
         generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
-        set_call_threshold(generation_config, threshold, self.config.threshold)
+        set_call_options(generation_config, options, self.config.threshold)
         return generation_config, model_kwargs
 
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
@@ -370,8 +372,8 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         if synced_gpus:
             raise ValueError("R2RForCausalLM.generate does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
         routing = Routing.for_call(self.slm, self.llm, self.router, self.shared_vocab_size, self.config.num_topk_logits,
-                                   generation_config, input_ids, self.capture_store)
-        return r2r_decode(routing, input_ids, logits_processor, stopping_criteria, generation_config,
+                                   generation_config, logits_processor, input_ids, self.capture_store)
+        return r2r_decode(routing, input_ids, stopping_criteria, generation_config,
                           attention_mask=model_kwargs.get("attention_mask"),
                           position_ids=model_kwargs.get("position_ids"), streamer=streamer)
 

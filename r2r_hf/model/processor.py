@@ -29,11 +29,14 @@ What it cannot do that ``R2RForCausalLM.generate`` does:
   ``past_key_values``) or when its ids do not extend the previous step's by one token. A call
   with ``use_cache=False`` or with the previous call's ``past_key_values`` whose prompt is the
   previous output cannot be told from a continuation: call ``reset()`` before it.
-* It keeps hooks on the SLM until ``close()`` (or use it as a context manager).
+* It keeps hooks on the SLM until ``close()`` (or use it as a context manager). The hooks keep
+  what each thread's forwards show apart, but its records are one call's: one processor serves
+  one ``generate`` call at a time.
 """
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import torch
@@ -92,10 +95,13 @@ class R2RLogitsProcessor(LogitsProcessor):
         head = slm.get_output_embeddings()
         self._hooks = [
             slm.register_forward_pre_hook(self._saw_slm_forward, with_kwargs=True),
-            head.register_forward_pre_hook(lambda m, args: setattr(self, "_hidden", args[0][:, -1])),
-            head.register_forward_hook(lambda m, args, out: setattr(self, "_logits", out[:, -1])),
+            head.register_forward_pre_hook(lambda m, args: setattr(self._hooked, "hidden", args[0][:, -1])),
+            head.register_forward_hook(lambda m, args, out: setattr(self._hooked, "logits", out[:, -1])),
         ]
-        self._prefilled = False
+        # What the hooks saw, per thread: another thread running the same SLM (an R2R generate call, a
+        # server) never overwrites the features of the call this processor is part of.
+        self._hooked = threading.local()
+        self._hooked.prefilled = False
         self._last_ids: torch.Tensor | None = None
         self._routed: list[torch.Tensor] = []
         self._live: list[torch.Tensor] = []
@@ -147,12 +153,12 @@ class R2RLogitsProcessor(LogitsProcessor):
         # static cache is reset first); latched, because a chunked prefill runs several forwards.
         cache = kwargs.get("past_key_values")
         if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() == 0:
-            self._prefilled = True
+            self._hooked.prefilled = True
 
     def _is_continuation(self, input_ids: torch.Tensor) -> bool:
         last = self._last_ids
         return (
-            not self._prefilled
+            not getattr(self._hooked, "prefilled", False)
             and last is not None
             and input_ids.shape[0] == last.shape[0]
             and input_ids.shape[1] == last.shape[1] + 1
@@ -164,7 +170,7 @@ class R2RLogitsProcessor(LogitsProcessor):
             raise ValueError("This R2RLogitsProcessor was closed; create a new one.")
         if not self._is_continuation(input_ids):
             self._start_call(input_ids)
-        self._prefilled = False
+        self._hooked.prefilled = False
         self._last_ids = input_ids.clone()
         batch, length = input_ids.shape
         finished = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
@@ -172,7 +178,8 @@ class R2RLogitsProcessor(LogitsProcessor):
             generated = input_ids[:, self._prompt_len :]
             finished = torch.isin(generated, self.eos_token_ids.to(input_ids.device)).any(-1)
 
-        features = read_features(self.slm, self._logits, self._hidden, scores.argmax(-1), self.num_topk_logits)
+        seen = self._hooked
+        features = read_features(self.slm, seen.logits, seen.hidden, scores.argmax(-1), self.num_topk_logits)
         router_scores = score(self.router, features).to(scores.device)
         routed = (router_scores >= self.threshold) & ~finished
         self._routed.append(routed.cpu())
