@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
-from . import generate, tools
+from . import generate, serve, tools
 
 # name -> (help, setup(parser), run(args) -> exit code)
-COMMANDS = {**generate.COMMANDS, **tools.COMMANDS}
+COMMANDS = {**generate.COMMANDS, **serve.COMMANDS, **tools.COMMANDS}
 
 
 def _add_global_flags(parser: argparse.ArgumentParser, default: object) -> None:

@@ -1,0 +1,60 @@
+"""Serving R2R over HTTP: an OpenAI-compatible server (``r2r-hf serve``) and its Ray Serve deployment.
+
+    from r2r_hf.serve import ServeSettings, build_app, run_server
+    run_server(model, tokenizer, ServeSettings(port=8000), name="my-router")
+
+Layers: ``settings`` (every default), ``protocol`` (the OpenAI bodies), ``rows`` (one answer's
+settings, text and stop), ``engine`` (the decoding thread: continuous batching over the R2R loop),
+``app`` (FastAPI routes), ``ray_serve`` (the same app as a Ray Serve deployment). Needs the
+``serve`` extra (``pip install r2r_hf[serve]``; ``[ray]`` for Ray Serve).
+"""
+
+from __future__ import annotations
+
+from .settings import ServeSettings
+
+__all__ = ["ServeSettings", "build_app", "load_for_serving", "run_server", "served_name"]
+
+
+def build_app(*args, **kwargs):
+    """See ``app.build_app`` (imported on first use: FastAPI is an optional dependency)."""
+    from .app import build_app as build
+
+    return build(*args, **kwargs)
+
+
+def served_name(router: str) -> str:
+    """The model id a router is served as: a Hub id as is, a folder by its name."""
+    import os
+
+    if os.path.isdir(router):
+        return os.path.basename(os.path.normpath(router))
+    return router
+
+
+def load_for_serving(router: str, slm: str | None = None, llm: str | None = None, device: str = "cpu",
+                     dtype: str = "auto"):
+    """The model (in eval mode) and the SLM's tokenizer for a router."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..model.modeling import R2RForCausalLM
+
+    kwargs = {}
+    if dtype != "auto":
+        kwargs["dtype"] = getattr(torch, dtype)
+    if device != "cpu":
+        kwargs["device_map"] = device
+    model = R2RForCausalLM.from_pretrained(router, slm=slm, llm=llm, **kwargs).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model.slm.name_or_path)
+    return model, tokenizer
+
+
+def run_server(model, tokenizer, settings: ServeSettings, name: str) -> None:
+    """Serve until SIGINT/SIGTERM; on either, in-flight requests finish (up to ``drain_seconds``) first."""
+    import uvicorn
+
+    app = build_app(model, tokenizer, settings, name)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=settings.drain_seconds)
+    uvicorn.Server(config).run()

@@ -1,0 +1,167 @@
+"""The OpenAI API as the server speaks it: request bodies (validated), errors, answers and stream chunks.
+
+Requests are checked field by field with pydantic: a wrong type or value is a 400 naming the
+field. OpenAI options R2R cannot honour (log-probabilities, penalties, logit bias, tools, echo...)
+are refused by name when set to anything but their neutral value; fields OpenAI clients send that
+change nothing here (``user``, ``metadata``...) are ignored. R2R's own options arrive as top-level
+fields (what the openai client sends through ``extra_body``): ``threshold``, ``top_k``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# OpenAI options R2R cannot honour, with the value that means "off".
+UNSUPPORTED = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"}),
+}
+MAX_N = 16  # choices per request (each is a row of the batch)
+MAX_STOPS = 4  # OpenAI's limit
+
+
+class APIError(Exception):
+    """An error the client caused (4xx) or the server met (5xx), as OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = Field(None, validate_default=True)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    max_tokens: int | None = Field(None, ge=1)
+    threshold: float | None = Field(None, ge=0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > MAX_STOPS or any(not s for s in stops):
+            raise ValueError(f"stop takes at most {MAX_STOPS} non-empty strings")
+        return stops
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and not isinstance(value.get("include_usage", False), bool):
+            raise ValueError("stream_options.include_usage must be true or false")
+        return value
+
+    def refuse_unsupported(self) -> None:
+        for name, neutral in UNSUPPORTED.items():
+            value = (self.model_extra or {}).get(name, getattr(self, name, None))
+            if value not in neutral:
+                raise APIError(400, f"{name}={value!r} is not supported by this R2R server; remove it.", param=name,
+                               code="unsupported_parameter")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage", False))
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions``: a prompt (text or token ids; several give several answers each)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(400, f"message content of type {part.get('type')!r} is not supported; send text.",
+                               param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatRequest(_Common):
+    """``POST /v1/chat/completions``: messages rendered with the SLM tokenizer's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+def validation_error(errors: list[dict[str, Any]]) -> APIError:
+    """pydantic's first complaint as one OpenAI-style 400."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"The request body is not valid JSON ({first.get('ctx', {}).get('error', 'cannot parse')}).")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
+
+
+# ----------------------------------------------------------------- answers
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def routing_stats(llm_tokens: int, generated: int, threshold: float, budget: float | None = None) -> dict[str, Any]:
+    """The ``r2r`` object of an answer: who wrote how many of its tokens."""
+    stats = {"llm_tokens": llm_tokens, "generated_tokens": generated,
+             "llm_token_rate": llm_tokens / generated if generated else 0.0, "threshold": threshold}
+    if budget is not None:
+        stats["llm_budget"] = budget
+    return stats
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def answer(chat: bool, rid: str, model: str, texts: list[str], reasons: list[str], use: dict, r2r: dict) -> dict:
+    """A whole (non-streamed) answer."""
+    if chat:
+        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r, "logprobs": None}
+                   for i, (t, r) in enumerate(zip(texts, reasons))]
+    else:
+        choices = [{"index": i, "text": t, "finish_reason": r, "logprobs": None}
+                   for i, (t, r) in enumerate(zip(texts, reasons))]
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices, "usage": use, "r2r": r2r}
+
+
+def chunk(chat: bool, rid: str, model: str, index: int | None, text: str | None = None,
+          reason: str | None = None, first: bool = False, **extra: Any) -> dict:
+    """One stream chunk: a piece of choice ``index``, its finish reason, or (index None) no choice."""
+    choices = []
+    if index is not None:
+        if chat:
+            delta = {"role": "assistant", "content": text or ""} if first else ({"content": text} if text else {})
+            choices = [{"index": index, "delta": delta, "finish_reason": reason, "logprobs": None}]
+        else:
+            choices = [{"index": index, "text": text or "", "finish_reason": reason, "logprobs": None}]
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices, **extra}

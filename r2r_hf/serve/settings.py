@@ -1,0 +1,53 @@
+"""``ServeSettings``: every server default in one place (the CLI's ``serve`` flags are built from it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class ServeSettings:
+    """How ``r2r-hf serve`` listens, batches and answers.
+
+    Args:
+        host: address to bind. 127.0.0.1 answers this machine only; 0.0.0.0 every network it is on.
+        port: TCP port.
+        api_key: clients must send ``Authorization: Bearer <api_key>``; None lets anyone who reaches the
+            address call.
+        model_name: the id ``/v1/models`` lists and requests must name (default: the router's name).
+        max_batch_size: rows (answers) decoded together at most; new rows join a running batch between steps.
+        batch_wait_ms: when the server is idle, how long the first request waits for others to arrive and
+            start in the same batch.
+        max_queue: requests waiting for a place in the batch at most; more are answered 429 with Retry-After.
+        threshold: the routing threshold of requests that name none (default: the router's).
+        default_max_tokens: ``max_tokens`` of chat requests that name none (None: the rest of the context);
+            completion requests default to 16, as OpenAI's do.
+        drain_seconds: on SIGTERM, how long in-flight requests may take to finish before the server exits.
+    """
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind (0.0.0.0: every network)"})
+    port: int = field(default=8000, metadata={"help": "TCP port"})
+    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
+    model_name: str | None = field(default=None, metadata={"help": "model id to serve (default: the router's name)"})
+    max_batch_size: int = field(default=8, metadata={"help": "answers decoded together at most"})
+    batch_wait_ms: float = field(default=5.0, metadata={"help": "idle server: wait this long for more requests"})
+    max_queue: int = field(default=64, metadata={"help": "waiting requests at most (more get 429)"})
+    threshold: float | None = field(default=None, metadata={"help": "default routing threshold"})
+    default_max_tokens: int | None = field(default=None, metadata={"help": "chat max_tokens when none is given"})
+    drain_seconds: float = field(default=30.0, metadata={"help": "SIGTERM: seconds to finish in-flight requests"})
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be between 0 and 65535, got {self.port}.")
+        if self.batch_wait_ms < 0 or self.drain_seconds < 0:
+            raise ValueError("batch_wait_ms and drain_seconds must be >= 0.")
+        if self.threshold is not None and not self.threshold >= 0:  # NaN fails too
+            raise ValueError(f"threshold must be a number >= 0, got {self.threshold}.")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
+
+
+SETTINGS_FIELDS = {f.name: f for f in fields(ServeSettings)}
