@@ -1,0 +1,69 @@
+"""`r2r-hf serve` as its own process: it starts from the command line, drains on SIGTERM, then exits."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from serving import free_port
+
+
+def start_server(router_dir, pair_dir, *flags, env=None):
+    """``python -m r2r_hf.cli serve`` on a free loopback port; returns (process, base url) once it answers."""
+    port = free_port()
+    command = [sys.executable, "-m", "r2r_hf.cli", "--quiet", "serve", str(router_dir), "--slm", pair_dir[0],
+               "--llm", pair_dir[1], "--port", str(port), "--threads", "1", *flags]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"the server did not start:\n{process.stdout.read()}")
+        time.sleep(0.2)
+
+
+def stop(process) -> int:
+    """SIGTERM, then wait; anything left of its process group is killed (and the test fails)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+
+
+def test_sigterm_lets_the_answer_in_flight_finish_then_exits(router_dir, pair_dir):
+    process, url = start_server(router_dir, pair_dir, "--drain-seconds", "60")
+    try:
+        body = {"model": os.path.basename(str(router_dir)), "prompt": "the old man said", "max_tokens": 600,
+                "temperature": 0, "threshold": 2.0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as answer:
+            lines = answer.iter_lines()
+            first = next(line for line in lines if line.startswith("data:"))
+            process.send_signal(signal.SIGTERM)  # mid-answer
+            rest = [line for line in lines if line.startswith("data:")]
+        assert rest[-1] == "data: [DONE]", "the stream was finished, not cut"
+        last = json.loads(rest[-2][len("data:"):])
+        assert last["choices"][0]["finish_reason"] == "length" and last["r2r"]["generated_tokens"] == 600
+        # uvicorn re-raises the signal once it has drained, so the exit status says "ended by SIGTERM".
+        assert first and stop(process) in (0, -signal.SIGTERM)
+        try:
+            httpx.get(url + "/health", timeout=2)
+            raise AssertionError("the server still answers after SIGTERM")
+        except httpx.HTTPError:
+            pass
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
