@@ -30,8 +30,9 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (per replica)")
     defaults = ServeSettings()
     for f in dataclasses.fields(ServeSettings):
-        p.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(f), default=getattr(defaults, f.name),
-                       help=f"{f.metadata['help']} (default: {getattr(defaults, f.name)})")
+        default = getattr(defaults, f.name)
+        p.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(f), default=default,
+                       help=f.metadata["help"] + ("" if default is None else f" (default: {default})"))
     ray = p.add_argument_group("scale-out on Ray Serve (pip install r2r_hf[ray])")
     ray.add_argument("--ray", action="store_true", help="serve as a Ray Serve deployment")
     ray.add_argument("--replicas", type=positive_int, default=1, help="replicas, each holding the SLM, router and LLM")
@@ -47,8 +48,9 @@ def settings_from(args: argparse.Namespace) -> ServeSettings:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from ..serve import load_for_serving, run_server, served_name
+    from ..serve import load_for_serving, require_extra, run_server, served_name
 
+    require_extra("ray" if args.ray else "serve")
     settings = settings_from(args)
     name = settings.model_name or served_name(args.router)
     if args.ray:

@@ -13,7 +13,19 @@ from __future__ import annotations
 
 from .settings import ServeSettings
 
-__all__ = ["ServeSettings", "build_app", "load_for_serving", "run_server", "served_name"]
+__all__ = ["ServeSettings", "build_app", "load_for_serving", "require_extra", "run_server", "served_name"]
+
+EXTRAS = {"serve": ("fastapi", "uvicorn"), "ray": ("fastapi", "uvicorn", "ray.serve")}
+
+
+def require_extra(extra: str) -> None:
+    """Refuse in one sentence when the packages of an optional extra are missing."""
+    import importlib.util
+
+    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m.split(".")[0]) is None]
+    if missing:
+        raise RuntimeError(f"Serving{' on Ray' if extra == 'ray' else ''} needs {', '.join(missing)}: "
+                           f"pip install 'r2r_hf[{extra}]'.")
 
 
 def build_app(*args, **kwargs):
