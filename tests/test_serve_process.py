@@ -67,3 +67,24 @@ def test_sigterm_lets_the_answer_in_flight_finish_then_exits(router_dir, pair_di
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+BLOCK_EXTRAS = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('fastapi', 'uvicorn', 'ray', 'starlette'):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_the_base_install_runs_without_the_serve_extras_and_serve_says_what_to_install(router_dir):
+    code = BLOCK_EXTRAS + f"""
+import r2r_hf, r2r_hf.serve
+from r2r_hf.cli import main
+assert main(["serve", {str(router_dir)!r}]) == 2
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'r2r_hf[serve]'" in done.stderr and "Traceback" not in done.stderr

@@ -20,9 +20,14 @@ EXTRAS = {"serve": ("fastapi", "uvicorn"), "ray": ("fastapi", "uvicorn", "ray.se
 
 def require_extra(extra: str) -> None:
     """Refuse in one sentence when the packages of an optional extra are missing."""
-    import importlib.util
+    import importlib
 
-    missing = [m for m in EXTRAS[extra] if importlib.util.find_spec(m.split(".")[0]) is None]
+    missing = []
+    for module in EXTRAS[extra]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
     if missing:
         raise RuntimeError(f"Serving{' on Ray' if extra == 'ray' else ''} needs {', '.join(missing)}: "
                            f"pip install 'r2r_hf[{extra}]'.")
