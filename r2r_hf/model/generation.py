@@ -4,14 +4,20 @@
 the generation config for every call, so the value a call routes with lives in that copy and
 nowhere else. Precedence, highest first: ``generate(threshold=...)``, a ``threshold`` set on the
 ``GenerationConfig`` passed to ``generate``, one set on ``model.generation_config``, and the
-router's ``config.threshold``.
+router's ``config.threshold``. The router's own entries (``ROUTER_ENTRIES``) are saved in its
+``generation_config.json`` and survive loading; every other entry is the LLM's.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import os
+from pathlib import Path
 from typing import Any
 
 from transformers import GenerationConfig
+from transformers.utils import cached_file
 
 # Options of HF generate that R2R cannot honour, with the reason given to the user.
 UNSUPPORTED = {
@@ -28,6 +34,9 @@ UNSUPPORTED = {
     "past_key_values": "R2R keeps one cache per model",
     "inputs_embeds": "prompts as embeddings (the SLM and the LLM each embed the ids with their own table; pass input_ids)",
 }
+# Generation-config entries that are R2R's, not HF's: a router saves them in its generation_config.json, and
+# they are kept when the LLM's generation config (EOS, pad, sampling defaults) replaces the rest.
+ROUTER_ENTRIES = ("threshold",)
 _NEUTRAL_VALUES = {"num_beams": 1, "num_beam_groups": 1, "guidance_scale": 1.0}
 CACHES = (None, "dynamic", "static")
 
@@ -64,3 +73,31 @@ def set_call_threshold(generation_config: GenerationConfig, threshold: float | N
         generation_config.threshold = threshold
     elif getattr(generation_config, "threshold", None) is None:
         generation_config.threshold = default
+
+
+def saved_router_entries(location: str | os.PathLike, hub: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``ROUTER_ENTRIES`` a router's ``generation_config.json`` holds (read as written: HF drops unknown
+    entries of a generation config marked ``_from_model_config``)."""
+    try:
+        path = cached_file(str(location), "generation_config.json", _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False, **(hub or {}))
+    except OSError:
+        return {}
+    if path is None:
+        return {}
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it or delete it to load the router "
+                         "without it.") from None
+    return {k: saved[k] for k in ROUTER_ENTRIES if isinstance(saved, dict) and saved.get(k) is not None}
+
+
+def pair_generation_config(llm_config: GenerationConfig, router_config: GenerationConfig | None) -> GenerationConfig:
+    """The LLM's generation config (so always-routing behaves as ``llm.generate``) plus the router's own entries."""
+    merged = copy.deepcopy(llm_config)
+    for name in ROUTER_ENTRIES:
+        value = getattr(router_config, name, None)
+        if value is not None:
+            setattr(merged, name, value)
+    return merged

@@ -66,6 +66,16 @@ def is_router_config(path: str | os.PathLike | None) -> bool:
     return isinstance(config, dict) and config.get("model_type") == "r2r"
 
 
+def check_is_router(config: dict[str, Any], location: str | os.PathLike) -> None:
+    """Refuse a ``config.json`` of another model type (a plain model's folder given as a router)."""
+    model_type = config.get("model_type")
+    if model_type not in (None, "r2r"):
+        raise ValueError(
+            f"{location} is not an r2r router: its config.json describes a {model_type!r} model; pass a router "
+            "folder or Hub id (a model goes to slm= / llm=, --slm / --llm)."
+        )
+
+
 def is_router_folder(folder: str | os.PathLike) -> bool:
     """True when ``folder`` holds a router r2r_hf wrote (see ``is_router_config``)."""
     return is_router_config(Path(folder, "config.json"))

@@ -11,7 +11,6 @@ calls ``_sample``, which this class replaces with the R2R loop (``core.decoding`
 
 from __future__ import annotations
 
-import copy
 import os
 import tempfile
 from pathlib import Path
@@ -28,8 +27,14 @@ from ..core.decoding import r2r_decode
 from ..core.features import output_device
 from ..core.routing import Routing
 from ..router import Router, build_router, init_router_module
-from .generation import generation_options, refuse_unsupported, set_call_threshold
-from .hub import HUB_KWARGS, commit_folder, missing_local_path, split_hub_path, staging_folder
+from .generation import (
+    generation_options,
+    pair_generation_config,
+    refuse_unsupported,
+    saved_router_entries,
+    set_call_threshold,
+)
+from .hub import HUB_KWARGS, check_is_router, commit_folder, missing_local_path, split_hub_path, staging_folder
 from .loading import (
     check_router_fits,
     config_from_models,
@@ -42,7 +47,7 @@ from .loading import (
 from .model_card import CARD_MARKER, render_model_card
 from .official import find_official_file, official_router
 from .record import from_legacy_config, load_record, save_record
-from .weights import load_router_state, load_strictly
+from .weights import load_router_state, load_strictly, refuse_baseline_weights
 
 
 class R2RForCausalLM(PreTrainedModel, GenerationMixin):
@@ -113,8 +118,8 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         # The router lives where the SLM's features appear; it stays float32 (it is small).
         self.router.to(output_device(slm))
         # Defaults (EOS ids, pad, recommended sampling) are the LLM's, so always-routing
-        # behaves exactly like llm.generate.
-        self.generation_config = copy.deepcopy(llm.generation_config)
+        # behaves exactly like llm.generate; the router's own entries (its threshold) stay.
+        self.generation_config = pair_generation_config(llm.generation_config, self.generation_config)
 
     @property
     def device(self) -> torch.device:
@@ -178,6 +183,9 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         if missing_local_path(location):
             raise OSError(f"The router folder {location} does not exist; pass an existing folder, a Hub id (with "
                           "subfolder= for a folder inside the repo) or an official router file (org/repo/folder/file.pt).")
+        if os.path.isfile(str(location)) and not str(location).endswith(".pt"):
+            raise ValueError(f"{location} is a file, not a router; pass the router's folder (the one holding "
+                             "config.json and model.safetensors), a Hub id or an official router file (.pt).")
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
         hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
         config = router_kwargs.pop("config", None)
@@ -192,13 +200,17 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             llm = llm if is_loaded_model(llm) else None
         else:
             if config is None:
+                check_is_router(R2RConfig.get_config_dict(location, **dict(router_kwargs))[0], location)
                 config, router_kwargs = R2RConfig.from_pretrained(location, return_unused_kwargs=True, **router_kwargs)
                 router_kwargs.update(hub)
             if config.router_type == "mlp":
                 model = load_strictly(super().from_pretrained, location, *model_args, config=config, **router_kwargs)
             else:  # baseline routers have no weights to load
+                refuse_baseline_weights(location, config.router_type, hub)
                 model = cls(config).eval()
             model.record = {**model.record, **load_record(location, hub)}
+            for name, value in saved_router_entries(location, hub).items():
+                setattr(model.generation_config, name, value)
         if not load_pair:
             return model
         if not is_loaded_model(slm):
