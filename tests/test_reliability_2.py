@@ -72,3 +72,83 @@ def test_a_plain_model_folder_as_router_says_it_is_not_a_router(pair_dir, capsys
     with pytest.raises(ValueError, match="is not an r2r router: its config.json describes a 'qwen2' model"):
         R2RForCausalLM.from_pretrained(pair_dir[0], load_pair=False)
     _one_line_error(capsys, cli_main(["generate", "--router", pair_dir[0], "x"]), "--slm / --llm")
+
+
+def test_embeddings_as_the_positional_prompt_are_one_sentence(model, single):
+    embeddings = model.slm.get_input_embeddings()(single["input_ids"])
+    with pytest.raises(ValueError, match=r"takes token ids.*float32 tensor of shape \[1, 12, 64\]; prompts as emb"):
+        model.generate(embeddings, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"got a int64 tensor of shape \[12\]"):
+        model.generate(input_ids=single["input_ids"][0], max_new_tokens=2)
+
+
+# ------------------------------------------------------------------ 11. router sizes
+@pytest.mark.parametrize("field, value, message", [
+    ("router_hidden_dims", [0], "router_hidden_dims must be widths from 1 to 16384, got [0]"),
+    ("router_hidden_dims", [-4], "router_hidden_dims must be widths from 1 to 16384, got [-4]"),
+    ("router_hidden_dims", [10**6], "router_hidden_dims must be widths from 1 to 16384, got [1000000]"),
+    ("slm_hidden_size", -64, "slm_hidden_size must be at least 1, got -64"),
+    ("slm_embedding_size", 0, "slm_embedding_size must be at least 1, got 0"),
+    ("router_expansion", 0, "router_expansion must be at least 1, got 0"),
+    ("router_dropout", 1.5, "router_dropout must be a number in [0, 1), got 1.5"),
+    ("slm_hidden_size", 10**7, "describe a router of 1,650,011,745 parameters"),
+    ("router_hidden_dims", [16384] * 4, "more than the 1,000,000,000 r2r_hf accepts"),
+    ("random_seed", 2**70, "random_seed must be between 0 and 2**64 - 1"),
+])
+def test_router_sizes_are_range_checked_in_config_json(router_dir, tmp_path, field, value, message, capsys):
+    broken = tmp_path / "broken"
+    shutil.copytree(router_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(ValueError) as info:
+        R2RForCausalLM.from_pretrained(broken, load_pair=False)
+    assert message in str(info.value)
+    _one_line_error(capsys, cli_main(["generate", "--router", str(broken), "x"]), message)
+
+
+def test_the_parameter_count_the_bound_uses_is_the_routers():
+    from r2r_hf.config import router_parameters
+
+    for sizes in (dict(router_hidden_dims=[32, 48, 16], router_expansion=3), dict(normalize_input=True)):
+        config = R2RConfig(slm_hidden_size=24, slm_embedding_size=20, num_topk_logits=7, **sizes)
+        assert router_parameters(config) == sum(p.numel() for p in R2RForCausalLM(config).parameters())
+
+
+# ------------------------------------------------------------------ 11, 12, 14, 15. option values
+@pytest.mark.parametrize("argv, expected", [
+    (["train", "--data", "d", "--out", "o", "--hidden-dims", "0"], "from 1 to 16384 (e.g. 512,512,512), got '0'"),
+    (["train", "--data", "d", "--out", "o", "--hidden-dims", "64,-4"], "got '64,-4'"),
+    (["train", "--data", "d", "--out", "o", "--dropout", "1"], "expected a dropout rate in [0, 1), got '1'"),
+    (["train", "--data", "d", "--out", "o", "--lr", "1e10"], "expected a learning rate in (0, 1]"),
+    (["train", "--data", "d", "--out", "o", "--lr", "inf"], "expected a learning rate in (0, 1]"),
+    (["train", "--data", "d", "--out", "o", "--weight-decay", "inf"], "expected a finite number >= 0"),
+    (["train", "--data", "d", "--out", "o", "--seed", str(2**70)], "expected a seed between 0 and 2**64 - 1"),
+    (["train", "--data", "d", "--out", "o", "--device", "meta"], "'meta' holds no data"),
+    (["generate", "--router", "r", "--device", "meta", "x"], "'meta' holds no data"),
+    (["generate", "--router", "r", "--seed", "99999999999999999999999", "x"], "expected a seed between 0 and"),
+    (["generate", "--router", "r", "--threads", "20000", "x"], "expected at most"),
+    (["chat", "--router", "r", "--threads", "100000"], "per CPU of this machine's"),
+    (["label", "--slm", "s", "--llm", "l", "--prompts", "p", "--out", "o", "--threads", "20000"], "expected at most"),
+])
+def test_option_values_out_of_range_are_refused_by_the_option(argv, expected, capsys):
+    _usage_error(capsys, argv, expected)
+
+
+def test_threads_up_to_the_bound_are_accepted():
+    from r2r_hf.cli.main import build_parser
+    from r2r_hf.cli.options import THREADS_PER_CPU
+
+    most = THREADS_PER_CPU * os.cpu_count()
+    assert build_parser().parse_args(["generate", "--router", "r", "--threads", str(most), "x"]).threads == most
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("lr", float("inf"), "lr must be in (0, 1]"), ("lr", 1e10, "lr must be in (0, 1]"),
+    ("lr", float("nan"), "lr must be in (0, 1]"), ("weight_decay", float("inf"), "weight_decay must be a finite"),
+    ("epochs", 0, "epochs must be a whole number >= 1"), ("seed", 2**70, "seed must be a whole number from 0"),
+])
+def test_train_settings_refuse_values_that_cannot_train(field, value, message):
+    from r2r_hf.training import TrainSettings
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        TrainSettings(**{field: value})

@@ -62,6 +62,65 @@ def whole(minimum: int):
 positive_int = whole(1)
 non_negative_int = whole(0)
 
+# torch's OpenMP pool aborts (libgomp) or crashes far above the machine's cores; more threads than this gain nothing.
+THREADS_PER_CPU = 4
+
+
+def threads(text: str) -> int:
+    """A CPU thread count for torch: 1 to ``THREADS_PER_CPU`` times this machine's CPU count."""
+    most = THREADS_PER_CPU * (os.cpu_count() or 1)
+    value = positive_int(text)
+    if value > most:
+        raise argparse.ArgumentTypeError(f"expected at most {most} threads ({THREADS_PER_CPU} per CPU of this "
+                                         f"machine's {os.cpu_count() or 1}), got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A random seed torch accepts: a whole number from 0 to 2**64 - 1."""
+    value = non_negative_int(text)
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"expected a seed between 0 and 2**64 - 1, got {text!r}")
+    return value
+
+
+def learning_rate(text: str) -> float:
+    """A learning rate in (0, 1]: AdamW diverges far below 1, and at 0 nothing is learnt."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a learning rate in (0, 1] (the paper's is 5e-5), got {text!r}")
+    return value
+
+
+def finite_non_negative(text: str) -> float:
+    """A finite number >= 0 (a weight decay)."""
+    value = _number(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def dropout(text: str) -> float:
+    """A dropout rate in [0, 1) (1 would drop everything)."""
+    value = _number(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a dropout rate in [0, 1), got {text!r}")
+    return value
+
+
+def widths(text: str) -> list[int]:
+    """Comma-separated router block widths, each from 1 to ``MAX_ROUTER_WIDTH``."""
+    from ..config import MAX_ROUTER_WIDTH
+
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(1 <= v <= MAX_ROUTER_WIDTH for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers from 1 to {MAX_ROUTER_WIDTH} "
+                                         f"(e.g. 512,512,512), got {text!r}")
+    return values
+
 
 def device(allow_auto: bool = False):
     """A torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``; ``auto`` where allowed) this machine has."""
@@ -74,6 +133,11 @@ def device(allow_auto: bool = False):
             dev = torch.device(text)
         except (RuntimeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected a device ({names}), got {text!r}") from None
+        if dev.type == "meta":
+            raise argparse.ArgumentTypeError("'meta' holds no data, so no model can run on it; use --device cpu or cuda")
+        backend = getattr(torch, dev.type, None)  # xpu and other accelerators say whether they are there
+        if dev.type not in ("cpu", "cuda", "mps") and not getattr(backend, "is_available", lambda: False)():
+            raise argparse.ArgumentTypeError(f"{text!r} is not available on this machine; use --device cpu")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not available: this torch build has no CUDA support or no GPU is visible; "

@@ -332,7 +332,13 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         """
         self.slm, self.llm  # noqa: B018 - raises a clear error when no models are attached
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
-        if isinstance(prompt, torch.Tensor) and prompt.dim() > 0 and prompt.shape[-1] == 0:
+        if isinstance(prompt, torch.Tensor) and (prompt.is_floating_point() or prompt.dim() != 2):
+            raise ValueError(
+                f"generate takes token ids, a [batch, length] integer tensor (inputs or input_ids=), but got a "
+                f"{str(prompt.dtype).replace('torch.', '')} tensor of shape {list(prompt.shape)}; prompts as "
+                "embeddings are not supported (the SLM and the LLM each embed the ids with their own table)."
+            )
+        if isinstance(prompt, torch.Tensor) and prompt.shape[-1] == 0:
             raise ValueError("The prompt is empty (input_ids has 0 tokens); pass at least one token, e.g. the "
                              "tokenizer's BOS token.")
         # HF diverts some modes (contrastive, DoLa, custom_generate) before its own validation.

@@ -56,6 +56,20 @@ class TrainSettings:
     validation_fraction: float = 0.1
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "patience"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"TrainSettings {name} must be a whole number >= 1, got {getattr(self, name)!r}.")
+        # AdamW diverges far below 1; inf and NaN are never a learning rate.
+        if not 0 < self.lr <= 1:
+            raise ValueError(f"TrainSettings lr must be in (0, 1] (the paper's is 5e-5), got {self.lr}.")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"TrainSettings weight_decay must be a finite number >= 0, got {self.weight_decay}.")
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(f"TrainSettings validation_fraction must be in (0, 1), got {self.validation_fraction}.")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ValueError(f"TrainSettings seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}.")
+
 
 def auto_hidden_dims(train_tokens: int) -> list[int]:
     """Residual block widths sized to the amount of training data (see the module docstring)."""
@@ -131,6 +145,8 @@ def train_router(
     settings = settings or TrainSettings()
     if llm_rate is not None:
         recall = None
+    if torch.device(device).type == "meta":
+        raise ValueError("device='meta' holds no data, so nothing can be trained on it; pass device='cpu' or 'cuda'.")
     check_output_folder(out_dir, overwrite)
     torch.manual_seed(settings.seed)
     data = load_labels(data_dir, validation_fraction=settings.validation_fraction, seed=settings.seed, labels=labels)
@@ -170,6 +186,12 @@ def train_router(
             router.eval()
             with torch.no_grad():
                 val_loss = sum(_weighted_loss(router, b, pos_weight, device).item() for b in val.batches(4096))
+            if not (math.isfinite(total) and math.isfinite(val_loss)):
+                raise ValueError(
+                    f"Training diverged in epoch {epoch + 1} (training loss {total / train_tokens:.4g}, validation "
+                    f"loss {val_loss / val_tokens:.4g}); lower the learning rate (--lr, TrainSettings(lr=...); now "
+                    f"{settings.lr:g}), or check {data_dir} for features that are not finite."
+                )
             history.append({"epoch": epoch + 1, "train_loss": total / train_tokens, "val_loss": val_loss / val_tokens})
             bar.set_postfix(val_loss=f"{val_loss / val_tokens:.4f}")
             if val_loss < best_loss:
