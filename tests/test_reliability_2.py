@@ -9,12 +9,19 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
 from conftest import SMALL_ROUTER
+from synthetic_labels import write_synthetic_run
+from test_reliability import _one_line_error
+
 from r2r_hf import R2RConfig, R2RForCausalLM
 from r2r_hf.cli import main as cli_main
-from test_reliability import _one_line_error
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic")
+    write_synthetic_run(root)
+    return root
 
 
 def _usage_error(capsys, argv, *expected):
@@ -152,3 +159,88 @@ def test_train_settings_refuse_values_that_cannot_train(field, value, message):
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
         TrainSettings(**{field: value})
+
+
+# ------------------------------------------------------------------ 8. links are replaced, never written through
+def _linked_router(model, tmp_path, layout):
+    """A router whose files are symbolic links to blobs elsewhere (as in a Hugging Face cache), and a dangling
+    README.md link."""
+    saved, blobs, folder = tmp_path / "saved", tmp_path / "blobs", tmp_path / layout
+    model.save_pretrained(saved)
+    blobs.mkdir()
+    folder.mkdir(parents=True)
+    for path in saved.iterdir():
+        if path.name != "README.md":
+            shutil.copy(path, blobs / path.name)
+            (folder / path.name).symlink_to(blobs / path.name)
+    (folder / "README.md").symlink_to(blobs / "missing-readme")
+    return folder, blobs, {p.name: p.read_bytes() for p in blobs.iterdir()}
+
+
+def test_saving_over_links_replaces_them_and_leaves_their_targets(model, synthetic_run, tmp_path, capsys):
+    folder, blobs, before = _linked_router(model, tmp_path, "linked")
+    assert cli_main(["--quiet", "calibrate", "--router", str(folder), "--data", str(synthetic_run),
+                     "--llm-rate", "0.3"]) == 0
+    assert {p.name: p.read_bytes() for p in blobs.iterdir()} == before  # no blob changed, none created
+    assert not any(p.is_symlink() for p in folder.iterdir())
+    assert json.loads((folder / "config.json").read_text())["threshold"] != json.loads(before["config.json"])["threshold"]
+    assert "router_metrics.json" in os.listdir(folder) and (folder / "README.md").read_text().strip()
+
+
+def test_a_hugging_face_cache_snapshot_is_refused_as_an_output(model, synthetic_run, tmp_path, capsys):
+    folder, blobs, before = _linked_router(model, tmp_path, "hub/models--org--router/snapshots/0123abcd")
+    rc = cli_main(["calibrate", "--router", str(folder), "--data", str(synthetic_run), "--llm-rate", "0.3"])
+    _one_line_error(capsys, rc, "is a Hugging Face cache snapshot", "write the router to a folder of your own")
+    with pytest.raises(ValueError, match="cache snapshot"):
+        model.save_pretrained(folder / "inner")
+    assert {p.name: p.read_bytes() for p in blobs.iterdir()} == before and all(p.is_symlink() for p in folder.iterdir())
+
+
+# ------------------------------------------------------------------ 9. a full disk
+def _full_disk(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
+                          'left on device" })')
+
+
+def test_a_full_disk_while_saving_a_router_is_one_sentence_and_keeps_the_old_one(model, router_dir, tmp_path,
+                                                                                  monkeypatch, capsys):
+    import transformers.modeling_utils
+
+    folder = tmp_path / "router"
+    shutil.copytree(router_dir, folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", _full_disk)
+    with pytest.raises(OSError, match=r"^Could not write .*router: no space left \(the disk is full"):
+        model.save_pretrained(folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no staging folder left either
+
+
+def test_a_full_disk_while_writing_a_shard_is_one_sentence(tmp_path, monkeypatch):
+    from r2r_hf.pipeline import store
+
+    monkeypatch.setattr(store, "save_file", _full_disk)
+    with pytest.raises(OSError, match=r"^Could not write .*shard-00000.safetensors: no space left"):
+        store.write_tensors(tmp_path / "shard-00000.safetensors", {"a": torch.zeros(3)}, {})
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_real_write_failure_while_training_is_one_sentence(synthetic_run, tmp_path):
+    """The OS refuses the write (a file size limit: the same error path as a full disk, without one)."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    out = tmp_path / "router"
+    result = subprocess.run([sys.executable, "-m", "r2r_hf.cli", "--quiet", "train", "--data", str(synthetic_run),
+                             "--out", str(out), "--epochs", "1", "--hidden-dims", "64"], preexec_fn=limit_file_size,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert result.returncode == 2 and result.stderr.startswith(f"error: Could not write {out}: no space left"), \
+        result.stderr[-2000:]
+    assert result.stderr.count("\n") == 1 and not out.exists()

@@ -4,6 +4,7 @@ and uploading a router folder as one commit."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -96,6 +97,7 @@ def check_output_folder(folder: str | os.PathLike, overwrite: bool = False, upda
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{folder} is a file, not a folder; pass a folder to write the router to.")
+    check_not_cache_snapshot(folder)
     if update:
         if not path.is_dir():
             raise FileNotFoundError(f"The router folder {folder} does not exist.")
@@ -113,18 +115,52 @@ def check_output_folder(folder: str | os.PathLike, overwrite: bool = False, upda
         )
 
 
+def write_failed(path: str | os.PathLike, err: BaseException) -> OSError | None:
+    """One sentence for a write that failed for lack of space (safetensors raises its own error type for it);
+    None for any other error, which then propagates as it is."""
+    code = getattr(err, "errno", None)
+    # safetensors reports the OS error as text: "... (os error 28)" or "Os { code: 28, kind: StorageFull ... }".
+    found = re.search(r"os error (\d+)|code: (\d+)", str(err)) if code is None else None
+    code = int(found.group(1) or found.group(2)) if found else code
+    if code not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return None
+    return OSError(f"Could not write {path}: no space left (the disk is full, or a quota or file size limit was "
+                   "reached); free some space or write to another folder, then run the command again (nothing "
+                   "was replaced).")
+
+
+def check_not_cache_snapshot(folder: str | os.PathLike) -> None:
+    """Refuse a folder inside the Hugging Face cache: its files are links to blobs other snapshots share."""
+    parts = Path(folder).resolve().parts
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith(("models--", "datasets--", "spaces--")) and parts[i + 1] == "snapshots":
+            raise ValueError(
+                f"{folder} is a Hugging Face cache snapshot (its files are shared with other snapshots); write the "
+                "router to a folder of your own (copy the snapshot first to change a downloaded router)."
+            )
+
+
 @contextlib.contextmanager
 def staging_folder(folder: str | os.PathLike) -> Iterator[str]:
     """A private folder inside ``folder`` (created if needed); its files replace their namesakes in ``folder`` on exit.
 
-    Whatever writes into it can delete nothing else of ``folder``.
+    Whatever writes into it can delete nothing else of ``folder``, and a namesake that is a symbolic link is
+    replaced, never written through (its target, maybe shared, stays as it was; a dangling one stays absent).
     """
+    check_not_cache_snapshot(folder)
+    created = not Path(folder).exists()
     Path(folder).mkdir(parents=True, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".r2r-save-", dir=folder)
     try:
         yield staging
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(folder, name))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:  # a failed save leaves no trace, not even the folder
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
@@ -34,7 +35,15 @@ from .generation import (
     saved_router_entries,
     set_call_threshold,
 )
-from .hub import HUB_KWARGS, check_is_router, commit_folder, missing_local_path, split_hub_path, staging_folder
+from .hub import (
+    HUB_KWARGS,
+    check_is_router,
+    commit_folder,
+    missing_local_path,
+    split_hub_path,
+    staging_folder,
+    write_failed,
+)
 from .loading import (
     check_router_fits,
     config_from_models,
@@ -273,12 +282,21 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("save_pretrained(push_to_hub=True) is not supported; call model.push_to_hub(repo_id).")
         # HF deletes weight shards (model-0000x-of-0000y.safetensors) it does not rewrite; the folder may hold
         # files r2r_hf did not write, so HF saves into a private folder whose files are then moved in.
-        with staging_folder(save_directory) as staging:
-            result = super().save_pretrained(staging, *args, **kwargs)
-        save_record(save_directory, self.record)
-        readme = Path(save_directory, "README.md")
-        if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
-            readme.write_text(render_model_card(self.config, self.record, repo_id=repo_id), encoding="utf-8")
+        # Every file is written there and renamed into place: a file that is a link (a Hugging Face cache
+        # snapshot's) is replaced, never written through.
+        try:
+            with staging_folder(save_directory) as staging:
+                result = super().save_pretrained(staging, *args, **kwargs)
+                save_record(staging, self.record)
+                readme = Path(save_directory, "README.md")
+                if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
+                    card = render_model_card(self.config, self.record, repo_id=repo_id)
+                    Path(staging, "README.md").write_text(card, encoding="utf-8")
+        except (OSError, SafetensorError) as err:  # a full disk: one sentence, the folder as it was
+            full = write_failed(save_directory, err)
+            if full is None:
+                raise
+            raise full from None
         return result
 
     def push_to_hub(

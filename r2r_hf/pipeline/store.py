@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from ..model.hub import write_failed
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -50,9 +52,12 @@ def _atomic(path: Path, write) -> None:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give shards the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.remove(tmp)
+        full = write_failed(path, err) if isinstance(err, (OSError, SafetensorError)) else None
+        if full is not None:
+            raise full from None
         raise
 
 
