@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, HfApi
+from safetensors import SafetensorError
 
 # Keyword arguments of `from_pretrained` that say where and how to fetch files; they apply to
 # the router and, unless overridden in slm_kwargs/llm_kwargs, to the SLM and LLM as well.
@@ -56,6 +57,16 @@ def split_hub_path(
         raise ValueError(f"{text} names the folder {inner!r} inside the repo and subfolder={subfolder!r} another; "
                          "name it once.")
     return "/".join(parts[:2]), inner or subfolder, parts[-1]
+
+
+def check_router_location(location: str | os.PathLike) -> None:
+    """Refuse, before any download, a router location that is a missing local path or a file other than a ``.pt``."""
+    if missing_local_path(location):
+        raise OSError(f"The router folder {location} does not exist; pass an existing folder, a Hub id (with "
+                      "subfolder= for a folder inside the repo) or an official router file (org/repo/folder/file.pt).")
+    if os.path.isfile(str(location)) and not str(location).endswith(".pt"):
+        raise ValueError(f"{location} is a file, not a router; pass the router's folder (the one holding "
+                         "config.json and model.safetensors), a Hub id or an official router file (.pt).")
 
 
 def is_router_config(path: str | os.PathLike | None) -> bool:
@@ -155,11 +166,14 @@ def staging_folder(folder: str | os.PathLike) -> Iterator[str]:
         yield staging
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(folder, name))
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
         if created:  # a failed save leaves no trace, not even the folder
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
+        full = write_failed(folder, err) if isinstance(err, (OSError, SafetensorError)) else None
+        if full is not None:  # a full disk: one sentence, and the folder as it was
+            raise full from None
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

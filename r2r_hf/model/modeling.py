@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
@@ -28,22 +27,9 @@ from ..core.decoding import r2r_decode
 from ..core.features import output_device
 from ..core.routing import Routing
 from ..router import Router, build_router, init_router_module
-from .generation import (
-    generation_options,
-    pair_generation_config,
-    refuse_unsupported,
-    saved_router_entries,
-    set_call_threshold,
-)
-from .hub import (
-    HUB_KWARGS,
-    check_is_router,
-    commit_folder,
-    missing_local_path,
-    split_hub_path,
-    staging_folder,
-    write_failed,
-)
+from .generation import generation_options, pair_generation_config, refuse_unsupported, set_call_threshold
+from .generation import saved_router_entries
+from .hub import HUB_KWARGS, check_is_router, check_router_location, commit_folder, split_hub_path, staging_folder
 from .loading import (
     check_router_fits,
     config_from_models,
@@ -189,12 +175,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         location, subfolder, filename = split_hub_path(pretrained_model_name_or_path, kwargs.get("subfolder"))
         if subfolder:
             kwargs["subfolder"] = subfolder
-        if missing_local_path(location):
-            raise OSError(f"The router folder {location} does not exist; pass an existing folder, a Hub id (with "
-                          "subfolder= for a folder inside the repo) or an official router file (org/repo/folder/file.pt).")
-        if os.path.isfile(str(location)) and not str(location).endswith(".pt"):
-            raise ValueError(f"{location} is a file, not a router; pass the router's folder (the one holding "
-                             "config.json and model.safetensors), a Hub id or an official router file (.pt).")
+        check_router_location(location)
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
         hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
         config = router_kwargs.pop("config", None)
@@ -284,19 +265,13 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         # files r2r_hf did not write, so HF saves into a private folder whose files are then moved in.
         # Every file is written there and renamed into place: a file that is a link (a Hugging Face cache
         # snapshot's) is replaced, never written through.
-        try:
-            with staging_folder(save_directory) as staging:
-                result = super().save_pretrained(staging, *args, **kwargs)
-                save_record(staging, self.record)
-                readme = Path(save_directory, "README.md")
-                if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
-                    card = render_model_card(self.config, self.record, repo_id=repo_id)
-                    Path(staging, "README.md").write_text(card, encoding="utf-8")
-        except (OSError, SafetensorError) as err:  # a full disk: one sentence, the folder as it was
-            full = write_failed(save_directory, err)
-            if full is None:
-                raise
-            raise full from None
+        with staging_folder(save_directory) as staging:
+            result = super().save_pretrained(staging, *args, **kwargs)
+            save_record(staging, self.record)
+            readme = Path(save_directory, "README.md")
+            if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
+                card = render_model_card(self.config, self.record, repo_id=repo_id)
+                Path(staging, "README.md").write_text(card, encoding="utf-8")
         return result
 
     def push_to_hub(

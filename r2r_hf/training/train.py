@@ -150,6 +150,7 @@ def train_router(
     check_output_folder(out_dir, overwrite)
     torch.manual_seed(settings.seed)
     data = load_labels(data_dir, validation_fraction=settings.validation_fraction, seed=settings.seed, labels=labels)
+    statistics = _label_statistics(data)  # reads the label set's summary: a corrupt one is refused before training
     train, val = data.split_of("train"), data.split_of("validation")
     train_tokens, train_pos, _ = _count(train)
     val_tokens, val_pos, _ = _count(val)
@@ -208,7 +209,7 @@ def train_router(
         "label_set": data.labels,
         "train_tokens": train_tokens, "train_divergent": train_pos,
         "validation_tokens": val_tokens, "validation_divergent": val_pos,
-        "label_statistics": _label_statistics(data),
+        "label_statistics": statistics,
         "epochs_run": len(history), "best_epoch": best_epoch,
         "seconds": round(time.perf_counter() - started, 1),
         "settings": asdict(settings),
@@ -231,6 +232,32 @@ def _check_classes(data_dir, router_type: str, train_tokens: int, train_pos: int
         raise ValueError(
             f"The validation split of {data_dir} holds no divergent tokens, so a recall target cannot be calibrated; "
             "label more prompts or calibrate to an LLM token rate (--llm-rate)."
+        )
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two names of one model: equal, or a Hub id and a local copy of it (the same last path part)."""
+    a, b = a.rstrip("/").lower(), b.rstrip("/").lower()
+    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def check_data_fits(config: R2RConfig, data: LabelData) -> None:
+    """Refuse labels of another SLM than the router's: its threshold would be picked on features it never sees."""
+    labelled_with, reads = data.manifest.get("slm"), config.slm_name_or_path
+    if labelled_with and reads and not _same_model(str(labelled_with), str(reads)):
+        raise ValueError(
+            f"{data.root} was labelled with the SLM {labelled_with!r}, but this router reads the SLM {reads!r}; "
+            f"calibrate it on labels of its own SLM (r2r-hf label --slm {reads}), or fix slm_name_or_path in its "
+            "config.json if both name the same model."
+        )
+    first = data.shard(data.shards[0])
+    sizes = (first["hidden"].shape[1], first["token_embedding"].shape[1], first["topk_logits"].shape[1])
+    if config.router_type == "mlp" and sizes != (config.slm_hidden_size, config.slm_embedding_size,
+                                                 config.num_topk_logits):
+        raise ValueError(
+            f"The features of {data.root} (hidden {sizes[0]}, embedding {sizes[1]}, top {sizes[2]} logits) are not "
+            f"the ones this router reads (hidden {config.slm_hidden_size}, embedding {config.slm_embedding_size}, "
+            f"top {config.num_topk_logits}): they come from another SLM; calibrate it on labels of its own SLM."
         )
 
 
@@ -270,6 +297,7 @@ def calibrate_router(
         recall = None
     if out_dir is not None:
         check_output_folder(out_dir, overwrite)
+    check_data_fits(model.config, data)
     scored = scores_on(model.router, data)
     threshold, report = calibration_report(scored["scores"], scored["targets"], scored["mismatch"], recall, llm_rate)
     at = report["all_tokens"]["at_threshold"]
