@@ -44,6 +44,8 @@ def test_a_threshold_in_the_generation_config_survives_save_and_reload(model, sl
                      R2RForCausalLM.from_pretrained(tmp_path, load_pair=False)):
         assert reloaded.generation_config.threshold == float("inf")
     assert reloaded.config.threshold == 0.5
+    given = R2RForCausalLM.from_pretrained(tmp_path, load_pair=False, threshold=0.3)  # an explicit one wins
+    assert given.config.threshold == 0.3 and getattr(given.generation_config, "threshold", None) is None
     reloaded.set_models(slm, llm)  # the rest is the LLM's (EOS, pad); the router's entry stays
     assert reloaded.generation_config.threshold == float("inf")
     assert reloaded.generation_config.eos_token_id == llm.generation_config.eos_token_id

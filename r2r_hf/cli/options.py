@@ -84,28 +84,23 @@ def seed(text: str) -> int:
     return value
 
 
-def learning_rate(text: str) -> float:
-    """A learning rate in (0, 1]: AdamW diverges far below 1, and at 0 nothing is learnt."""
-    value = _number(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a learning rate in (0, 1] (the paper's is 5e-5), got {text!r}")
-    return value
+def _bounded(expected: str, accept) -> type:
+    """A number type that accepts what ``accept(value)`` says, and otherwise says it ``expected`` that."""
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected
+    return parse
 
 
-def finite_non_negative(text: str) -> float:
-    """A finite number >= 0 (a weight decay)."""
-    value = _number(text)
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
-
-
-def dropout(text: str) -> float:
-    """A dropout rate in [0, 1) (1 would drop everything)."""
-    value = _number(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a dropout rate in [0, 1), got {text!r}")
-    return value
+# AdamW diverges far below 1, and at 0 nothing is learnt; a dropout of 1 drops everything.
+learning_rate = _bounded("a learning rate in (0, 1] (the paper's is 5e-5)", lambda v: 0 < v <= 1)
+finite_non_negative = _bounded("a finite number >= 0", lambda v: 0 <= v < math.inf)
+dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
 
 
 def widths(text: str) -> list[int]:

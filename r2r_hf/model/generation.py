@@ -11,13 +11,12 @@ router's ``config.threshold``. The router's own entries (``ROUTER_ENTRIES``) are
 from __future__ import annotations
 
 import copy
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 from transformers import GenerationConfig
-from transformers.utils import cached_file
+
+from .hub import read_router_json
 
 # Options of HF generate that R2R cannot honour, with the reason given to the user.
 UNSUPPORTED = {
@@ -78,18 +77,7 @@ def set_call_threshold(generation_config: GenerationConfig, threshold: float | N
 def saved_router_entries(location: str | os.PathLike, hub: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``ROUTER_ENTRIES`` a router's ``generation_config.json`` holds (read as written: HF drops unknown
     entries of a generation config marked ``_from_model_config``)."""
-    try:
-        path = cached_file(str(location), "generation_config.json", _raise_exceptions_for_missing_entries=False,
-                           _raise_exceptions_for_connection_errors=False, **(hub or {}))
-    except OSError:
-        return {}
-    if path is None:
-        return {}
-    try:
-        saved = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); restore it or delete it to load the router "
-                         "without it.") from None
+    saved = read_router_json(location, "generation_config.json", hub)
     return {k: saved[k] for k in ROUTER_ENTRIES if isinstance(saved, dict) and saved.get(k) is not None}
 
 

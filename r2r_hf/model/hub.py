@@ -16,6 +16,7 @@ from typing import Any
 
 from huggingface_hub import CommitOperationAdd, HfApi
 from safetensors import SafetensorError
+from transformers.utils import cached_file
 
 # Keyword arguments of `from_pretrained` that say where and how to fetch files; they apply to
 # the router and, unless overridden in slm_kwargs/llm_kwargs, to the SLM and LLM as well.
@@ -57,6 +58,22 @@ def split_hub_path(
         raise ValueError(f"{text} names the folder {inner!r} inside the repo and subfolder={subfolder!r} another; "
                          "name it once.")
     return "/".join(parts[:2]), inner or subfolder, parts[-1]
+
+
+def read_router_json(location: str | os.PathLike, filename: str, hub: dict[str, Any] | None = None) -> Any:
+    """A JSON file of a router (folder or Hub repo), or None when it has none; a damaged one is one sentence."""
+    try:
+        path = cached_file(str(location), filename, _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False, **(hub or {}))
+    except OSError:
+        return None
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it or delete it to load the router without it.") \
+            from None
 
 
 def check_router_location(location: str | os.PathLike) -> None:

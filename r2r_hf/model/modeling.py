@@ -200,7 +200,8 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
                 model = cls(config).eval()
             model.record = {**model.record, **load_record(location, hub)}
             for name, value in saved_router_entries(location, hub).items():
-                setattr(model.generation_config, name, value)
+                if name not in kwargs:  # from_pretrained(router, threshold=0.3) means 0.3
+                    setattr(model.generation_config, name, value)
         if not load_pair:
             return model
         if not is_loaded_model(slm):
