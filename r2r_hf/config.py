@@ -105,7 +105,8 @@ class R2RConfig(PreTrainedConfig):
                 f"{MAX_ROUTER_PARAMETERS:,} r2r_hf accepts (slm_hidden_size {self.slm_hidden_size}, "
                 f"slm_embedding_size {self.slm_embedding_size}, num_topk_logits {self.num_topk_logits}, "
                 f"router_hidden_dims {self.router_hidden_dims}, router_expansion {self.router_expansion}); "
-                "check them (the paper's router: [1024] * 6 with expansion 4, 56M parameters)."
+                "check them, above all router_hidden_dims and router_expansion (--hidden-dims, --expansion; the "
+                "paper's router: [1024] * 6 with expansion 4, 56M parameters)."
             )
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
             raise ValueError(f"threshold must be a number (route when score >= threshold), got {self.threshold!r}.")

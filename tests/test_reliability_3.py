@@ -89,6 +89,15 @@ def test_max_new_tokens_past_the_context_is_refused_before_writing(models, tmp_p
     assert not (tmp_path / "work").exists()
 
 
+def test_later_steps_on_a_new_folder_and_the_legacy_name_are_refused_before_writing(models, tmp_path):
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 3)
+    with pytest.raises(ValueError, match="holds no labeling run yet; run the 'responses' step first"):
+        label(fast_settings(*models), prompts, tmp_path / "work", steps=("verdicts", "labels"), progress=False)
+    with pytest.raises(ValueError, match="'legacy' names the labels of an older run format"):
+        label(fast_settings(*models, labels="legacy"), prompts, tmp_path / "work", progress=False)
+    assert not (tmp_path / "work").exists()
+
+
 def test_a_judge_that_cannot_load_leaves_no_label_set_in_the_way(models, tmp_path):
     slm, llm, judge = models
     broken = tmp_path / "judge"

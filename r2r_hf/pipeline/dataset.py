@@ -38,8 +38,6 @@ def check_label_set(work: WorkDir, name: str, chain_settings: list[dict[str, Any
     """Refuse to mix other verifier settings into an existing label set; with ``record``, write a new set's."""
     path = work.folder("labels", name) / "settings.json"
     settings = {"name": name, "verifiers": chain_settings}
-    if name == LEGACY_SET:
-        raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another name with --labels.")
     if path.exists():
         old = read_json(path, "settings")
         if old != settings:

@@ -31,7 +31,7 @@ from .prompts import Prompt, check_context, read_prompts
 from .reference import reference_responses
 from .sentences import mismatch_texts, sentence_end_ids
 from .shards import plan_shards, prompt_hash
-from .store import FORMAT, STEPS, WorkDir, read_json, read_tensors, write_json, write_tensors
+from .store import FORMAT, LEGACY_SET, STEPS, WorkDir, read_json, read_tensors, write_json, write_tensors
 from .verifiers import MODEL_FREE, JudgeVerifier, Mismatch, parse_chain
 from .verifiers.chain import decide_shard, judge_shard
 
@@ -88,6 +88,8 @@ class LabelSettings:
         self.label_set = self.labels or "+".join(self.chain)
         if not self.label_set.replace("+", "").replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"The label set name {self.label_set!r} must be letters, digits, '+', '-' or '_'.")
+        if self.label_set == LEGACY_SET:
+            raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another name with --labels.")
 
     def run(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in RUN_FIELDS}
@@ -171,6 +173,9 @@ def label(
     answers = answer_ids(llm_tok, settings.llm)
     index, count, barrier, device = _process_state()
     work = WorkDir(out)
+    if "responses" not in steps and not work.manifest_path.exists():
+        raise ValueError(f"{out} holds no labeling run yet; run the 'responses' step first (it is in the default "
+                         "--steps).")
     manifest = {**settings.run(), "tokenizer_hash": tokenizer_fingerprint(llm_tok), "format": FORMAT}
     # One run per folder: the main process holds the lock (the others run under it), checks the run and only
     # then records it; the others read what it recorded.
