@@ -71,7 +71,7 @@ def test_calibrate_refuses_labels_of_another_slm(tmp_path, capsys):
 def test_a_run_without_a_single_mismatch_gets_its_labels(models, tmp_path):
     slm, _, judge = models
     prompts = write_prompts(tmp_path / "prompts.jsonl", 4)
-    summary = label(fast_settings(slm, slm, judge), prompts, tmp_path / "work", progress=False)  # the SLM against itself
+    summary = label(fast_settings(slm, slm, judge), prompts, tmp_path / "work", progress=False)  # SLM against itself
     assert summary["tokens"] > 0 and summary["counts"]["identical"] == summary["tokens"]
     assert label(fast_settings(slm, slm, judge), prompts, tmp_path / "work", progress=False) == summary
 

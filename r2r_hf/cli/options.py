@@ -129,7 +129,7 @@ def device(allow_auto: bool = False):
         except (RuntimeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected a device ({names}), got {text!r}") from None
         if dev.type == "meta":
-            raise argparse.ArgumentTypeError("'meta' holds no data, so no model can run on it; use --device cpu or cuda")
+            raise argparse.ArgumentTypeError("'meta' holds no data, so nothing can run on it; use --device cpu or cuda")
         backend = getattr(torch, dev.type, None)  # xpu and other accelerators say whether they are there
         if dev.type not in ("cpu", "cuda", "mps") and not getattr(backend, "is_available", lambda: False)():
             raise argparse.ArgumentTypeError(f"{text!r} is not available on this machine; use --device cpu")

@@ -144,7 +144,8 @@ def _setup_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patience", type=positive_int, default=10)
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--router-type", choices=("mlp", "entropy", "random"), default="mlp")
-    p.add_argument("--hidden-dims", type=widths, help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
+    p.add_argument("--hidden-dims", type=widths,
+                   help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
     p.add_argument("--expansion", type=positive_int, default=4, help="MLP expansion inside each block")
     p.add_argument("--dropout", type=dropout, default=0.1)
     p.add_argument("--device", type=device(), default="cpu", help="where to train: cpu, cuda, cuda:N, mps")

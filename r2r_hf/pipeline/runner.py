@@ -89,7 +89,7 @@ class LabelSettings:
         if not self.label_set.replace("+", "").replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"The label set name {self.label_set!r} must be letters, digits, '+', '-' or '_'.")
         if self.label_set == LEGACY_SET:
-            raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another name with --labels.")
+            raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another with --labels.")
 
     def run(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in RUN_FIELDS}
