@@ -18,6 +18,10 @@ from transformers import PreTrainedConfig
 ROUTER_TYPES = ("mlp", "entropy", "random")
 DEFAULT_THRESHOLD = 0.5  # route where score >= 0.5: the default of an uncalibrated router
 DEFAULT_NUM_TOPK = 100  # the paper's router reads the top-100 raw SLM logits
+# Bounds that keep a mistyped size from building a useless or a terabyte router: the paper's blocks are 1024
+# wide and its router has 56M parameters.
+MAX_ROUTER_WIDTH = 16384
+MAX_ROUTER_PARAMETERS = 10**9
 # Fields of configs written before r2r_hf 0.2: provenance now kept in router_metrics.json.
 LEGACY_RECORD_FIELDS = (
     "threshold_recall_target", "expected_llm_token_rate", "calibration", "training", "evaluation", "license",
@@ -76,8 +80,14 @@ class R2RConfig(PreTrainedConfig):
                                  "number (in config.json, without quotes).")
         if self.router_type not in ROUTER_TYPES:
             raise ValueError(f"router_type={self.router_type!r} is unknown; use one of {', '.join(ROUTER_TYPES)}.")
-        if self.num_topk_logits < 1:
-            raise ValueError(f"num_topk_logits must be at least 1, got {self.num_topk_logits}.")
+        for name in ("slm_hidden_size", "slm_embedding_size", "num_topk_logits", "router_expansion"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not 0 <= self.random_seed < 2**64:
+            raise ValueError(f"random_seed must be between 0 and 2**64 - 1, got {self.random_seed}.")
+        if isinstance(self.router_dropout, bool) or not isinstance(self.router_dropout, (int, float)) \
+                or not 0 <= self.router_dropout < 1:
+            raise ValueError(f"router_dropout must be a number in [0, 1), got {self.router_dropout!r}.")
         if self.slm_embedding_size is None:
             self.slm_embedding_size = self.slm_hidden_size
         if self.router_hidden_dims is None:
@@ -85,6 +95,19 @@ class R2RConfig(PreTrainedConfig):
         if not self.router_hidden_dims:
             raise ValueError("router_hidden_dims must name at least one block width, e.g. [1024] * 6.")
         self.router_hidden_dims = [int(d) for d in self.router_hidden_dims]
+        if not all(1 <= d <= MAX_ROUTER_WIDTH for d in self.router_hidden_dims):
+            raise ValueError(f"router_hidden_dims must be widths from 1 to {MAX_ROUTER_WIDTH}, got "
+                             f"{self.router_hidden_dims}.")
+        if self.router_type == "mlp" and self.slm_hidden_size is not None and \
+                router_parameters(self) > MAX_ROUTER_PARAMETERS:
+            raise ValueError(
+                f"These sizes describe a router of {router_parameters(self):,} parameters, more than the "
+                f"{MAX_ROUTER_PARAMETERS:,} r2r_hf accepts (slm_hidden_size {self.slm_hidden_size}, "
+                f"slm_embedding_size {self.slm_embedding_size}, num_topk_logits {self.num_topk_logits}, "
+                f"router_hidden_dims {self.router_hidden_dims}, router_expansion {self.router_expansion}); "
+                "check them, above all router_hidden_dims and router_expansion (--hidden-dims, --expansion; the "
+                "paper's router: [1024] * 6 with expansion 4, 56M parameters)."
+            )
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
             raise ValueError(f"threshold must be a number (route when score >= threshold), got {self.threshold!r}.")
         self.threshold = float(self.threshold)
@@ -96,3 +119,15 @@ class R2RConfig(PreTrainedConfig):
         out = super().to_dict()
         out.pop("legacy_record", None)
         return out
+
+
+def router_parameters(config: R2RConfig) -> int:
+    """How many parameters the MLP router ``config`` describes has (see ``router.MLPRouter``)."""
+    hidden, embed, k, dims, x = (config.slm_hidden_size, config.slm_embedding_size, config.num_topk_logits,
+                                 config.router_hidden_dims, config.router_expansion)
+    count = 2 * (hidden + embed) if config.normalize_input else 0
+    count += (k + 1) * hidden + (2 * hidden + embed + 1) * dims[0] + (dims[0] + 1) * dims[0]
+    for d_in, d_out in zip(dims, dims[1:] + dims[-1:]):
+        count += 2 * d_in + (d_in + 1) * x * d_in + (x * d_in + 1) * d_out
+        count += (d_in + 1) * d_out if d_in != d_out else 0
+    return count + 2 * dims[-1] + dims[-1] + 1

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 from ..model.hub import missing_local_path, split_hub_path
 from ..model.loading import context_length
 from ..views import RoutingStreamer, to_html
-from .options import device, non_negative, non_negative_int, positive_fraction, positive_int
+from .options import device, non_negative, non_negative_int, positive_fraction, positive_int, seed, threads
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device(allow_auto=True), default="cpu",
                    help="cpu, cuda, cuda:1, or auto (accelerate device map)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
-    p.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    p.add_argument("--threads", type=threads, help="torch CPU threads")
 
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
@@ -33,7 +33,7 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=non_negative)
     p.add_argument("--top-p", type=positive_fraction)
     p.add_argument("--top-k", type=non_negative_int)
-    p.add_argument("--seed", type=int, help="random seed for sampling")
+    p.add_argument("--seed", type=seed, help="random seed for sampling")
     p.add_argument("--threshold", type=non_negative, help="routing threshold for this run (default: the router's)")
     p.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     p.add_argument("--system", help="system message (chat template only)")

@@ -62,6 +62,60 @@ def whole(minimum: int):
 positive_int = whole(1)
 non_negative_int = whole(0)
 
+# torch's OpenMP pool aborts (libgomp) or crashes far above the machine's cores; more threads than this gain nothing.
+THREADS_PER_CPU = 4
+
+
+def threads(text: str) -> int:
+    """A CPU thread count for torch: 1 to ``THREADS_PER_CPU`` times this machine's CPU count."""
+    most = THREADS_PER_CPU * (os.cpu_count() or 1)
+    value = positive_int(text)
+    if value > most:
+        raise argparse.ArgumentTypeError(f"expected at most {most} threads ({THREADS_PER_CPU} per CPU of this "
+                                         f"machine's {os.cpu_count() or 1}), got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A random seed torch accepts: a whole number from 0 to 2**64 - 1."""
+    value = non_negative_int(text)
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"expected a seed between 0 and 2**64 - 1, got {text!r}")
+    return value
+
+
+def _bounded(expected: str, accept) -> type:
+    """A number type that accepts what ``accept(value)`` says, and otherwise says it ``expected`` that."""
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = expected
+    return parse
+
+
+# AdamW diverges far below 1, and at 0 nothing is learnt; a dropout of 1 drops everything.
+learning_rate = _bounded("a learning rate in (0, 1] (the paper's is 5e-5)", lambda v: 0 < v <= 1)
+finite_non_negative = _bounded("a finite number >= 0", lambda v: 0 <= v < math.inf)
+dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def widths(text: str) -> list[int]:
+    """Comma-separated router block widths, each from 1 to ``MAX_ROUTER_WIDTH``."""
+    from ..config import MAX_ROUTER_WIDTH
+
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(1 <= v <= MAX_ROUTER_WIDTH for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers from 1 to {MAX_ROUTER_WIDTH} "
+                                         f"(e.g. 512,512,512), got {text!r}")
+    return values
+
 
 def device(allow_auto: bool = False):
     """A torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``; ``auto`` where allowed) this machine has."""
@@ -74,6 +128,11 @@ def device(allow_auto: bool = False):
             dev = torch.device(text)
         except (RuntimeError, ValueError):
             raise argparse.ArgumentTypeError(f"expected a device ({names}), got {text!r}") from None
+        if dev.type == "meta":
+            raise argparse.ArgumentTypeError("'meta' holds no data, so nothing can run on it; use --device cpu or cuda")
+        backend = getattr(torch, dev.type, None)  # xpu and other accelerators say whether they are there
+        if dev.type not in ("cpu", "cuda", "mps") and not getattr(backend, "is_available", lambda: False)():
+            raise argparse.ArgumentTypeError(f"{text!r} is not available on this machine; use --device cpu")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not available: this torch build has no CUDA support or no GPU is visible; "

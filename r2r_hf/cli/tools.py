@@ -12,7 +12,20 @@ import sys
 import torch
 
 from ..model.record import RECALL_NOT_MEASURED, expected_llm_token_rate, recall_target, target_met
-from .options import device, fraction, non_negative_int, positive_fraction, positive_int, require_dir
+from .options import (
+    device,
+    dropout,
+    finite_non_negative,
+    fraction,
+    learning_rate,
+    non_negative_int,
+    positive_fraction,
+    positive_int,
+    require_dir,
+    seed,
+    threads,
+    widths,
+)
 
 STEPS = ("responses", "features", "continuations", "verdicts", "labels")
 
@@ -81,7 +94,7 @@ def _setup_label(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-tokens", type=non_negative_int, default=384,
                    help="preceding answer tokens the judge sees")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
-    p.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    p.add_argument("--threads", type=threads, help="torch CPU threads")
 
 
 def _run_label(args: argparse.Namespace) -> int:
@@ -126,14 +139,15 @@ def _setup_train(p: argparse.ArgumentParser) -> None:
     _add_target(p, 0.95)
     p.add_argument("--epochs", type=positive_int, default=50)
     p.add_argument("--batch-size", type=positive_int, default=1024)
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--lr", type=learning_rate, default=5e-5)
+    p.add_argument("--weight-decay", type=finite_non_negative, default=5e-4)
     p.add_argument("--patience", type=positive_int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--router-type", choices=("mlp", "entropy", "random"), default="mlp")
-    p.add_argument("--hidden-dims", help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
+    p.add_argument("--hidden-dims", type=widths,
+                   help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
     p.add_argument("--expansion", type=positive_int, default=4, help="MLP expansion inside each block")
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--dropout", type=dropout, default=0.1)
     p.add_argument("--device", type=device(), default="cpu", help="where to train: cpu, cuda, cuda:N, mps")
     _add_overwrite(p)
 
@@ -145,10 +159,7 @@ def _run_train(args: argparse.Namespace) -> int:
                              weight_decay=args.weight_decay, patience=args.patience, seed=args.seed)
     extra = {"router_type": args.router_type, "router_expansion": args.expansion, "router_dropout": args.dropout}
     if args.hidden_dims:
-        try:
-            extra["router_hidden_dims"] = [int(d) for d in args.hidden_dims.split(",")]
-        except ValueError:
-            raise ValueError(f"--hidden-dims must be comma-separated integers, got {args.hidden_dims!r}.") from None
+        extra["router_hidden_dims"] = args.hidden_dims
     model = train_router(args.data, args.out, settings, recall=args.recall, llm_rate=args.llm_rate,
                          device=args.device, progress=not args.quiet, overwrite=args.overwrite, labels=args.labels,
                          **extra)
@@ -161,7 +172,7 @@ def _setup_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a finished `r2r-hf label` folder")
     p.add_argument("--labels", help="its label set (default: the only one)")
     p.add_argument("--split", choices=("validation", "train", "all"), default="validation")
-    p.add_argument("--seed", type=int, default=0, help="the split seed used in training")
+    p.add_argument("--seed", type=seed, default=0, help="the split seed used in training")
     _add_target(p, None)
 
 

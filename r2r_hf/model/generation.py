@@ -4,14 +4,19 @@ R2R's own options (``R2R_OPTIONS``) are entries of the call's generation config 
 option: HF copies the generation config for every call, so the values a call routes with live in
 that copy and nowhere else. Precedence, highest first: ``generate(threshold=...)``, a value set on
 the ``GenerationConfig`` passed to ``generate``, one set on ``model.generation_config``, and (for
-``threshold``) the router's ``config.threshold``.
+``threshold``) the router's ``config.threshold``. Set on ``model.generation_config``, they are saved in
+the router's ``generation_config.json`` and survive loading; every other entry is the LLM's.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from typing import Any
 
 from transformers import GenerationConfig
+
+from .hub import read_router_json
 
 # Options of HF generate that R2R cannot honour, with the reason given to the user.
 UNSUPPORTED = {
@@ -59,11 +64,14 @@ def generation_options(generation_config: GenerationConfig, mode_kwargs: dict[st
 
 
 # R2R's own generate options, with what each means; HF's GenerationConfig keeps unknown entries as attributes.
+# A router saves them in its generation_config.json, and they are kept when the LLM's generation config (EOS,
+# pad, sampling defaults) replaces the rest.
 R2R_OPTIONS = {
     "threshold": "route where the router's score >= threshold (default: the router's config.threshold)",
     "seed": "draw this call's samples from its own generator seeded so (as torch.manual_seed(seed) would), "
             "leaving the global random stream untouched",
 }
+ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 
 
 def pop_call_options(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -77,3 +85,20 @@ def set_call_options(generation_config: GenerationConfig, options: dict[str, Any
         setattr(generation_config, name, value)
     if getattr(generation_config, "threshold", None) is None:
         generation_config.threshold = default_threshold
+
+
+def saved_router_entries(location: str | os.PathLike, hub: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``ROUTER_ENTRIES`` a router's ``generation_config.json`` holds (read as written: HF drops unknown
+    entries of a generation config marked ``_from_model_config``)."""
+    saved = read_router_json(location, "generation_config.json", hub)
+    return {k: saved[k] for k in ROUTER_ENTRIES if isinstance(saved, dict) and saved.get(k) is not None}
+
+
+def pair_generation_config(llm_config: GenerationConfig, router_config: GenerationConfig | None) -> GenerationConfig:
+    """The LLM's generation config (so always-routing behaves as ``llm.generate``) plus the router's own entries."""
+    merged = copy.deepcopy(llm_config)
+    for name in ROUTER_ENTRIES:
+        value = getattr(router_config, name, None)
+        if value is not None:
+            setattr(merged, name, value)
+    return merged

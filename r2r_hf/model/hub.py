@@ -4,6 +4,7 @@ and uploading a router folder as one commit."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, HfApi
+from safetensors import SafetensorError
+from transformers.utils import cached_file
 
 # Keyword arguments of `from_pretrained` that say where and how to fetch files; they apply to
 # the router and, unless overridden in slm_kwargs/llm_kwargs, to the SLM and LLM as well.
@@ -57,6 +60,32 @@ def split_hub_path(
     return "/".join(parts[:2]), inner or subfolder, parts[-1]
 
 
+def read_router_json(location: str | os.PathLike, filename: str, hub: dict[str, Any] | None = None) -> Any:
+    """A JSON file of a router (folder or Hub repo), or None when it has none; a damaged one is one sentence."""
+    try:
+        path = cached_file(str(location), filename, _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False, **(hub or {}))
+    except OSError:
+        return None
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); restore it or delete it to load the router without it.") \
+            from None
+
+
+def check_router_location(location: str | os.PathLike) -> None:
+    """Refuse, before any download, a router location that is a missing local path or a file other than a ``.pt``."""
+    if missing_local_path(location):
+        raise OSError(f"The router folder {location} does not exist; pass an existing folder, a Hub id (with "
+                      "subfolder= for a folder inside the repo) or an official router file (org/repo/folder/file.pt).")
+    if os.path.isfile(str(location)) and not str(location).endswith(".pt"):
+        raise ValueError(f"{location} is a file, not a router; pass the router's folder (the one holding "
+                         "config.json and model.safetensors), a Hub id or an official router file (.pt).")
+
+
 def is_router_config(path: str | os.PathLike | None) -> bool:
     """True when ``path`` is a ``config.json`` with ``model_type`` "r2r" (a router r2r_hf wrote)."""
     try:
@@ -64,6 +93,16 @@ def is_router_config(path: str | os.PathLike | None) -> bool:
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(config, dict) and config.get("model_type") == "r2r"
+
+
+def check_is_router(config: dict[str, Any], location: str | os.PathLike) -> None:
+    """Refuse a ``config.json`` of another model type (a plain model's folder given as a router)."""
+    model_type = config.get("model_type")
+    if model_type not in (None, "r2r"):
+        raise ValueError(
+            f"{location} is not an r2r router: its config.json describes a {model_type!r} model; pass a router "
+            "folder or Hub id (a model goes to slm= / llm=, --slm / --llm)."
+        )
 
 
 def is_router_folder(folder: str | os.PathLike) -> bool:
@@ -86,6 +125,7 @@ def check_output_folder(folder: str | os.PathLike, overwrite: bool = False, upda
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{folder} is a file, not a folder; pass a folder to write the router to.")
+    check_not_cache_snapshot(folder)
     if update:
         if not path.is_dir():
             raise FileNotFoundError(f"The router folder {folder} does not exist.")
@@ -103,18 +143,55 @@ def check_output_folder(folder: str | os.PathLike, overwrite: bool = False, upda
         )
 
 
+def write_failed(path: str | os.PathLike, err: BaseException) -> OSError | None:
+    """One sentence for a write that failed for lack of space (safetensors raises its own error type for it);
+    None for any other error, which then propagates as it is."""
+    code = getattr(err, "errno", None)
+    # safetensors reports the OS error as text: "... (os error 28)" or "Os { code: 28, kind: StorageFull ... }".
+    found = re.search(r"os error (\d+)|code: (\d+)", str(err)) if code is None else None
+    code = int(found.group(1) or found.group(2)) if found else code
+    if code not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return None
+    return OSError(f"Could not write {path}: no space left (the disk is full, or a quota or file size limit was "
+                   "reached); free some space or write to another folder, then run the command again (nothing "
+                   "was replaced).")
+
+
+def check_not_cache_snapshot(folder: str | os.PathLike) -> None:
+    """Refuse a folder inside the Hugging Face cache: its files are links to blobs other snapshots share."""
+    parts = Path(folder).resolve().parts
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith(("models--", "datasets--", "spaces--")) and parts[i + 1] == "snapshots":
+            raise ValueError(
+                f"{folder} is a Hugging Face cache snapshot (its files are shared with other snapshots); write the "
+                "router to a folder of your own (copy the snapshot first to change a downloaded router)."
+            )
+
+
 @contextlib.contextmanager
 def staging_folder(folder: str | os.PathLike) -> Iterator[str]:
     """A private folder inside ``folder`` (created if needed); its files replace their namesakes in ``folder`` on exit.
 
-    Whatever writes into it can delete nothing else of ``folder``.
+    Whatever writes into it can delete nothing else of ``folder``, and a namesake that is a symbolic link is
+    replaced, never written through (its target, maybe shared, stays as it was; a dangling one stays absent).
     """
+    check_not_cache_snapshot(folder)
+    created = not Path(folder).exists()
     Path(folder).mkdir(parents=True, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".r2r-save-", dir=folder)
     try:
         yield staging
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(folder, name))
+    except BaseException as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:  # a failed save leaves no trace, not even the folder
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        full = write_failed(folder, err) if isinstance(err, (OSError, SafetensorError)) else None
+        if full is not None:  # a full disk: one sentence, and the folder as it was
+            raise full from None
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -11,7 +11,6 @@ calls ``_sample``, which this class replaces with the R2R loop (``core.decoding`
 
 from __future__ import annotations
 
-import copy
 import os
 import tempfile
 from pathlib import Path
@@ -28,8 +27,9 @@ from ..core.decoding import r2r_decode
 from ..core.features import output_device
 from ..core.routing import Routing
 from ..router import Router, build_router, init_router_module
-from .generation import generation_options, pop_call_options, refuse_unsupported, set_call_options
-from .hub import HUB_KWARGS, commit_folder, missing_local_path, split_hub_path, staging_folder
+from .generation import generation_options, pair_generation_config, pop_call_options, refuse_unsupported
+from .generation import saved_router_entries, set_call_options
+from .hub import HUB_KWARGS, check_is_router, check_router_location, commit_folder, split_hub_path, staging_folder
 from .loading import (
     check_router_fits,
     config_from_models,
@@ -42,7 +42,7 @@ from .loading import (
 from .model_card import CARD_MARKER, render_model_card
 from .official import find_official_file, official_router
 from .record import from_legacy_config, load_record, save_record
-from .weights import load_router_state, load_strictly
+from .weights import load_router_state, load_strictly, refuse_baseline_weights
 
 
 class R2RForCausalLM(PreTrainedModel, GenerationMixin):
@@ -113,8 +113,8 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         # The router lives where the SLM's features appear; it stays float32 (it is small).
         self.router.to(output_device(slm))
         # Defaults (EOS ids, pad, recommended sampling) are the LLM's, so always-routing
-        # behaves exactly like llm.generate.
-        self.generation_config = copy.deepcopy(llm.generation_config)
+        # behaves exactly like llm.generate; the router's own entries (its threshold) stay.
+        self.generation_config = pair_generation_config(llm.generation_config, self.generation_config)
 
     @property
     def device(self) -> torch.device:
@@ -175,9 +175,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         location, subfolder, filename = split_hub_path(pretrained_model_name_or_path, kwargs.get("subfolder"))
         if subfolder:
             kwargs["subfolder"] = subfolder
-        if missing_local_path(location):
-            raise OSError(f"The router folder {location} does not exist; pass an existing folder, a Hub id (with "
-                          "subfolder= for a folder inside the repo) or an official router file (org/repo/folder/file.pt).")
+        check_router_location(location)
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
         hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
         config = router_kwargs.pop("config", None)
@@ -192,13 +190,18 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             llm = llm if is_loaded_model(llm) else None
         else:
             if config is None:
+                check_is_router(R2RConfig.get_config_dict(location, **dict(router_kwargs))[0], location)
                 config, router_kwargs = R2RConfig.from_pretrained(location, return_unused_kwargs=True, **router_kwargs)
                 router_kwargs.update(hub)
             if config.router_type == "mlp":
                 model = load_strictly(super().from_pretrained, location, *model_args, config=config, **router_kwargs)
             else:  # baseline routers have no weights to load
+                refuse_baseline_weights(location, config.router_type, hub)
                 model = cls(config).eval()
             model.record = {**model.record, **load_record(location, hub)}
+            for name, value in saved_router_entries(location, hub).items():
+                if name not in kwargs:  # from_pretrained(router, threshold=0.3) means 0.3
+                    setattr(model.generation_config, name, value)
         if not load_pair:
             return model
         if not is_loaded_model(slm):
@@ -261,12 +264,15 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("save_pretrained(push_to_hub=True) is not supported; call model.push_to_hub(repo_id).")
         # HF deletes weight shards (model-0000x-of-0000y.safetensors) it does not rewrite; the folder may hold
         # files r2r_hf did not write, so HF saves into a private folder whose files are then moved in.
+        # Every file is written there and renamed into place: a file that is a link (a Hugging Face cache
+        # snapshot's) is replaced, never written through.
         with staging_folder(save_directory) as staging:
             result = super().save_pretrained(staging, *args, **kwargs)
-        save_record(save_directory, self.record)
-        readme = Path(save_directory, "README.md")
-        if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
-            readme.write_text(render_model_card(self.config, self.record, repo_id=repo_id), encoding="utf-8")
+            save_record(staging, self.record)
+            readme = Path(save_directory, "README.md")
+            if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
+                card = render_model_card(self.config, self.record, repo_id=repo_id)
+                Path(staging, "README.md").write_text(card, encoding="utf-8")
         return result
 
     def push_to_hub(
@@ -322,7 +328,13 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         """
         self.slm, self.llm  # noqa: B018 - raises a clear error when no models are attached
         prompt = inputs if inputs is not None else kwargs.get("input_ids")
-        if isinstance(prompt, torch.Tensor) and prompt.dim() > 0 and prompt.shape[-1] == 0:
+        if isinstance(prompt, torch.Tensor) and (prompt.is_floating_point() or prompt.dim() != 2):
+            raise ValueError(
+                f"generate takes token ids, a [batch, length] integer tensor (inputs or input_ids=), but got a "
+                f"{str(prompt.dtype).replace('torch.', '')} tensor of shape {list(prompt.shape)}; prompts as "
+                "embeddings are not supported (the SLM and the LLM each embed the ids with their own table)."
+            )
+        if isinstance(prompt, torch.Tensor) and prompt.shape[-1] == 0:
             raise ValueError("The prompt is empty (input_ids has 0 tokens); pass at least one token, e.g. the "
                              "tokenizer's BOS token.")
         # HF diverts some modes (contrastive, DoLa, custom_generate) before its own validation.

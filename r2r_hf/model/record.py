@@ -19,25 +19,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers.utils import cached_file
+from .hub import read_router_json
 
 RECORD_FILE = "router_metrics.json"
 
 
 def load_record(location: str | os.PathLike, hub: dict[str, Any] | None = None) -> dict[str, Any]:
     """The record stored with a router (a folder or a Hub repo); empty when there is none."""
-    try:
-        path = cached_file(str(location), RECORD_FILE, _raise_exceptions_for_missing_entries=False,
-                           _raise_exceptions_for_connection_errors=False, **(hub or {}))
-    except OSError:
-        return {}
-    if path is None:
-        return {}
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); restore it or delete it to load the router without it.") \
-            from None
+    record = read_router_json(location, RECORD_FILE, hub)
     return record if isinstance(record, dict) else {}
 
 

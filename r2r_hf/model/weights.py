@@ -12,6 +12,10 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
+from transformers.utils import cached_file
+
+# Weight files a router folder may hold; a baseline router (entropy, random) holds none.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 def _names(keys: Iterable[str], limit: int = 6) -> str:
@@ -78,3 +82,19 @@ def load_strictly(load: Callable[..., Any], location: Any, *args: Any, **kwargs:
                       "the file is damaged or incomplete: download or save the router again.") from err
     check_router_weights(location, info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"])
     return model
+
+
+def refuse_baseline_weights(location: Any, router_type: str, hub: dict[str, Any] | None = None) -> None:
+    """Refuse a baseline router (no weights) whose folder holds weights: config and weights disagree."""
+    for name in WEIGHT_FILES:
+        try:
+            found = cached_file(str(location), name, _raise_exceptions_for_missing_entries=False,
+                                _raise_exceptions_for_connection_errors=False, **(hub or {}))
+        except OSError:
+            found = None
+        if found is not None:
+            raise ValueError(
+                f"The router {str(location)!r} holds weights ({name}) but its config.json says router_type "
+                f"{router_type!r}, a baseline that has none; the config and the weights must come from the same "
+                "save: save the router again, or fix router_type in its config.json."
+            )

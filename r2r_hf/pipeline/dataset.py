@@ -34,19 +34,17 @@ FEATURES = ("topk_logits", "token_embedding", "hidden")
 STEP_COSTS = ("responses", "features", "continuations")
 
 
-def check_label_set(work: WorkDir, name: str, chain_settings: list[dict[str, Any]]) -> None:
-    """Record a new label set's verifier settings; refuse to mix other settings into an existing one."""
+def check_label_set(work: WorkDir, name: str, chain_settings: list[dict[str, Any]], record: bool = False) -> None:
+    """Refuse to mix other verifier settings into an existing label set; with ``record``, write a new set's."""
     path = work.folder("labels", name) / "settings.json"
     settings = {"name": name, "verifiers": chain_settings}
-    if name == LEGACY_SET:
-        raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another name with --labels.")
     if path.exists():
-        old = read_json(path)
+        old = read_json(path, "settings")
         if old != settings:
             raise ValueError(f"{path.parent} holds labels from other verifier settings ({old['verifiers']}); label "
                              "into a new label set with --labels NAME (earlier labels are never overwritten).")
-        return
-    write_json(path, settings)
+    elif record:
+        write_json(path, settings)
 
 
 def write_label_set(work: WorkDir, name: str, chain: list, shards: int, identical, progress: bool = True) -> dict:
@@ -69,7 +67,7 @@ def write_label_set(work: WorkDir, name: str, chain: list, shards: int, identica
         if work.done("labels", k, name):
             continue
         features, _ = read_tensors(work.shard("features", k), ["slm_token"])
-        mismatches = read_json(work.shard("continuations", k))["mismatches"]
+        mismatches = work.read("continuations", k)["mismatches"]
         labels = torch.full(features["slm_token"].shape, IDENTICAL_TOKEN, dtype=torch.int8)
         decided_by = torch.full(features["slm_token"].shape, -1, dtype=torch.int8)
         for m, (decision, who) in zip(mismatches, decisions):
@@ -97,11 +95,11 @@ def summarize(work: WorkDir, label_set: str) -> dict:
         values, numbers = torch.unique(labels["label"], return_counts=True)
         for v, n in zip(values.tolist(), numbers.tolist()):
             counts[CLASS_NAMES[v]] += n
-        for sample in read_json(work.shard("responses", index))["samples"]:
+        for sample in work.read("responses", index)["samples"]:
             responses["finished" if sample["finished"] else "truncated"] += 1
         for step in cost:
             path = work.shard(step, index)
-            meta = read_tensors(path, [])[1] if step == "features" else read_json(path)
+            meta = read_tensors(path, [])[1] if step == "features" else read_json(path, step)
             cost[step]["tokens"] += meta.get("tokens", 0)
             cost[step]["seconds"] += meta.get("seconds", 0.0)
     total = sum(counts.values())
@@ -169,7 +167,7 @@ class LabelData:
 
     @property
     def summary(self) -> dict:
-        return read_json(self._work.summary_path(self.labels))
+        return read_json(self._work.summary_path(self.labels), "summary")
 
     @property
     def manifest(self) -> dict:

@@ -94,3 +94,15 @@ def _check_tokenizes(prompt: Prompt, tokenizer, where: str) -> None:
     if not prompt.ids(tokenizer):
         raise ValueError(f"{where}: the prompt {prompt.id!r} becomes no tokens at all (is it only whitespace?); "
                          "remove it or write a prompt.")
+
+
+def check_context(prompts: list[Prompt], tokenizer, max_new_tokens: int, context: int | None, path) -> None:
+    """Refuse a prompt that, with ``max_new_tokens`` of answer, exceeds the models' ``context`` (checked before a
+    run writes anything)."""
+    for prompt in prompts if context else ():
+        length = len(prompt.ids(tokenizer))
+        if length + max_new_tokens > context:
+            fix = f"lower --max-new-tokens to {context - length} or less, or " if length < context else ""
+            raise ValueError(f"The prompt {prompt.id!r} of {path} has {length} tokens; with --max-new-tokens "
+                             f"{max_new_tokens} (max_new_tokens=) it exceeds the models' context of {context} tokens: "
+                             f"{fix}shorten or remove that prompt.")

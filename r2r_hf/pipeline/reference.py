@@ -45,14 +45,7 @@ def reference_responses(
         ``finished`` is False for answers cut by ``max_new_tokens``.
     """
     start = time.perf_counter()
-    prompt_ids = [p.ids(tokenizer) for p in prompts]
-    limit = getattr(llm.config.get_text_config(), "max_position_embeddings", None)
-    for prompt, ids in zip(prompts, prompt_ids):
-        if limit and len(ids) + max_new_tokens > limit:
-            raise ValueError(
-                f"Prompt {prompt.id!r} has {len(ids)} tokens; with --max-new-tokens {max_new_tokens} it exceeds the "
-                f"LLM's context of {limit}. Shorten it or lower --max-new-tokens."
-            )
+    prompt_ids = [p.ids(tokenizer) for p in prompts]  # their length fits the context (prompts.check_context)
     ids, mask = left_pad(prompt_ids, pad_id)
     device = llm.get_input_embeddings().weight.device
     out = llm.generate(

@@ -27,10 +27,11 @@ from ..model.tokens import check_same_tokenizer, special_ids, tokenizer_fingerpr
 from .continuation import continue_mismatches
 from .dataset import check_label_set, write_label_set
 from .prefill import slm_features
-from .prompts import Prompt, read_prompts
+from .prompts import Prompt, check_context, read_prompts
 from .reference import reference_responses
 from .sentences import mismatch_texts, sentence_end_ids
-from .store import FORMAT, STEPS, WorkDir, read_json, read_tensors, text_hash, write_json, write_tensors
+from .shards import plan_shards, prompt_hash
+from .store import FORMAT, LEGACY_SET, STEPS, WorkDir, read_json, read_tensors, write_json, write_tensors
 from .verifiers import MODEL_FREE, JudgeVerifier, Mismatch, parse_chain
 from .verifiers.chain import decide_shard, judge_shard
 
@@ -87,6 +88,8 @@ class LabelSettings:
         self.label_set = self.labels or "+".join(self.chain)
         if not self.label_set.replace("+", "").replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"The label set name {self.label_set!r} must be letters, digits, '+', '-' or '_'.")
+        if self.label_set == LEGACY_SET:
+            raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another with --labels.")
 
     def run(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in RUN_FIELDS}
@@ -99,10 +102,10 @@ def _load_tokenizer(name: str, role: str):
         raise OSError(f"Could not load the {role} tokenizer from {name!r}: {str(err).splitlines()[0]}") from err
 
 
-def _vocab_size(name: str) -> int:
-    """The vocabulary size a model's config declares (its lm_head width), read without loading weights."""
+def _text_config(name: str):
+    """A model's (text) config, read without loading its weights."""
     try:
-        return int(AutoConfig.from_pretrained(name).get_text_config().vocab_size)
+        return AutoConfig.from_pretrained(name).get_text_config()
     except (OSError, ValueError) as err:
         raise OSError(f"Could not read the config of {name!r}: {str(err).splitlines()[0]}") from err
 
@@ -162,27 +165,32 @@ def label(
     slm_tok = _load_tokenizer(settings.slm, "SLM")
     llm_tok = _load_tokenizer(settings.llm, "LLM")
     prompts = read_prompts(prompts_path, limit, tokenizer=llm_tok)
-    check_same_tokenizer(slm_tok, llm_tok, min(_vocab_size(settings.slm), _vocab_size(settings.llm)), settings.slm,
-                         settings.llm)
+    configs = [_text_config(settings.slm), _text_config(settings.llm)]
+    check_same_tokenizer(slm_tok, llm_tok, min(int(c.vocab_size) for c in configs), settings.slm, settings.llm)
+    contexts = [c.max_position_embeddings for c in configs if getattr(c, "max_position_embeddings", None)]
+    check_context(prompts, llm_tok, settings.max_new_tokens, min(contexts, default=None), prompts_path)
     judge_tok = _load_tokenizer(settings.judge, "judge") if settings.judge and "llm" in settings.chain else llm_tok
+    answers = answer_ids(llm_tok, settings.llm)
     index, count, barrier, device = _process_state()
     work = WorkDir(out)
+    if "responses" not in steps and not work.manifest_path.exists():
+        raise ValueError(f"{out} holds no labeling run yet; run the 'responses' step first (it is in the default "
+                         "--steps).")
     manifest = {**settings.run(), "tokenizer_hash": tokenizer_fingerprint(llm_tok), "format": FORMAT}
-    shards = [prompts[i : i + settings.batch_size] for i in range(0, len(prompts), settings.batch_size)]
-    mine = [k for k in range(len(shards)) if k % count == index]
-    # One run per folder: the main process holds the lock (the others run under it).
+    # One run per folder: the main process holds the lock (the others run under it), checks the run and only
+    # then records it; the others read what it recorded.
     with work.lock() if index == 0 else contextlib.nullcontext():
-        if index == 0:
-            work.check_manifest(manifest)
-        barrier()
         if index != 0:
-            work.check_manifest(manifest)
-        context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards)
-        for k in range(len(shards)):  # a resumed run must see the same prompts in every shard already answered
-            if work.done("responses", k):
-                context.samples(k)
-        if index == 0 and "labels" in steps:  # verdicts alone decide no label set (a judge's scores serve any threshold)
-            check_label_set(work, settings.label_set, context.chain_settings())
+            barrier()
+        work.check_manifest(manifest)
+        shards = plan_shards(work, prompts, settings.batch_size)
+        context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards, answers)
+        if index == 0:
+            if "labels" in steps:  # verdicts alone decide no label set (a judge's scores serve any threshold)
+                check_label_set(work, settings.label_set, context.chain_settings())
+            work.record_manifest(manifest)
+            barrier()
+        mine = [k for k in range(len(shards)) if k % count == index]
         for step in steps[: steps.index("labels") if "labels" in steps else len(steps)]:
             todo = [k for k in mine if not context.done(step, k)]
             for k in tqdm(todo, desc=f"{step} (process {index})" if count > 1 else step, unit="shard",
@@ -194,6 +202,8 @@ def label(
         missing = [k for k in range(len(shards)) if not context.done("verdicts", k)]
         if missing:
             raise ValueError(f"Cannot write labels: shards {missing[:5]}... lack verdicts; run the earlier steps first.")
+        # Recorded only now: a judge that failed to load leaves no label set a corrected rerun would conflict with.
+        check_label_set(work, settings.label_set, context.chain_settings(), record=True)
         return write_label_set(work, settings.label_set, context.chain, len(shards), context.identical,
                                progress=progress)
 
@@ -202,10 +212,10 @@ class _Context:
     """Runs one step on one shard, reading the previous steps' shards."""
 
     def __init__(self, settings: LabelSettings, work: WorkDir, tokenizer, judge_tokenizer, models: _Models,
-                 shards: list[list[Prompt]]) -> None:
+                 shards: list[list[Prompt]], answers: tuple[int, list[int]]) -> None:
         self.settings, self.work, self.tokenizer, self.judge_tokenizer = settings, work, tokenizer, judge_tokenizer
         self.models, self.shards = models, shards
-        self.pad_id, self.eos_ids = answer_ids(tokenizer, settings.llm)
+        self.pad_id, self.eos_ids = answers  # answer_ids(...)
         self._ends: frozenset[int] | None = None
         self._chain: list | None = None
 
@@ -254,14 +264,14 @@ class _Context:
         path = self.work.shard("responses", k)
         if not path.exists():
             raise ValueError(f"Shard {k} has no responses yet; run the 'responses' step first.")
-        stored = read_json(path)
-        if stored.get("prompt_hash") != _prompt_hash(self.shards[k]):
+        stored = read_json(path, "responses")
+        if stored.get("prompt_hash") != prompt_hash(self.shards[k]):
             raise ValueError(f"The prompts of shard {k} changed since its answers were written ({self.work.root}); "
                              "use the original prompts file or a new --out folder.")
         return stored["samples"]
 
     def identical(self, k: int) -> list[bool]:
-        return [m["identical"] for m in read_json(self.work.shard("continuations", k))["mismatches"]]
+        return [m["identical"] for m in self.work.read("continuations", k)["mismatches"]]
 
     def items(self, k: int) -> list[Mismatch]:
         return shard_mismatches(self.work, k, self.samples(k), self.tokenizer, self.ends, self.eos_ids)
@@ -272,7 +282,7 @@ class _Context:
         if step == "responses":
             result = reference_responses(self.models.get(s.llm, "LLM"), self.tokenizer, self.shards[k],
                                          s.max_new_tokens, self.pad_id, self.eos_ids)
-            result["prompt_hash"] = _prompt_hash(self.shards[k])
+            result["prompt_hash"] = prompt_hash(self.shards[k])
             write_json(self.work.shard(step, k), result)
             return
         samples = self.samples(k)
@@ -322,13 +332,8 @@ def shard_mismatches(work: WorkDir, k: int, samples: list[dict], tokenizer, ends
         ends, eos_ids: sentence-end and end-of-answer ids.
     """
     out = []
-    for i, m in enumerate(read_json(work.shard("continuations", k))["mismatches"]):
+    for i, m in enumerate(work.read("continuations", k)["mismatches"]):
         texts = mismatch_texts(tokenizer, samples[m["sample"]], m, ends, frozenset(eos_ids))
         out.append(Mismatch(index=i, context=m["context"], slm_sentence=m["slm_sentence"],
                             llm_sentence=m["llm_sentence"], **texts))
     return out
-
-
-def _prompt_hash(prompts: list[Prompt]) -> str:
-    return text_hash([(p.id, p.prompt, p.messages) for p in prompts])
-

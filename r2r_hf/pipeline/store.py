@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from ..model.hub import write_failed
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -50,9 +52,12 @@ def _atomic(path: Path, write) -> None:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give shards the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.remove(tmp)
+        full = write_failed(path, err) if isinstance(err, (OSError, SafetensorError)) else None
+        if full is not None:
+            raise full from None
         raise
 
 
@@ -73,13 +78,35 @@ def _corrupt(path: str | os.PathLike, err: BaseException) -> ValueError:
     return ValueError(f"{path} is corrupt ({reason}); delete it and rerun `r2r-hf label` on the run to write it again.")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file of a run; a damaged one is one clear error naming it."""
+# What the readers of a run's JSON files rely on: an object with these fields (a list holds objects).
+SHAPES: dict[str, dict[str, type]] = {
+    "manifest": {},
+    "responses": {"samples": list},
+    "continuations": {"mismatches": list},
+    "verdicts": {"verdicts": dict},
+    "settings": {"verifiers": list},
+    "summary": {"counts": dict, "tokens": int},
+}
+
+
+def read_json(path: str | os.PathLike, shape: str | None = None) -> Any:
+    """Read a JSON file of a run; a damaged one, or one without the fields ``SHAPES[shape]`` names, is one clear
+    error naming it."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _corrupt(path, err) from None
+    if shape is None:
+        return data
+    if not isinstance(data, dict):
+        raise _corrupt(path, ValueError(f"a JSON object was expected, not {type(data).__name__}"))
+    for key, kind in SHAPES[shape].items():
+        value = data.get(key)
+        if not isinstance(value, kind) or (kind is list and not all(isinstance(v, dict) for v in value)):
+            expected = {list: "list of objects", dict: "object", int: "number"}[kind]
+            raise _corrupt(path, ValueError(f"its {key!r} is {type(value).__name__}, not a JSON {expected}"))
+    return data
 
 
 def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
@@ -95,6 +122,8 @@ def read_tensors(path: str | os.PathLike, keys: list[str] | None = None) -> tupl
             names = keys if keys is not None else list(f.keys())
             tensors = {k: f.get_tensor(k) for k in names}
             metadata = json.loads((f.metadata() or {}).get("r2r", "{}"))
+        if not isinstance(metadata, dict):
+            raise ValueError(f"its metadata is a JSON {type(metadata).__name__}, not an object")
     except FileNotFoundError:
         raise
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for damaged files
@@ -122,6 +151,10 @@ class WorkDir:
 
     def done(self, step: str, index: int, subset: str | None = None) -> bool:
         return self.shard(step, index, subset).exists()
+
+    def read(self, step: str, index: int, subset: str | None = None) -> dict[str, Any]:
+        """A JSON shard (responses, continuations, verdicts), checked to have the fields its readers use."""
+        return read_json(self.shard(step, index, subset), step)
 
     def shards(self, step: str, subset: str | None = None) -> list[int]:
         folder = self.folder(step, subset)
@@ -161,15 +194,18 @@ class WorkDir:
         """The run's manifest in format 2 (a format-1 manifest read as one)."""
         if not self.manifest_path.exists():
             raise FileNotFoundError(f"{self.root} holds no manifest.json; it is not a labeling run.")
-        manifest = read_json(self.manifest_path)
-        if not isinstance(manifest, dict):
-            raise _corrupt(self.manifest_path, ValueError("not a JSON object"))
+        manifest = read_json(self.manifest_path, "manifest")
         if manifest.get("format", 1) == 1:
             manifest = {k: v for k, v in manifest.items() if k not in _FORMAT1_VERIFIER_KEYS} | {"format": FORMAT}
         return manifest
 
+    def record_manifest(self, manifest: dict[str, Any]) -> None:
+        """Write the manifest of a new run (after ``check_manifest`` and every other check passed)."""
+        if not self.manifest_path.exists():
+            write_json(self.manifest_path, manifest)
+
     def check_manifest(self, manifest: dict[str, Any]) -> None:
-        """Write the manifest on a new run; on a resumed run refuse any differing setting."""
+        """On a resumed run, refuse any setting that differs from the manifest's (writes nothing)."""
         if self.manifest_path.exists():
             old = self.manifest()
             differences = [
@@ -182,8 +218,6 @@ class WorkDir:
                     f"{self.root} holds a run with other settings ({'; '.join(differences)}); "
                     "use a new --out folder, or the original settings to resume."
                 )
-            return
-        write_json(self.manifest_path, manifest)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

@@ -56,6 +56,20 @@ class TrainSettings:
     validation_fraction: float = 0.1
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "patience"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"TrainSettings {name} must be a whole number >= 1, got {getattr(self, name)!r}.")
+        # AdamW diverges far below 1; inf and NaN are never a learning rate.
+        if not 0 < self.lr <= 1:
+            raise ValueError(f"TrainSettings lr must be in (0, 1] (the paper's is 5e-5), got {self.lr}.")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"TrainSettings weight_decay must be a finite number >= 0, got {self.weight_decay}.")
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(f"TrainSettings validation_fraction must be in (0, 1), got {self.validation_fraction}.")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ValueError(f"TrainSettings seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}.")
+
 
 def auto_hidden_dims(train_tokens: int) -> list[int]:
     """Residual block widths sized to the amount of training data (see the module docstring)."""
@@ -131,9 +145,12 @@ def train_router(
     settings = settings or TrainSettings()
     if llm_rate is not None:
         recall = None
+    if torch.device(device).type == "meta":
+        raise ValueError("device='meta' holds no data, so nothing can be trained on it; pass device='cpu' or 'cuda'.")
     check_output_folder(out_dir, overwrite)
     torch.manual_seed(settings.seed)
     data = load_labels(data_dir, validation_fraction=settings.validation_fraction, seed=settings.seed, labels=labels)
+    statistics = _label_statistics(data)  # reads the label set's summary: a corrupt one is refused before training
     train, val = data.split_of("train"), data.split_of("validation")
     train_tokens, train_pos, _ = _count(train)
     val_tokens, val_pos, _ = _count(val)
@@ -170,6 +187,12 @@ def train_router(
             router.eval()
             with torch.no_grad():
                 val_loss = sum(_weighted_loss(router, b, pos_weight, device).item() for b in val.batches(4096))
+            if not (math.isfinite(total) and math.isfinite(val_loss)):
+                raise ValueError(
+                    f"Training diverged in epoch {epoch + 1} (training loss {total / train_tokens:.4g}, validation "
+                    f"loss {val_loss / val_tokens:.4g}); lower the learning rate (--lr, TrainSettings(lr=...); now "
+                    f"{settings.lr:g}), or check {data_dir} for features that are not finite."
+                )
             history.append({"epoch": epoch + 1, "train_loss": total / train_tokens, "val_loss": val_loss / val_tokens})
             bar.set_postfix(val_loss=f"{val_loss / val_tokens:.4f}")
             if val_loss < best_loss:
@@ -186,7 +209,7 @@ def train_router(
         "label_set": data.labels,
         "train_tokens": train_tokens, "train_divergent": train_pos,
         "validation_tokens": val_tokens, "validation_divergent": val_pos,
-        "label_statistics": _label_statistics(data),
+        "label_statistics": statistics,
         "epochs_run": len(history), "best_epoch": best_epoch,
         "seconds": round(time.perf_counter() - started, 1),
         "settings": asdict(settings),
@@ -209,6 +232,32 @@ def _check_classes(data_dir, router_type: str, train_tokens: int, train_pos: int
         raise ValueError(
             f"The validation split of {data_dir} holds no divergent tokens, so a recall target cannot be calibrated; "
             "label more prompts or calibrate to an LLM token rate (--llm-rate)."
+        )
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two names of one model: equal, or a Hub id and a local copy of it (the same last path part)."""
+    a, b = a.rstrip("/").lower(), b.rstrip("/").lower()
+    return a == b or a.rsplit("/", 1)[-1] == b.rsplit("/", 1)[-1]
+
+
+def check_data_fits(config: R2RConfig, data: LabelData) -> None:
+    """Refuse labels of another SLM than the router's: its threshold would be picked on features it never sees."""
+    labelled_with, reads = data.manifest.get("slm"), config.slm_name_or_path
+    if labelled_with and reads and not _same_model(str(labelled_with), str(reads)):
+        raise ValueError(
+            f"{data.root} was labelled with the SLM {labelled_with!r}, but this router reads the SLM {reads!r}; "
+            f"calibrate it on labels of its own SLM (r2r-hf label --slm {reads}), or fix slm_name_or_path in its "
+            "config.json if both name the same model."
+        )
+    first = data.shard(data.shards[0])
+    sizes = (first["hidden"].shape[1], first["token_embedding"].shape[1], first["topk_logits"].shape[1])
+    if config.router_type == "mlp" and sizes != (config.slm_hidden_size, config.slm_embedding_size,
+                                                 config.num_topk_logits):
+        raise ValueError(
+            f"The features of {data.root} (hidden {sizes[0]}, embedding {sizes[1]}, top {sizes[2]} logits) are not "
+            f"the ones this router reads (hidden {config.slm_hidden_size}, embedding {config.slm_embedding_size}, "
+            f"top {config.num_topk_logits}): they come from another SLM; calibrate it on labels of its own SLM."
         )
 
 
@@ -248,6 +297,7 @@ def calibrate_router(
         recall = None
     if out_dir is not None:
         check_output_folder(out_dir, overwrite)
+    check_data_fits(model.config, data)
     scored = scores_on(model.router, data)
     threshold, report = calibration_report(scored["scores"], scored["targets"], scored["mismatch"], recall, llm_rate)
     at = report["all_tokens"]["at_threshold"]

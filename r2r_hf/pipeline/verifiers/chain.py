@@ -27,7 +27,7 @@ def judge_shard(work: WorkDir, k: int, chain: list[Verifier], items: list[Mismat
     open_items = [m for m, same in zip(items, identical) if not same]
     for verifier in chain:
         path = work.shard("verdicts", k, verifier.key())
-        stored = read_json(path) if path.exists() else {"verdicts": {}, "seconds": 0.0, "judged": 0}
+        stored = read_json(path, "verdicts") if path.exists() else {"verdicts": {}, "seconds": 0.0, "judged": 0}
         missing = [m for m in open_items if str(m.index) not in stored["verdicts"]]
         if missing:
             start = time.perf_counter()
@@ -35,6 +35,7 @@ def judge_shard(work: WorkDir, k: int, chain: list[Verifier], items: list[Mismat
                 stored["verdicts"][str(m.index)] = verdict.to_json()
             stored["seconds"] += time.perf_counter() - start
             stored["judged"] += len(missing)
+        if missing or not path.exists():  # a verifier asked nothing (no open mismatch) answered all the same
             stored["settings"] = verifier.settings()
             write_json(path, stored)
         open_items = [m for m in open_items if verifier.decide(stored["verdicts"][str(m.index)]) is None]
@@ -42,7 +43,7 @@ def judge_shard(work: WorkDir, k: int, chain: list[Verifier], items: list[Mismat
 
 def decide_shard(work: WorkDir, k: int, chain: list[Verifier], count: int, identical: list[bool]) -> list[tuple[int | None, str]]:
     """(0 neutral / 1 divergent / None undecided, who decided) for each of the shard's ``count`` mismatches."""
-    verdicts = [read_json(work.shard("verdicts", k, v.key()))["verdicts"] for v in chain]
+    verdicts = [work.read("verdicts", k, v.key())["verdicts"] for v in chain]
     out = []
     for index in range(count):
         if identical[index]:
@@ -70,7 +71,7 @@ def verifier_seconds(work: WorkDir, chain: list[Verifier], shards: list[int]) ->
         for k in shards:
             path = work.shard("verdicts", k, verifier.key())
             if path.exists():
-                stored = read_json(path)
+                stored = read_json(path, "verdicts")
                 seconds += stored.get("seconds", 0.0)
                 judged += stored.get("judged", 0)
         out[verifier.name] = {"seconds": seconds, "judged": judged}
