@@ -12,7 +12,7 @@ import json
 import sys
 
 from ..serve.settings import ServeSettings
-from .options import device, positive_int
+from .options import device, positive_int, threads
 
 
 def _flag_type(f: dataclasses.Field):
@@ -27,7 +27,7 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", type=device(allow_auto=True), default="cpu",
                    help="cpu, cuda, cuda:1, or auto (accelerate device map)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
-    p.add_argument("--threads", type=positive_int, help="torch CPU threads (per replica)")
+    p.add_argument("--threads", type=threads, help="torch CPU threads (per replica)")
     defaults = ServeSettings()
     for f in dataclasses.fields(ServeSettings):
         default = getattr(defaults, f.name)
