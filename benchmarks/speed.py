@@ -12,9 +12,10 @@ floor((t + 1) p) > floor(t p), so the LLM's catch-up gap is 1/p; batches from ``
 on route each row independently with probability p, as a real router's rows would.
 
 ``--cache static`` runs R2R on the fast path (CUDA graphs on CUDA; ``--compile-mode`` compiles it
-with torch.compile instead, which is also how the path runs on a CPU) and adds HF's own static
-cache + compile baselines for ``slm.generate`` and ``llm.generate`` (first call reported as
-warm-up). Per token, R2R should cost t_SLM + t_router + p * t_LLM(g = 1/p); loop efficiency =
+with torch.compile instead, which is also how the path runs on a CPU; ``--emulate-graphs`` replays
+CPU-emulated CUDA graphs, ``r2r_hf.testing.graphs``, to rehearse the GPU run) and, with a compile
+mode or on CUDA, adds HF's own static cache + compile baselines for ``slm.generate`` and
+``llm.generate`` (first call reported as warm-up). Per token, R2R should cost t_SLM + t_router + p * t_LLM(g = 1/p); loop efficiency =
 that ideal / the measured time, with the component costs of the path that ran.
 """
 
@@ -78,8 +79,13 @@ def measure(args: argparse.Namespace) -> dict:
     fast = args.cache == "static"
     compile_config = CompileConfig(mode=args.compile_mode) if args.compile_mode else None
     r2r_fast = dict(cache_implementation="static", compile_config=compile_config) if fast else None
+    if args.emulate_graphs:
+        from r2r_hf.testing.graphs import emulated_store
+
+        model.capture_store = emulated_store()
     hf_static = None
-    if fast:  # HF's own compile: its default CompileConfig on CUDA; elsewhere R2R's, which HF honours only when told
+    # HF's own compile: its default CompileConfig on CUDA; elsewhere R2R's, which HF honours only when told.
+    if fast and (args.device.startswith("cuda") or compile_config is not None):
         hf_static = {"cache_implementation": "static"}
         if compile_config is not None:
             hf_static["compile_config"] = CompileConfig(mode=args.compile_mode)
@@ -90,6 +96,7 @@ def measure(args: argparse.Namespace) -> dict:
         "per_row_from_batch": args.per_row_from, "cache": args.cache or "dynamic",
         "hf_compiled": "generate(cache_implementation='static') with HF's CompileConfig" if fast else None,
         "r2r_path": ("eager" if not fast else f"torch.compile({args.compile_mode})" if compile_config
+                     else "CUDA graphs emulated on the CPU" if args.emulate_graphs
                      else "CUDA graphs (captured SLM step, router and LLM catch-up buckets)"),
         "router_params": sum(p.numel() for p in real_router.parameters()),
         "router": f"{args.router_dims} blocks, {args.router_dtype}",
@@ -169,6 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--per-row-from", type=int, help="batches of this size and up route rows independently")
     parser.add_argument("--cache", choices=("dynamic", "static"), help="static: the fast path + HF-compiled baselines")
     parser.add_argument("--compile-mode", help="run the fast path through torch.compile in this mode (CPU: 'default')")
+    parser.add_argument("--emulate-graphs", action="store_true", help="CPU: replay emulated CUDA graphs (a rehearsal)")
     parser.add_argument("--eager-shares", default="0.1", help="with --cache static, also time eager R2R at these p")
     parser.add_argument("--eager-batches", default="1", help="... at these batch sizes")
     parser.add_argument("--compiled-slm-batches", default="1", help="batch sizes that time a compiled slm.generate")

@@ -10,7 +10,9 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from r2r_hf.core.capture import BUCKETS, CapturedState, bucket_for, kept_lengths
+from r2r_hf.compat import cache_argument
+from r2r_hf.core.capture import BUCKETS, CapturedState, kept_lengths, pieces, read_fn, static_cache
+from r2r_hf.core.features import lm_forward
 from r2r_hf.router import Router
 
 CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
@@ -22,9 +24,11 @@ CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.jso
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
                         num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
-    # for the smoke test only
+    # for the smoke tests and the dry run of the GPU check only
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
+    "tiny-llm": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=False),
 }
 CHUNKS = (1, 2, 5, 10, 20, 64)  # catch-up chunk lengths whose eager cost is measured
 
@@ -126,10 +130,10 @@ def eager_components(slm, llm, router, batch: int, prompt: int, context: int, de
     def forward_after(model, past: int, new: int, runs: int = repeats) -> float:
         if not past:  # a fresh cache per run, made outside the timed forward
             caches = [DynamicCache(config=model.config) for _ in range(runs + 1)]
-            return timed(lambda: model(ids[:, :new], past_key_values=caches.pop(), logits_to_keep=1), device, runs)
+            return timed(lambda: model(ids[:, :new], **cache_argument(caches.pop()), logits_to_keep=1), device, runs)
         cache = DynamicCache(config=model.config)
-        model(ids[:, :past], past_key_values=cache, logits_to_keep=1)
-        return timed(lambda: model(ids[:, past : past + new], past_key_values=cache, logits_to_keep=1),
+        model(ids[:, :past], **cache_argument(cache), logits_to_keep=1)
+        return timed(lambda: model(ids[:, past : past + new], **cache_argument(cache), logits_to_keep=1),
                      device, runs, reset=lambda: cache.crop(-new))  # back to ``past`` tokens, untimed
 
     hidden = slm.config.hidden_size
@@ -145,46 +149,77 @@ def eager_components(slm, llm, router, batch: int, prompt: int, context: int, de
 
 @torch.no_grad()
 def captured_components(state: CapturedState, context: int, repeats: int, device: str) -> dict:
-    """Seconds of each captured call of ``state`` at ``context`` tokens of cache (one replay each)."""
+    """Seconds of each captured call of ``state`` at ``context`` tokens of cache (one replay each).
+
+    Every timed read is wound back whole (``rewind`` = its bucket), so warm-ups, captures and
+    repeats all write the same columns after ``context``: nothing runs past the cache
+    (``context + BUCKETS[-1]`` must fit in it).
+    """
     batch, capacity = state.batch, state.capacity
+    if context + BUCKETS[-1] > capacity:
+        raise ValueError(f"context {context} + the largest bucket {BUCKETS[-1]} exceeds the cache ({capacity}).")
     state.reset()
     ids = torch.randint(0, 1000, (batch, capacity), device=device)
     positions = torch.arange(capacity, device=device).expand(batch, capacity)
     mask = torch.ones(batch, capacity, dtype=torch.long, device=device)
     for model, cache in ((state.slm, state.slm_cache), (state.llm, state.llm_cache)):  # fill to ``context``
         model(ids[:, :context], attention_mask=mask[:, :context], position_ids=positions[:, :context],
-              past_key_values=cache, logits_to_keep=1)
-    step = dict(ids=ids[:, context : context + 1], positions=positions[:, context : context + 1], mask=mask)
-    with kept_lengths(state.slm_cache):
-        logits, hidden = state.slm_step(**step)
+              **cache_argument(cache), logits_to_keep=1)
+
+    def piece(bucket: int) -> dict:
+        return dict(ids=ids[:, context : context + bucket], positions=positions[:, context : context + bucket],
+                    mask=mask, last=state.counts[bucket - 1 : bucket], rewind=state.counts[bucket])
+
+    logits, hidden = state.read("slm", 1, **piece(1))
     route = dict(logits=logits, hidden=hidden, token=logits.argmax(-1))
-    restore_slm, restore_llm = _restorer(state.slm_cache), _restorer(state.llm_cache)
-    out = {"t_slm": timed(lambda: state.slm_step(**step), device, repeats * 5, reset=restore_slm),
+    out = {"t_slm": timed(lambda: state.read("slm", 1, **piece(1)), device, repeats * 5),
            "t_router": timed(lambda: state.route(**route), device, repeats * 5), "t_llm": {}}
     for bucket in BUCKETS:
-        chunk = dict(ids=ids[:, context : context + bucket], positions=positions[:, context : context + bucket],
-                     mask=mask, last=state.counts[bucket - 1 : bucket], rewind=state.counts[0])
-        with kept_lengths(state.llm_cache):
-            state.llm_chunk(bucket, **chunk)  # captured on first use, outside the timing
-        out["t_llm"][bucket] = timed(lambda: state.llm_chunk(bucket, **chunk), device, repeats * 3, reset=restore_llm)
+        chunk = piece(bucket)
+        state.read("llm", bucket, **chunk)  # captured on first use, outside the timing
+        out["t_llm"][bucket] = timed(lambda: state.read("llm", bucket, **chunk), device, repeats * 3)
     state.reset()
     return out
 
 
-def _restorer(cache):
-    lengths = [layer.cumulative_length.clone() for layer in cache.layers]
+@torch.no_grad()
+def graph_decode_per_token(model, prompt: torch.Tensor, tokens: int, graph_step, device: str, repeats: int) -> float:
+    """Seconds per token of greedy decoding with ``model`` alone, its one-token step replayed as a graph.
 
-    def restore() -> None:
-        for layer, length in zip(cache.layers, lengths):
-            layer.cumulative_length.copy_(length)
+    The compile-free baseline of the GPU check: an eager prefill of ``prompt`` [B, P] into a static
+    cache, then ``tokens`` replays of the captured one-token read (the fast path's own ``read_fn``),
+    each token fed back on the device: no host synchronisation at all, so a lower bound for the LLM alone.
+    """
+    batch, length = prompt.shape
+    capacity = length + tokens + BUCKETS[-1]
+    cache = static_cache(model, batch, capacity)
+    ids = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+    ids[:, :length] = prompt
+    positions = torch.arange(capacity, device=device).expand(batch, capacity)
+    mask = torch.ones(batch, capacity, dtype=torch.long, device=device)
+    counts = torch.arange(2, device=device)
 
-    return restore
+    def inputs(t: int) -> dict:
+        return dict(ids=ids[:, t : t + 1], positions=positions[:, t : t + 1], mask=mask, last=counts[0:1],
+                    rewind=counts[0])
+
+    with kept_lengths(cache):
+        step = graph_step(read_fn(model, cache, hidden=False), inputs(length), graph_step.new_pool(device))
+
+    def run() -> None:
+        cache.reset()
+        logits = lm_forward(model, prompt, None, positions[:, :length], cache)[:, -1]
+        for t in range(length, length + tokens):
+            ids[:, t] = logits.argmax(-1)
+            logits = step(**inputs(t))[0]
+
+    return timed(run, device, repeats) / tokens
 
 
 def t_llm_at(chunk: float, table: dict[int, float], captured: dict[int, float] | None = None) -> float:
-    """Catch-up cost of ``chunk`` tokens: a captured bucket's replay, else eager, interpolated between sizes."""
-    if captured is not None and bucket_for(math.ceil(chunk)) is not None:
-        return captured[bucket_for(math.ceil(chunk))]
+    """Catch-up cost of ``chunk`` tokens: its captured pieces' replays, else eager, interpolated between sizes."""
+    if captured is not None:
+        return sum(captured[bucket] for _, bucket in pieces(math.ceil(chunk)))
     sizes = sorted(table)
     if chunk <= sizes[0]:
         return table[sizes[0]]

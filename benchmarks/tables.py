@@ -1,6 +1,7 @@
 """Markdown tables from the benchmark JSON files (pasted into docs/ so numbers are never retyped).
 
-    python -m benchmarks.tables speed [benchmarks/results/speed.json]      # also speed_gpu.json
+    python -m benchmarks.tables speed [benchmarks/results/speed.json]
+    python -m benchmarks.tables gpu [benchmarks/results/gpu_check.json]    # the GPU check (benchmarks/gpu_check.py)
     python -m benchmarks.tables humaneval [benchmarks/results/humaneval.json]
     python -m benchmarks.tables equal-rate benchmarks/results/humaneval-TAG.json   # R2R vs entropy/random per rate
 """
@@ -103,12 +104,56 @@ def equal_rate_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def gpu_tables(results: dict) -> str:
+    """The GPU check (benchmarks/gpu_check.py): R2R captured per batch and share, with what was measured beside it."""
+    c, lines = results.get("conditions", {}), []
+    lines.append(f"{c.get('hardware')}, torch {c.get('torch')}, transformers {c.get('transformers')}, "
+                 f"graphs: {c.get('graphs')}; {results['plan']['slm']} + {results['plan']['llm']}, "
+                 f"{results['plan']['dtype']}, prompt {results['plan']['prompt']}, {results['plan']['tokens']} new "
+                 "tokens, greedy.\n")
+    for batch, runs in results.get("r2r_captured", {}).items():
+        model = {r["p"]: r for r in results.get("cost_model", {}).get(batch, [])}
+        speed = results.get("speedups", {}).get(batch, {})
+        parts = results.get("components_ms", {}).get(batch, {}).get("captured")
+        base = {k: results.get(f"{k}_ms", {}).get(batch) for k in ("llm_graphs", "llm_eager", "slm_eager")}
+        compiled = results.get("llm_compiled_ms", {}).get(batch)
+        bits = [f"{k.replace('_', ' ')} {v:.2f} ms/token" for k, v in base.items() if isinstance(v, (int, float))]
+        if isinstance(compiled, dict) and "ms_per_token" in compiled:
+            bits.append(f"llm compiled {compiled['ms_per_token']:.2f} ms/token (first call {compiled['first_call_s']:.0f} s)")
+        if parts:
+            bits.append(f"captured t_SLM {parts['t_slm']:.2f} ms, t_router {parts['t_router']:.2f} ms, "
+                        f"t_LLM(1 / 8 / 64) {parts['t_llm']['1']:.2f} / {parts['t_llm']['8']:.2f} / "
+                        f"{parts['t_llm']['64']:.2f} ms")
+        lines.append(f"**Batch {batch}**{' (rows routed independently)' if int(batch) > 1 else ''}. " + "; ".join(bits)
+                     + ".\n")
+        lines.append("| p | P(LLM call) | first call (s) | ms / token | tokens/s | vs LLM on graphs | vs eager LLM | "
+                     "vs compiled LLM | ideal ms | loop efficiency |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in runs:
+            key, m = str(r["p"]), model.get(r["p"], {})
+            vs = [speed.get(k, {}).get(key) for k in ("llm_graphs", "llm_eager", "llm_compiled")]
+            lines.append(f"| {r['p']:.2f} | {r['p_llm_call']:.2f} | {r['first_call_s']:.1f} | {r['ms_per_token']:.2f} | "
+                         f"{r['tokens_per_s']:.1f} | " + " | ".join("—" if v is None else f"{v:.2f}x" for v in vs)
+                         + f" | {_f(m.get('ideal_ms'))} | {_f(m.get('loop_efficiency'))} |")
+        lines.append("")
+    agreement = results.get("agreement")
+    if agreement:
+        lines.append("Teacher-forced agreement, captured vs eager ({dtype}): ".format(**agreement) + "; ".join(
+            f"{role}: largest |Δlogit| {a['max_abs']:.3g} ({a['max_rel']:.2%} of the step's largest logit), argmax "
+            f"equal on {a['argmax']:.1%} of {a['steps']} steps" for role, a in agreement.items() if role in ("slm", "llm")))
+    status = (results.get("llm_compiled_ms") or {}).get("status")
+    if status:
+        lines.append(f"\nCompiled `llm.generate`: {status}.")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     kind = argv[0] if argv else "speed"
-    path = Path(argv[1]) if len(argv) > 1 else Path(f"benchmarks/results/{kind}.json")
+    default = "gpu_check" if kind == "gpu" else kind
+    path = Path(argv[1]) if len(argv) > 1 else Path(f"benchmarks/results/{default}.json")
     data = json.loads(path.read_text())
-    tables = {"speed": speed_tables, "humaneval": humaneval_table, "equal-rate": equal_rate_table}
+    tables = {"speed": speed_tables, "humaneval": humaneval_table, "equal-rate": equal_rate_table, "gpu": gpu_tables}
     print(tables["speed" if kind.startswith("speed") else kind](data))
 
 

@@ -132,8 +132,9 @@ def test_speed_benchmark_writes_every_share_and_batch(tmp_path):
 
 
 def test_speed_benchmark_fast_path_on_a_cpu(tmp_path):
-    # The GPU run's path end to end on tiny shapes: static cache, compiled R2R steps and baselines,
-    # captured component costs, per-row routing from batch 2.
+    # The GPU run's path end to end on tiny shapes with emulated CUDA graphs: static cache, captured R2R steps,
+    # captured component costs at 8 new tokens (each bucket's graph warms up twice: this once ran past the cache),
+    # per-row routing from batch 2.
     import json
 
     from benchmarks.speed import main
@@ -141,21 +142,20 @@ def test_speed_benchmark_fast_path_on_a_cpu(tmp_path):
     out = tmp_path / "speed.json"
     main(["--slm", "tiny", "--llm", "tiny", "--dtype", "float32", "--tokens", "8", "--prompt", "8", "--repeats", "1",
           "--batch-sizes", "1,2", "--router-dims", "32x1", "--shares", "0,0.25", "--cache", "static",
-          "--compile-mode", "default", "--per-row-from", "2", "--no-assisted", "--out", str(out)])
+          "--emulate-graphs", "--per-row-from", "2", "--no-assisted", "--out", str(out)])
     results = json.loads(out.read_text())
     one, two = results["batches"]["1"], results["batches"]["2"]
-    assert {"llm_eager", "llm_compiled", "slm_eager", "slm_compiled"} <= set(one["baselines_ms"])
-    assert "slm_compiled" not in two["baselines_ms"] and two["per_row"] and not one["per_row"]
+    assert results["conditions"]["r2r_path"] == "CUDA graphs emulated on the CPU"
+    assert {"llm_eager", "slm_eager"} <= set(one["baselines_ms"]) and "llm_compiled" not in one["baselines_ms"]
+    assert two["per_row"] and not one["per_row"]
     assert set(one["components_ms"]["captured"]["t_llm"]) == {"1", "2", "4", "8", "16", "32", "64"}
-    assert one["warmup_s"]["r2r_first_call"] > 0 and "llm_compiled_first_call" in one["warmup_s"]
+    assert one["warmup_s"]["r2r_first_call"] > 0
     for row in (one, two):
         assert [r["p"] for r in row["r2r"]] == [0.0, 0.25]
-        assert all(r["speedup_vs_llm_compiled"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
-        assert "eager_ms" not in row["r2r"][0]
+        assert all(r["speedup_vs_llm_eager"] > 0 and r["loop_efficiency"] > 0 for r in row["r2r"])
     from benchmarks.tables import speed_tables
 
     text = speed_tables(results)
-    assert "vs `llm.generate` (compiled)" in text and "never-route / `slm.generate` (compiled) = " in text
     assert "Components (captured)" in text and "Warm-up: r2r first call" in text
 
 

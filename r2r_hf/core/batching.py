@@ -121,7 +121,8 @@ def merge(running: Batch, steps: EagerSteps, newcomers: Batch, new_steps: EagerS
                                                       rows_a, rows_b, seen))
     logits = torch.cat([running.slm_logits, newcomers.slm_logits.to(running.slm_logits.device)])
     hidden = torch.cat([running.slm_hidden, newcomers.slm_hidden.to(running.slm_hidden.device)])
-    return Batch(seq, seen, logits, hidden)
+    budget = None if running.budget is None or newcomers.budget is None else running.budget.joined(newcomers.budget)
+    return Batch(seq, seen, logits, hidden, budget)
 
 
 def _kept(kv, rows: torch.Tensor, start: int, stop: int | None = None):
@@ -143,4 +144,5 @@ def select(batch: Batch, steps: EagerSteps, keep: list[int]) -> Batch:
     steps.llm_cache = _cache_of(steps.llm, _kept(_kv(steps.llm_cache), rows, start, start + seen) if seen else
                                 [None] * len(steps.llm_cache.layers))
     logits, hidden = batch.slm_logits[rows.to(batch.slm_logits.device)], batch.slm_hidden[rows.to(batch.slm_hidden.device)]
-    return Batch(kept, seen, logits, hidden)
+    budget = None if batch.budget is None else batch.budget.rows(rows.to(batch.budget.share.device))
+    return Batch(kept, seen, logits, hidden, budget)

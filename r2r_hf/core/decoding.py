@@ -18,6 +18,9 @@ Hence never-route equals ``slm.generate`` and always-route equals ``llm.generate
 token, under the same seed. The host waits on the device once per step: for the
 routing decision (which also tells whether every row finished at the previous step).
 
+Where a call gives an LLM budget, step 2 routes only where the row's budget allows too
+(``budget.py``: never more than ceil(b * t) of t tokens, spent where the router is surest).
+
 Steps 1-5 are small functions over one explicit ``Batch`` (what the batch decodes over between
 steps) and the batch's ``Routing``; ``r2r_decode`` adds HF's records, streaming and stopping, and
 the server's engine (``r2r_hf/serve``) adds rows joining and leaving between steps.
@@ -31,6 +34,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from .budget import Budget
 from .outputs import R2RGenerateOutput, RoutingAwareStreamer
 from .routing import Routing, call_length
 from .steps import Committed, propose
@@ -45,12 +49,14 @@ class Batch:
         llm_seen: columns of ``seq`` already in the LLM's cache (one lag shared by the batch).
         slm_logits: [B, V] the SLM's next-token logits after reading ``seq``.
         slm_hidden: [B, H] its post-norm hidden state there.
+        budget: the rows' LLM budgets and what they spent (None when the batch has none).
     """
 
     seq: Committed
     llm_seen: int
     slm_logits: torch.Tensor
     slm_hidden: torch.Tensor
+    budget: Budget | None = None
 
 
 @dataclass(frozen=True)
@@ -67,19 +73,25 @@ class Proposal:
     rng: object
 
 
-def start(routing: Routing, seq: Committed) -> Batch:
-    """The SLM prefills the prompt: the batch is ready for its first proposal."""
+def start(routing: Routing, seq: Committed, new_tokens: int = 0) -> Batch:
+    """The SLM prefills the prompt: the batch is ready for its first proposal (of at most ``new_tokens``)."""
     logits, hidden = routing.steps.slm_read(seq, 0)
-    return Batch(seq, 0, logits, hidden)
+    budget = None
+    if routing.llm_budget is not None:
+        budget = Budget.start(routing.llm_budget, seq.ids.shape[0], new_tokens, seq.ids.device)
+    return Batch(seq, 0, logits, hidden, budget)
 
 
 def propose_and_route(routing: Routing, batch: Batch, running: torch.Tensor) -> Proposal:
-    """1. The SLM proposes; 2. the router scores the proposal. Routes only running rows."""
+    """1. The SLM proposes; 2. the router scores the proposal. Routes only running rows, within their budgets."""
     rng = routing.sampler.state()  # kept so the LLM can redraw in the SLM's place
     scores, token = propose(batch.slm_logits, batch.seq, routing.processors, routing.vocab_size, routing.sampler)
     routing.router.step()
     router_scores = routing.steps.route_scores(batch.slm_logits, batch.slm_hidden, token).to(token.device)
     routed = (router_scores >= routing.threshold) & running
+    if batch.budget is not None:
+        routed &= batch.budget.allows(router_scores)
+        batch.budget.spend(router_scores, routed, running)
     return Proposal(token, scores, router_scores, routed, rng)
 
 
@@ -142,7 +154,8 @@ def r2r_decode(
     scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
     logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
 
-    batch = start(routing, Committed.from_prompt(input_ids, attention_mask, position_ids, routing.steps.capacity))
+    batch = start(routing, Committed.from_prompt(input_ids, attention_mask, position_ids, routing.steps.capacity),
+                  new_max)
     step = 0
     while True:
         # 1-2. Propose and route. The step's one host synchronisation reads the routing decision
@@ -190,6 +203,7 @@ def r2r_decode(
     if not return_dict:
         return sequences
     generated, routed_out = generated_record[:, :step], routed_record[:, :step]
+    llm_tokens = (routed_out & generated).sum(-1)
     return R2RGenerateOutput(
         sequences=sequences,
         scores=scores_out,
@@ -199,4 +213,6 @@ def r2r_decode(
         generated_mask=generated,
         llm_token_rate=routed_out.sum().item() / max(generated.sum().item(), 1),
         threshold=routing.threshold,
+        llm_budget=None if routing.llm_budget is None else float(routing.llm_budget),
+        llm_tokens=llm_tokens,
     )

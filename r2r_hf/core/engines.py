@@ -7,8 +7,9 @@ Every engine offers the same three calls over its own KV caches:
 * ``llm_read(seq, start)``  the LLM catches up on ``seq[start:]`` in one forward; its next-token logits.
 
 ``EagerSteps`` (here) runs them as plain forwards over a dynamic or static cache.
-``capture.CapturedSteps`` replays the fixed-shape ones, and ``capture.choose_steps`` decides
-which engine a call gets.
+``capture.CapturedSteps`` replays captured ones, and ``capture_store.choose_steps`` decides
+which engine a call gets. ``close()`` ends the call's use of the engine (captured steps go back
+to their store).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+from transformers.cache_utils import Cache
 
 from .features import HiddenStateCapture, lm_forward, read_features, score
 from .steps import Committed, make_cache
@@ -32,6 +34,8 @@ class Steps(Protocol):
 
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor: ...
 
+    def close(self) -> None: ...
+
 
 def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, hidden, token) -> torch.Tensor:
     """Router scores [B] for the SLM's proposals ``token`` given its logits [B, V] and hidden state [B, H]."""
@@ -46,12 +50,15 @@ class EagerSteps:
         num_topk: sorted SLM logits the router reads.
         cache_implementation: ``"static"`` or anything else for a dynamic cache.
         capacity: the call's longest sequence (static caches are this long).
+        caches: (SLM cache, LLM cache) to read into instead of fresh ones (the captured engine's).
     """
 
-    def __init__(self, slm, llm, router, num_topk: int, cache_implementation: str | None, capacity: int) -> None:
+    def __init__(self, slm, llm, router, num_topk: int, cache_implementation: str | None, capacity: int,
+                 caches: tuple[Cache, Cache] | None = None) -> None:
         self.slm, self.llm, self.router, self.num_topk, self.capacity = slm, llm, router, num_topk, capacity
-        self.slm_cache = make_cache(slm, cache_implementation, capacity)
-        self.llm_cache = make_cache(llm, cache_implementation, capacity)
+        if caches is None:
+            caches = make_cache(slm, cache_implementation, capacity), make_cache(llm, cache_implementation, capacity)
+        self.slm_cache, self.llm_cache = caches
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = seq.length
@@ -68,3 +75,6 @@ class EagerSteps:
         logits = lm_forward(self.llm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
                             self.llm_cache)
         return logits[:, -1]
+
+    def close(self) -> None:
+        pass

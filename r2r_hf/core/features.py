@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 
+from ..compat import cache_argument
+
 
 @dataclass(frozen=True)
 class Features:
@@ -138,7 +140,7 @@ def lm_forward(
         input_ids=input_ids.to(device),
         attention_mask=None if attention_mask is None else attention_mask.to(device),
         position_ids=None if position_ids is None else position_ids.to(device),
-        past_key_values=cache,
+        **cache_argument(cache),
         use_cache=cache is not None,
         logits_to_keep=logits_to_keep,
         return_dict=True,

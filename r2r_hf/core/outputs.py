@@ -36,6 +36,8 @@ class R2RGenerateOutput(GenerateDecoderOnlyOutput):
             (the row was still running), False for padding after a row finished.
         llm_token_rate: routed / generated over real generated tokens of the batch.
         threshold: the threshold this call used.
+        llm_budget: the call's LLM budget (the share of each answer's tokens the LLM may write), or None.
+        llm_tokens: long [B]; tokens the LLM wrote in each row (what each row spent).
     """
 
     routed: torch.BoolTensor | None = None
@@ -43,3 +45,5 @@ class R2RGenerateOutput(GenerateDecoderOnlyOutput):
     generated_mask: torch.BoolTensor | None = None
     llm_token_rate: float | None = None
     threshold: float | None = None
+    llm_budget: float | None = None
+    llm_tokens: torch.LongTensor | None = None

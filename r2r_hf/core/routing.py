@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
-from .capture import CaptureStore, choose_steps
+from .budget import check_budget
+from .capture_store import CaptureStore, choose_steps
 from .engines import Steps
 from .sampling import RowSampler, Sampler, seeded_generator
 from .steps import Processors
@@ -44,6 +45,8 @@ class Routing:
         processors: HF's logits processors (or a per-row equivalent), applied to both models' logits.
         sampler: argmax or draws; its random stream advances once per committed token.
         steps: the batch's model calls and caches (eager, compiled or captured; ``capture.py``).
+        llm_budget: the share of each answer's tokens the LLM may write (one number, or one per row; inf: none),
+            or None for no budget at all (``budget.py``).
     """
 
     router: nn.Module
@@ -52,6 +55,7 @@ class Routing:
     processors: Processors
     sampler: Sampler | RowSampler
     steps: Steps
+    llm_budget: float | torch.Tensor | None = None
 
     @classmethod
     def for_call(
@@ -71,16 +75,18 @@ class Routing:
         Args:
             slm, llm, router: the pair and the router.
             vocab_size, num_topk: as the fields; sorted SLM logits the router reads.
-            generation_config: the call's generation config, with ``threshold`` (and maybe ``seed``) set.
+            generation_config: the call's generation config, with ``threshold`` (and maybe ``seed``, ``llm_budget``).
             processors: the call's logits processors.
             input_ids: [B, P] the prompts (their shape sizes the caches).
             store: where captured steps are kept between calls (None: always eager).
         """
         threshold = check_threshold(getattr(generation_config, "threshold", None))
+        budget = getattr(generation_config, "llm_budget", None)
+        budget = None if budget is None else check_budget(budget)
         seed = getattr(generation_config, "seed", None)
         generator = None if seed is None else seeded_generator(seed, input_ids.device)
         sampler = Sampler(bool(generation_config.do_sample), input_ids.device, generator)
         router = router.for_call()
         needed = call_length(generation_config, input_ids.shape[1])
         steps = choose_steps(slm, llm, router, num_topk, generation_config, input_ids.shape[0], needed, store)
-        return cls(router, vocab_size, threshold, processors, sampler, steps)
+        return cls(router, vocab_size, threshold, processors, sampler, steps, budget)

@@ -31,6 +31,7 @@ UNSUPPORTED = {
     "assistant_model": "assisted generation",
     "custom_generate": "a custom decoding loop would replace R2R's",
     "past_key_values": "R2R keeps one cache per model",
+    "cache": "R2R keeps one cache per model",  # the name transformers 5.24 gave past_key_values
     "inputs_embeds": "prompts as embeddings (the SLM and the LLM each embed the ids with their own table; pass input_ids)",
 }
 _NEUTRAL_VALUES = {"num_beams": 1, "num_beam_groups": 1, "guidance_scale": 1.0}
@@ -70,6 +71,8 @@ R2R_OPTIONS = {
     "threshold": "route where the router's score >= threshold (default: the router's config.threshold)",
     "seed": "draw this call's samples from its own generator seeded so (as torch.manual_seed(seed) would), "
             "leaving the global random stream untouched",
+    "llm_budget": "the LLM writes at most ceil(llm_budget * t) of any answer's first t tokens, where the router is "
+                  "surest (r2r_hf/core/budget.py); with a threshold, a token routes only where both allow",
 }
 ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 

@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..config import R2RConfig
-from .hub import HUB_KWARGS, missing_local_path
+from .hub import HUB_KWARGS
+from .sources import Unavailable, resolve
 from .tokens import check_same_tokenizer, stored_tokenizer
 
 # Keyword arguments that place or shape model weights; at top level they apply to the SLM and LLM.
@@ -24,34 +25,39 @@ def load_base_model(
     name_or_path: str | None,
     revision: str | None,
     kwargs: dict[str, Any],
+    hint: str | None = None,
 ) -> PreTrainedModel:
     """Load the SLM or LLM with ``AutoModelForCausalLM``, turning failures into one clear sentence.
+
+    A name the Hub cannot serve here is read from the Hugging Face cache or a registered local copy, or
+    refused at once (``sources.resolve``): no retried requests.
 
     Args:
         role: ``"slm"`` or ``"llm"`` (used in messages).
         name_or_path: Hub id or local folder.
         revision: Hub revision, or None for the default branch.
         kwargs: extra ``from_pretrained`` arguments (device_map, dtype, quantization_config...).
+        hint: what to do, said when it fails (default: pass ``{role}=`` or fix the router's config).
     """
+    what = role.upper() if role in ("slm", "llm") else role
     if not name_or_path:
-        raise ValueError(
-            f"The router config names no {role.upper()}; pass {role}=<Hub id, local folder or loaded model> "
-            "to R2RForCausalLM.from_pretrained."
-        )
+        raise ValueError(f"The router config names no {what}; pass {role}= (a Hub id, a local folder or a loaded model).")
     kwargs = dict(kwargs)
     if revision and "revision" not in kwargs:
         kwargs["revision"] = revision
-    hint = (
-        f"pass {role}=<a local folder or an already-loaded model> to R2RForCausalLM.from_pretrained "
-        f"(or fix {role}_name_or_path in the router's config.json)"
-    )
-    if missing_local_path(name_or_path):
-        raise OSError(f"Could not load the {role.upper()} {name_or_path!r}: no such folder; {hint}.")
+    hint = hint or f"pass {role}= (a local folder or an already-loaded model), or fix {role}_name_or_path in the " \
+                   "router's config"
+    hub = {k: kwargs.pop(k) for k in (*HUB_KWARGS, "revision") if k in kwargs}
+    try:
+        name_or_path, hub = resolve(name_or_path, f"the {what}", hub)
+    except Unavailable as err:
+        raise OSError(f"Could not load the {what} {name_or_path!r}: {err.reason}; {hint}.") from None
+    kwargs.update(hub)
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise OSError(f"Could not load the {role.upper()} {name_or_path!r} ({reason}); {hint}.") from err
+        raise OSError(f"Could not load the {what} {name_or_path!r} ({reason}); {hint}.") from err
 
 
 def split_loading_kwargs(

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
 from ..config import R2RConfig
-from ..core.capture import CaptureStore
+from ..core.capture_store import CaptureStore
 from ..core.decoding import r2r_decode
 from ..core.features import output_device
 from ..core.routing import Routing
@@ -42,6 +42,7 @@ from .loading import (
 from .model_card import CARD_MARKER, render_model_card
 from .official import find_official_file, official_router
 from .record import from_legacy_config, load_record, save_record
+from .sources import Unavailable, resolve
 from .weights import load_router_state, load_strictly, refuse_baseline_weights
 
 
@@ -175,6 +176,15 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         location, subfolder, filename = split_hub_path(pretrained_model_name_or_path, kwargs.get("subfolder"))
         if subfolder:
             kwargs["subfolder"] = subfolder
+        # A name the Hub cannot serve here: the cache, a registered local copy, or one sentence now (no retries).
+        asked = {k: kwargs.pop(k) for k in ("local_files_only", "revision", "cache_dir") if k in kwargs}
+        try:
+            location, found = resolve(location, "the router", asked, filename=None)
+        except Unavailable as err:
+            check_router_location(location)  # a missing local path says so in its own words
+            raise OSError(f"Could not load the router {location!r}: {err.reason}; pass a local router folder, or run "
+                          "once where the Hub is reachable to cache it.") from None
+        kwargs.update(found)
         check_router_location(location)
         router_kwargs, slm_load, llm_load = split_loading_kwargs(kwargs, slm_kwargs, llm_kwargs)
         hub = {k: router_kwargs[k] for k in HUB_KWARGS + ("revision", "subfolder") if k in router_kwargs}
@@ -385,12 +395,22 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError("R2RForCausalLM.generate does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
         routing = Routing.for_call(self.slm, self.llm, self.router, self.shared_vocab_size, self.config.num_topk_logits,
                                    generation_config, logits_processor, input_ids, self.capture_store)
-        return r2r_decode(routing, input_ids, stopping_criteria, generation_config,
-                          attention_mask=model_kwargs.get("attention_mask"),
-                          position_ids=model_kwargs.get("position_ids"), streamer=streamer)
+        try:
+            return r2r_decode(routing, input_ids, stopping_criteria, generation_config,
+                              attention_mask=model_kwargs.get("attention_mask"),
+                              position_ids=model_kwargs.get("position_ids"), streamer=streamer)
+        finally:
+            routing.steps.close()  # captured steps go back to the model's store
 
 
 _NOT_ATTACHED = (
     "This R2RForCausalLM has no SLM/LLM attached; load it with R2RForCausalLM.from_pretrained(router, ...) "
     "or R2RForCausalLM.from_models(slm, llm), or call model.set_models(slm, llm)."
 )
+
+
+# ``AutoModelForCausalLM.from_pretrained(router)`` gives an R2RForCausalLM once this module is loaded
+# (``import r2r_hf`` loads it).
+AutoConfig.register("r2r", R2RConfig, exist_ok=True)
+AutoModel.register(R2RConfig, R2RForCausalLM, exist_ok=True)
+AutoModelForCausalLM.register(R2RConfig, R2RForCausalLM, exist_ok=True)

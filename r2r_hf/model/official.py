@@ -71,6 +71,8 @@ def _hub_names(repo_id: str, subfolder: str | None, hub: dict[str, Any]) -> list
     prefix = f"{subfolder.strip('/')}/" if subfolder else ""
     revision = hub.get("revision")
     try:
+        if hub.get("local_files_only"):  # the Hub is not to be asked: straight to the cache
+            raise LocalEntryNotFoundError("local_files_only")
         files = HfApi(token=hub.get("token")).list_repo_files(repo_id, revision=revision)
     except RepositoryNotFoundError:
         raise OSError(f"{repo_id} is not a Hub repo you can read; check its name (or log in for a private or gated one).") \

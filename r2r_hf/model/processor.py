@@ -43,6 +43,7 @@ import torch
 from transformers import LogitsProcessor, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
+from ..compat import cache_of
 from ..config import DEFAULT_NUM_TOPK, DEFAULT_THRESHOLD
 from ..core.features import lm_forward, positions_from_mask, read_features, score
 from ..core.routing import check_threshold
@@ -151,7 +152,7 @@ class R2RLogitsProcessor(LogitsProcessor):
     def _saw_slm_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         # HF's prefill is the first forward of a generate call, and the only one on an empty cache (a reused
         # static cache is reset first); latched, because a chunked prefill runs several forwards.
-        cache = kwargs.get("past_key_values")
+        cache = cache_of(kwargs)
         if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() == 0:
             self._hooked.prefilled = True
 

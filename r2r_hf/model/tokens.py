@@ -43,6 +43,23 @@ def stored_tokenizer(model):
         return None
 
 
+def load_tokenizer(model, **kwargs: Any):
+    """The tokenizer of a loaded model, from where the model was read (its folder, the cache) or else the Hub.
+
+    Args:
+        model: a loaded model (its ``name_or_path`` says where it came from).
+        kwargs: ``AutoTokenizer.from_pretrained`` arguments (``padding_side``...).
+    """
+    from .sources import resolve
+
+    path = getattr(model, "name_or_path", None) or model.config.name_or_path
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
+    except OSError:  # downloaded without its tokenizer files: ask the Hub, if it can answer
+        name, hub = resolve(path, "the model's tokenizer", {}, filename="tokenizer_config.json")
+        return AutoTokenizer.from_pretrained(name, **hub, **kwargs)
+
+
 def special_ids(tokenizer=None, generation_config: GenerationConfig | Any = None) -> tuple[int | None, list[int]]:
     """(pad id, EOS ids) for generating answers: the generation config's where it sets them, else the tokenizer's.
 

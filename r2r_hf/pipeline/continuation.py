@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
 
+from ..compat import cache_argument
 from ..core.features import input_device, lm_forward
 from .reference import greedy_config
 from .sentences import compare_sentences
@@ -104,7 +105,7 @@ def continue_mismatches(
                 mask[r, width - n :] = 1
             cache = _cut_cache(llm, full, lengths)
             out = llm.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), past_key_values=cache,
+                input_ids=ids.to(device), attention_mask=mask.to(device), **cache_argument(cache),
                 generation_config=config, stopping_criteria=stop,
             )
             for r, (row, j, s) in enumerate(zip(chunk, positions, slm_tokens)):

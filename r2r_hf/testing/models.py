@@ -171,7 +171,7 @@ def make_tiny_verifier(seed: int = 2) -> LlamaForCausalLM:
     Its lm_head keeps the rows of "0" and "1" only, set to plus and minus the direction in which
     its final hidden state varies most across sample requests, so the answer follows the input.
     """
-    from .pipeline.verifiers.judge import render
+    from ..pipeline.verifiers.judge import render
 
     model = make_tiny_llm(vocab_size=TOKENIZER_VOCAB, seed=seed)
     tok = make_tokenizer()

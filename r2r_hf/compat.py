@@ -1,0 +1,49 @@
+"""The transformers releases r2r_hf supports, and the one place that knows how they differ.
+
+R2R overrides private ``generate`` hooks (``_sample``, ``_prepare_generation_config``,
+``_validate_generation_mode``, ``_prepare_cache_for_generation``, ``_get_stopping_criteria``) and
+reads private cache internals (a static layer's ``cumulative_length``, a model's
+``_get_static_cache_init_shape``). ``tests/test_hf_internals.py`` checks each of them on whichever
+release is installed; where releases differ, a shim below says which releases need it.
+
+The range is what CI tests (the newest and the oldest release, each in its own venv from the
+wheel). Its upper bound is the next minor release: an untested minor may move a private hook, and
+a loud refusal at install time beats routing silently wrong.
+"""
+
+from __future__ import annotations
+
+import transformers
+from packaging.version import Version
+
+OLDEST = "5.17.0"
+NEWEST_TESTED = "5.24.0"
+BELOW = "5.25"  # the first release not yet tested (pyproject.toml declares the same range)
+
+
+def transformers_version() -> Version:
+    return Version(transformers.__version__)
+
+
+def check_transformers() -> None:
+    """Raise when the installed transformers is outside the supported range (one sentence)."""
+    found = transformers_version()
+    if not Version(OLDEST) <= found < Version(BELOW):
+        raise ImportError(f"r2r_hf supports transformers {OLDEST} to {NEWEST_TESTED} (below {BELOW}); this environment "
+                          f"has {found}. Install a supported release: pip install 'transformers>={OLDEST},<{BELOW}'.")
+
+
+# ------------------------------------------------------------------ shims, each with the releases that need it
+# 5.24 renamed the KV cache argument of every model forward from ``past_key_values`` to ``cache`` (the old name
+# is still accepted until 5.40, with a FutureWarning per call site). 5.17-5.23 know only ``past_key_values``.
+CACHE_ARGUMENT = "cache" if transformers_version() >= Version("5.24.0.dev0") else "past_key_values"
+
+
+def cache_argument(cache) -> dict:
+    """``{name: cache}`` for a model forward, under the name this release's models take (see ``CACHE_ARGUMENT``)."""
+    return {CACHE_ARGUMENT: cache}
+
+
+def cache_of(kwargs: dict):
+    """The KV cache in a model forward's keyword arguments, under either name (a hook sees what generate passed)."""
+    return kwargs.get(CACHE_ARGUMENT, kwargs.get("past_key_values"))

@@ -1,0 +1,145 @@
+"""Which engine a generate call runs on, and the store that lends captured steps to one call at a time.
+
+A ``CaptureStore`` belongs to one model. It keeps one ``CapturedState`` (static caches and the
+calls captured over them) between calls, rebuilds it when the batch size, the pair, the router or
+the compile options change or a call needs a longer cache, and lends it to one call at a time:
+the state's caches hold that call's tokens, so a concurrent call on another thread waits for it
+(the device runs one call's steps at a time anyway), and a call made from inside another on the
+same thread (a streamer that generates) runs eagerly instead of waiting for itself.
+
+How steps are captured is injected: ``graph_step`` (CUDA graphs by default; the CPU emulation of
+``r2r_hf.testing.graphs`` in tests and dry runs) on ``graph_devices``, ``torch.compile`` whenever
+the call passes a ``compile_config``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+
+from transformers import GenerationConfig
+
+from .capture import SLACK, CapturedState, CapturedSteps, capturable, compiled
+from .engines import EagerSteps, Steps
+from .features import output_device
+from .graphs import CudaGraphStep, GraphStep
+
+logger = logging.getLogger(__name__)
+
+
+def state_key(slm, llm, router, num_topk: int, compile_config, batch: int) -> tuple:
+    """What a stored state was built for: the same objects (identity), options and batch size."""
+    options = None if compile_config is None else json.dumps(compile_config.to_dict(), sort_keys=True, default=str)
+    return (slm, llm, router, num_topk, options, batch)
+
+
+class CaptureStore:
+    """The captured calls and their static caches of one model, lent to one generate call at a time.
+
+    Args:
+        graph_step: how a step is captured without ``compile_config`` (a ``graphs.GraphStep``).
+        graph_devices: device types on which a static-cache call is captured that way.
+    """
+
+    def __init__(self, graph_step: type[GraphStep] = CudaGraphStep, graph_devices: Sequence[str] = ("cuda",)) -> None:
+        self.graph_step, self.graph_devices = graph_step, tuple(graph_devices)
+        self.state: CapturedState | None = None
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+        self._warned: set[str] = set()
+
+    def clear(self) -> None:
+        """Forget the stored state (a call holding it keeps its own reference until it ends)."""
+        self.state = None
+
+    def captures_on(self, device) -> bool:
+        """Whether a static-cache call without ``compile_config`` is captured on ``device``."""
+        return device.type in self.graph_devices
+
+    def lend(self, slm, llm, router, num_topk: int, compile_config, batch: int, needed: int) -> CapturedSteps | None:
+        """Captured steps for one call, held by it until their ``close()``; None when the call runs eagerly.
+
+        Args:
+            slm, llm, router, num_topk: what the call routes with.
+            compile_config: the call's ``CompileConfig`` (None: ``graph_step``).
+            batch, needed: the call's rows and longest sequence.
+        """
+        if self._holder == threading.get_ident():
+            self._warn("R2R runs this call eagerly: a generate call of the same thread (a streamer that generates?) "
+                       "holds the captured steps.")
+            return None
+        self._lock.acquire()
+        self._holder = threading.get_ident()
+        try:
+            state = self._state_for(slm, llm, router, num_topk, compile_config, batch, needed)
+        except BaseException:
+            self._release()
+            raise
+        if state is None:
+            self._release()
+            return None
+        return CapturedSteps(state, self._release)
+
+    def _release(self) -> None:
+        self._holder = None
+        self._lock.release()
+
+    def _state_for(self, slm, llm, router, num_topk, compile_config, batch, needed) -> CapturedState | None:
+        key = state_key(slm, llm, router, num_topk, compile_config, batch)
+        state = self.state
+        if state is None or state.key != key or state.capacity < needed + SLACK:
+            self.state = None  # free the old caches and graphs before allocating new ones
+            why_not = capturable(slm)
+            if why_not is not None:
+                self._warn(f"R2R runs eagerly: the SLM cannot be captured ({why_not}).")
+                return None
+            llm_why_not = capturable(llm)
+            if llm_why_not is None and output_device(llm) != output_device(slm):
+                llm_why_not = "it is on another device than the SLM"
+            if llm_why_not is not None:
+                self._warn(f"R2R captures the SLM's steps only: the LLM cannot be captured ({llm_why_not}).")
+            state = CapturedState(slm, llm, router, num_topk, self._capturer(compile_config, output_device(slm)),
+                                  batch, needed + SLACK, capture_llm=llm_why_not is None, key=key)
+            self.state = state
+        state.reset()
+        return state
+
+    def _capturer(self, compile_config, device):
+        if compile_config is not None:
+            return compiled(compile_config)
+        step, pool = self.graph_step, self.graph_step.new_pool(device)
+        return lambda fn, example: step(fn, example, pool)
+
+    def _warn(self, message: str) -> None:
+        if message not in self._warned:  # once per store and reason
+            self._warned.add(message)
+            logger.warning(message)
+
+
+def choose_steps(
+    slm, llm, router, num_topk: int, generation_config: GenerationConfig, batch: int, needed: int,
+    store: CaptureStore | None,
+) -> Steps:
+    """The engine one call runs on, decided as HF decides to compile.
+
+    Eager unless ``cache_implementation="static"`` and not ``disable_compile``; then captured
+    through ``torch.compile`` when a ``compile_config`` is given, through the store's graphs on its
+    graph devices (CUDA), and eager otherwise (or when the SLM cannot be captured). Captured steps
+    must be closed when the call ends (``Steps.close``).
+
+    Args:
+        slm, llm, router: the pair and the router.
+        num_topk: sorted SLM logits the router reads.
+        generation_config: the call's generation config.
+        batch: rows in the call.
+        needed: the call's longest sequence (prompt + max_new_tokens).
+        store: the model's ``CaptureStore``, or None to run eagerly.
+    """
+    kind, compile_config = generation_config.cache_implementation, generation_config.compile_config
+    eager = kind != "static" or generation_config.disable_compile or store is None
+    if not eager and compile_config is None and not store.captures_on(output_device(slm)):
+        eager = True
+    steps = None if eager else store.lend(slm, llm, router, num_topk, compile_config, batch, needed)
+    return steps if steps is not None else EagerSteps(slm, llm, router, num_topk, kind, needed)

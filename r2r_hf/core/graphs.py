@@ -1,0 +1,98 @@
+"""How a fixed-shape step is captured: a CUDA graph of its eager forward, or ``torch.compile``.
+
+A *step* is a function of tensors that returns a tuple of tensors and never synchronises the host.
+A captured step is called like the function and returns copies of its outputs: a replay writes
+its outputs into the same memory every time (and graphs sharing a pool may overwrite each other's),
+so nothing a caller keeps may point into that memory.
+
+What is captured, over which caches and when, is ``capture.py``'s business; this module only
+knows how. ``GraphStep`` is the interface a ``CaptureStore`` is given (the CPU emulation in
+``r2r_hf.testing.graphs`` implements it too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+Step = Callable[..., tuple[torch.Tensor, ...]]
+
+
+class GraphStep(Protocol):
+    """A step captured once on example inputs and replayed on new ones."""
+
+    def __init__(self, fn: Step, example: dict[str, torch.Tensor], pool: Any) -> None: ...
+
+    def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+
+    @classmethod
+    def new_pool(cls, device: torch.device) -> Any: ...
+
+
+class CudaGraphStep:
+    """``fn`` captured as one CUDA graph: inputs are copied into static buffers, outputs copied out.
+
+    Args:
+        fn: a step (see the module docstring).
+        example: one set of real inputs (fixes the shapes; the warm-up runs on them).
+        pool: the memory pool shared by the graphs of one captured state (they never run concurrently).
+    """
+
+    def __init__(self, fn: Step, example: dict[str, torch.Tensor], pool: Any) -> None:
+        self.inputs = {name: value.clone() for name, value in example.items()}
+        self.copied: dict[str, torch.Tensor] = {}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # the warm-up runs eagerly, off the capture
+            for _ in range(2):
+                fn(**self.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = fn(**self.inputs)
+
+    @classmethod
+    def new_pool(cls, device: torch.device) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        for name, value in inputs.items():
+            # The same tensor object as last time holds the same values (the loop never writes into
+            # the mask buffer of a call, and ``copied`` keeps it alive), so one copy per call is enough.
+            if self.copied.get(name) is not value:
+                self.inputs[name].copy_(value)
+                self.copied[name] = value
+        self.replay()
+        return tuple(out.clone() for out in self.outputs)
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CompiledStep:
+    """``fn`` through ``torch.compile``; outputs are copied out (with CUDA graphs the next call overwrites them).
+
+    Args:
+        fn: a step (see the module docstring).
+        options: ``torch.compile`` options (from the call's ``CompileConfig``).
+    """
+
+    def __init__(self, fn: Step, options: dict) -> None:
+        self.fn = torch.compile(fn, **options)
+        self.cudagraphs = options.get("mode") in ("reduce-overhead", "max-autotune")
+
+    def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous call's outputs may be overwritten now
+        return tuple(out.clone() for out in self.fn(**inputs))
+
+
+# torch.compile options a ``CompileConfig`` carries.
+COMPILE_OPTIONS = ("fullgraph", "dynamic", "backend", "mode", "options")
+
+
+def compile_options(compile_config) -> dict:
+    """The ``torch.compile`` keyword arguments of an HF ``CompileConfig``."""
+    return {k: v for k, v in compile_config.to_dict().items() if k in COMPILE_OPTIONS}

@@ -1,0 +1,211 @@
+"""CUDA-graph capture emulated on the CPU, as strictly as the real thing behaves.
+
+``EmulatedGraphStep`` is ``core.graphs.CudaGraphStep`` with only the CUDA primitives replaced, for
+tests and for the dry run of the GPU check (``benchmarks/gpu_check.sh --dry-run``):
+
+* **Host synchronisation fails.** Inside the captured function, an op that copies device data to
+  the host or needs it to size its output raises ``HostSyncError``, as a real capture fails on it:
+  ``.item()``/``bool()``/``int()`` of a tensor, ``.tolist()``, ``.numpy()``, ``.cpu()``,
+  ``.to("cpu")``, ``nonzero``, boolean-mask indexing and assignment, ``masked_select``, ``unique``,
+  ``bincount``, ``repeat_interleave`` without ``output_size``, ``torch.tensor(...)`` from host data,
+  and random draws (a graph would replay the same draw, off the generator the loop keeps exact).
+  On a CPU ``.to(torch.device("cpu"))`` cannot be told from a move onto the model's own device, so
+  only the string form ``"cpu"`` is caught.
+* **A replay does not re-run Python's decisions.** A real graph replays the kernels recorded at
+  capture. The emulation runs the function again, records every op with the tensors it reads
+  (by address for tensors made before the step, by the op that made them otherwise) and its
+  non-tensor arguments, and raises ``ReplayMismatch`` where that differs from the capture: a
+  decision taken in Python on changing state (a length counted on the host, say) would have been
+  frozen by the real graph.
+* **Outputs are overwritten.** Each replay writes its results into the same output tensors, so a
+  reference kept from an earlier replay sees them change, and every replay poisons (NaN, or -1 for
+  integers) the outputs of the other graphs of its memory pool, which a real replay may overwrite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..core.graphs import CudaGraphStep, Step
+
+# Ops that copy device data to the host or need it to size their output.
+SYNC_OPS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item", "aten::nonzero", "aten::argwhere",
+            "aten::equal", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+            "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
+            "aten::lift_fresh"}  # lift_fresh: torch.tensor() from host data
+# Random draws: a graph replays the offsets recorded at capture.
+RNG_OPS = {"aten::rand", "aten::randn", "aten::randint", "aten::randperm", "aten::rand_like", "aten::randn_like",
+           "aten::randint_like", "aten::multinomial", "aten::bernoulli", "aten::bernoulli_", "aten::normal",
+           "aten::normal_", "aten::uniform_", "aten::random_", "aten::exponential_", "aten::cauchy_",
+           "aten::log_normal_", "aten::geometric_", "aten::native_dropout", "aten::poisson"}
+INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+HOST_METHODS = {torch.Tensor.tolist: ".tolist()", torch.Tensor.numpy: ".numpy()", torch.Tensor.cpu: ".cpu()",
+                torch.Tensor.item: ".item()"}
+
+
+class HostSyncError(RuntimeError):
+    """An op inside a captured step would synchronise the host (a real capture fails on it)."""
+
+
+class ReplayMismatch(RuntimeError):
+    """A replay took another path than the capture (a real graph would have replayed the captured one)."""
+
+
+def _flat(values: Any) -> Iterator[Any]:
+    if isinstance(values, (list, tuple)):
+        for v in values:
+            yield from _flat(v)
+    elif isinstance(values, dict):
+        for v in values.values():
+            yield from _flat(v)
+    else:
+        yield values
+
+
+def sync_problem(func, args: tuple, kwargs: dict) -> str | None:
+    """Why the dispatched op ``func`` (an aten overload) cannot be captured, or None."""
+    name = func._schema.name
+    if name in SYNC_OPS:
+        return f"{name} copies device data to the host"
+    if name in RNG_OPS:
+        return f"{name} draws random numbers (a graph replays the captured draw)"
+    if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") and \
+            kwargs.get("output_size", args[3] if len(args) > 3 else None) is None:
+        return "repeat_interleave with tensor repeats and no output_size sizes its output on the host"
+    if name in INDEX_OPS:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in _flat(indices)):
+            return f"{name} with a boolean mask sizes its result on the host"
+    return None
+
+
+class _Trace:
+    """The ops of one run: name, tensors read (pre-existing by address, made in the run by producer) and arguments."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple] = []
+        self._made: dict[int, tuple[int, int]] = {}  # storage address -> (op index, output index)
+
+    def _describe(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            address = value.untyped_storage().data_ptr()
+            origin = ("made", self._made[address]) if address in self._made else ("before", address)
+            return origin + (value.storage_offset(), tuple(value.shape), value.stride(), str(value.dtype))
+        if isinstance(value, (list, tuple)):
+            return tuple(self._describe(v) for v in value)
+        if isinstance(value, float):
+            return repr(value)
+        return value if isinstance(value, (int, bool, str, type(None))) else repr(value)
+
+    def record(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        self.ops.append((name, self._describe(args), tuple(sorted((k, self._describe(v)) for k, v in kwargs.items()))))
+        for i, value in enumerate(_flat(out)):
+            if isinstance(value, torch.Tensor):
+                self._made[value.untyped_storage().data_ptr()] = (len(self.ops) - 1, i)
+
+    def first_difference(self, other: _Trace) -> str | None:
+        for i, (a, b) in enumerate(zip(self.ops, other.ops)):
+            if a != b:
+                return f"op {i}: captured {a[0]} {a[1:]}, replayed {b[0]} {b[1:]}"
+        if len(self.ops) != len(other.ops):
+            return f"captured {len(self.ops)} ops, replayed {len(other.ops)}"
+        return None
+
+
+class _NoHostSync(TorchDispatchMode):
+    def __init__(self, trace: _Trace) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        problem = sync_problem(func, args, kwargs)
+        if problem:
+            raise HostSyncError(f"{problem}: it cannot run inside a captured step")
+        out = func(*args, **kwargs)
+        self.trace.record(func._schema.name, args, kwargs, out)
+        return out
+
+
+class _NoHostCalls(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        what = HOST_METHODS.get(func)
+        if what is None and func is torch.Tensor.to and any(a == "cpu" for a in (*args[1:], *kwargs.values())
+                                                            if isinstance(a, str)):
+            what = '.to("cpu")'
+        if what is not None:
+            raise HostSyncError(f"{what} copies device data to the host: it cannot run inside a captured step")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def as_if_capturing(trace: _Trace | None = None) -> Iterator[_Trace]:
+    """Run as under a real capture: transformers sees a capturing stream, host syncs raise; yields the op trace."""
+    trace = trace if trace is not None else _Trace()
+    with mock.patch("transformers.utils.import_utils.is_cuda_stream_capturing", return_value=True), \
+            _NoHostCalls(), _NoHostSync(trace):
+        yield trace
+
+
+class EmulatedPool:
+    """The graphs sharing one memory pool: a replay (or a capture) may overwrite the others' outputs."""
+
+    def __init__(self) -> None:
+        self.steps: list[EmulatedGraphStep] = []
+
+    def ran(self, step: EmulatedGraphStep) -> None:
+        for other in self.steps:
+            if other is not step:
+                for out in other.outputs:
+                    out.fill_(float("nan") if out.is_floating_point() else -1)
+
+
+class EmulatedGraphStep(CudaGraphStep):
+    """``CudaGraphStep`` on the CPU: same copy-in / replay / copy-out, emulated graphs (see the module docstring).
+
+    ``captures`` counts the captures made through this class (subclass it to count separately).
+    """
+
+    captures = 0
+
+    def __init__(self, fn: Step, example: dict[str, torch.Tensor], pool: EmulatedPool) -> None:
+        type(self).captures += 1
+        self.fn, self.pool = fn, pool
+        self.inputs = {name: value.clone() for name, value in example.items()}
+        self.copied: dict[str, torch.Tensor] = {}
+        fn(**self.inputs)  # the warm-up runs eagerly, as on CUDA (the caller restores the cache's length)
+        with as_if_capturing() as trace:
+            self.outputs = fn(**self.inputs)
+        self.trace = trace
+        pool.steps.append(self)
+        pool.ran(self)
+
+    @classmethod
+    def new_pool(cls, device: torch.device) -> EmulatedPool:
+        return EmulatedPool()
+
+    def replay(self) -> None:
+        with as_if_capturing() as trace:
+            fresh = self.fn(**self.inputs)
+        difference = self.trace.first_difference(trace)
+        if difference is not None:
+            raise ReplayMismatch(f"the step took another path at replay than at capture ({difference}); a CUDA graph "
+                                 "replays the captured path, so its result would differ from the eager one")
+        for out, new in zip(self.outputs, fresh):
+            out.copy_(new)
+        self.pool.ran(self)
+
+
+def emulated_store(graph_step: type[EmulatedGraphStep] = EmulatedGraphStep):
+    """A ``CaptureStore`` that captures static-cache calls on the CPU too, with emulated graphs."""
+    from ..core.capture_store import CaptureStore
+
+    return CaptureStore(graph_step=graph_step, graph_devices=("cuda", "cpu"))
