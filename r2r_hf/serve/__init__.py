@@ -51,11 +51,17 @@ def served_name(router: str) -> str:
 
 def load_for_serving(router: str, slm: str | None = None, llm: str | None = None, device: str = "cpu",
                      dtype: str = "auto"):
-    """The model (in eval mode) and the SLM's tokenizer for a router."""
+    """The model (in eval mode) and the SLM's tokenizer for a router (``r2r-hf serve``, ``generate`` and ``chat``).
+
+    Args:
+        router, slm, llm: as ``R2RForCausalLM.from_pretrained``'s location, ``slm=`` and ``llm=``.
+        device: ``cpu``, a device (``cuda:0``) or ``auto`` (an accelerate device map).
+        dtype: ``auto`` (the checkpoints'), ``bfloat16``, ``float16`` or ``float32``.
+    """
     import torch
-    from transformers import AutoTokenizer
 
     from ..model.modeling import R2RForCausalLM
+    from ..model.tokens import load_tokenizer
 
     kwargs = {}
     if dtype != "auto":
@@ -63,8 +69,7 @@ def load_for_serving(router: str, slm: str | None = None, llm: str | None = None
     if device != "cpu":
         kwargs["device_map"] = device
     model = R2RForCausalLM.from_pretrained(router, slm=slm, llm=llm, **kwargs).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model.slm.name_or_path)
-    return model, tokenizer
+    return model, load_tokenizer(model.slm)
 
 
 def run_server(model, tokenizer, settings: ServeSettings, name: str) -> None:

@@ -90,7 +90,8 @@ class Service:
                          top_p=body.top_p if body.top_p is not None else self.defaults.top_p,
                          top_k=body.top_k if body.top_k is not None else self.defaults.top_k,
                          stops=tuple(body.stop), seed=None if body.seed is None else body.seed + i,
-                         threshold=body.threshold if body.threshold is not None else self.default_threshold)
+                         threshold=body.threshold if body.threshold is not None else self.default_threshold,
+                         llm_budget=body.llm_budget if body.llm_budget is not None else self.settings.llm_budget)
                 for i in range(body.n)]
 
     def check(self, body: CompletionRequest | ChatRequest) -> None:
@@ -114,9 +115,9 @@ class Service:
         self.engine.submit(work)
         rid = new_id("chatcmpl" if chat else "cmpl")
         prompt_tokens = sum(len(p) for p in prompts)
-        threshold = samplings[0].threshold
+        routing = {"threshold": samplings[0].threshold, "budget": samplings[0].llm_budget}
         if body.stream:
-            stream = self._stream(chat, rid, work, events, prompt_tokens, threshold, body.include_usage)
+            stream = self._stream(chat, rid, work, events, prompt_tokens, routing, body.include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         texts, reasons = [""] * work.rows, [""] * work.rows
         generated = llm = 0
@@ -129,7 +130,7 @@ class Service:
         finally:
             self.engine.cancel(work)  # a no-op once every row ended
         return answer(chat, rid, self.name, texts, reasons, usage(prompt_tokens, generated),
-                      routing_stats(llm, generated, threshold))
+                      routing_stats(llm, generated, **routing))
 
     async def _collect(self, work: Work, events: asyncio.Queue, request: Request) -> list[tuple]:
         got, open_rows = [], work.rows
@@ -147,7 +148,7 @@ class Service:
         return got
 
     async def _stream(self, chat: bool, rid: str, work: Work, events: asyncio.Queue, prompt_tokens: int,
-                      threshold: float, include_usage: bool) -> AsyncIterator[str]:
+                      routing: dict, include_usage: bool) -> AsyncIterator[str]:
         open_rows, generated, llm, done = work.rows, 0, 0, False
         started = [False] * work.rows
         try:
@@ -166,12 +167,12 @@ class Service:
                 open_rows -= 1
                 generated, llm = generated + event[3], llm + event[4]
                 last = not open_rows and not include_usage
-                extra = {"r2r": routing_stats(llm, generated, threshold)} if last else {}
+                extra = {"r2r": routing_stats(llm, generated, **routing)} if last else {}
                 yield _sse(chunk(chat, rid, self.name, event[1], reason=event[2], **extra))
             else:
                 if include_usage:
                     yield _sse(chunk(chat, rid, self.name, None, usage=usage(prompt_tokens, generated),
-                                     r2r=routing_stats(llm, generated, threshold)))
+                                     r2r=routing_stats(llm, generated, **routing)))
             yield "data: [DONE]\n\n"
             done = True
         finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import threading
 import time
@@ -168,7 +169,7 @@ class Engine:
             mask[i, width - len(p):] = 1
         seq = Committed.from_prompt(ids, mask, positions_from_mask(mask), 2 * width + 16)
         steps = EagerSteps(self.model.slm, self.model.llm, self.router, self.model.config.num_topk_logits, None, 0)
-        newcomers = start(self._routing(rows, steps), seq)
+        newcomers = start(self._routing(rows, steps), seq, max(r.sampling.max_tokens for r in rows))
         if self.batch is None:
             self.batch, self.steps = newcomers, steps
         else:
@@ -185,8 +186,11 @@ class Engine:
 
     def _routing(self, rows: list[Row], steps: EagerSteps) -> Routing:
         threshold = torch.tensor([r.sampling.threshold for r in rows], device=self.device)
+        # Every row keeps a budget state (inf: none), so rows with and without one share a batch.
+        budget = torch.tensor([math.inf if r.sampling.llm_budget is None else r.sampling.llm_budget for r in rows],
+                              dtype=torch.float64, device=self.device)
         return Routing(self.router, self.model.shared_vocab_size, threshold, RowProcessors([r.sampling for r in rows]),
-                       RowSampler([r.generator for r in rows]), steps)
+                       RowSampler([r.generator for r in rows]), steps, budget)
 
     def _step(self) -> None:
         batch, routing = self.batch, self.routing

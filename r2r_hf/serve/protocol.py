@@ -4,7 +4,7 @@ Requests are checked field by field with pydantic: a wrong type or value is a 40
 field. OpenAI options R2R cannot honour (log-probabilities, penalties, logit bias, tools, echo...)
 are refused by name when set to anything but their neutral value; fields OpenAI clients send that
 change nothing here (``user``, ``metadata``...) are ignored. R2R's own options arrive as top-level
-fields (what the openai client sends through ``extra_body``): ``threshold``, ``top_k``.
+fields (what the openai client sends through ``extra_body``): ``threshold``, ``llm_budget``, ``top_k``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class _Common(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     max_tokens: int | None = Field(None, ge=1)
     threshold: float | None = Field(None, ge=0)
+    llm_budget: float | None = Field(None, ge=0, le=1)
 
     @field_validator("stop")
     @classmethod

@@ -27,6 +27,7 @@ class Sampling:
         stops: strings that end the answer (not included in it).
         seed: the row's random stream (None: a fresh one).
         threshold: route where the router's score >= threshold.
+        llm_budget: the share of the answer's tokens the LLM may write (None: no budget).
     """
 
     max_tokens: int
@@ -37,6 +38,7 @@ class Sampling:
     stops: tuple[str, ...]
     seed: int | None
     threshold: float
+    llm_budget: float | None = None
 
     def warpers_key(self) -> tuple:
         return (self.do_sample, self.temperature, self.top_p, self.top_k) if self.do_sample else (False,)

@@ -20,6 +20,7 @@ class ServeSettings:
             start in the same batch.
         max_queue: requests waiting for a place in the batch at most; more are answered 429 with Retry-After.
         threshold: the routing threshold of requests that name none (default: the router's).
+        llm_budget: the LLM budget of requests that name none (share of each answer's tokens; None: no budget).
         default_max_tokens: ``max_tokens`` of chat requests that name none (None: the rest of the context);
             completion requests default to 16, as OpenAI's do.
         drain_seconds: on SIGTERM, how long in-flight requests may take to finish before the server exits.
@@ -33,6 +34,8 @@ class ServeSettings:
     batch_wait_ms: float = field(default=5.0, metadata={"help": "idle server: wait this long for more requests"})
     max_queue: int = field(default=64, metadata={"help": "waiting requests at most (more get 429)"})
     threshold: float | None = field(default=None, metadata={"help": "default routing threshold"})
+    llm_budget: float | None = field(default=None, metadata={
+        "help": "default LLM budget: the LLM writes at most this share of an answer's tokens"})
     default_max_tokens: int | None = field(default=None, metadata={"help": "chat max_tokens when none is given"})
     drain_seconds: float = field(default=30.0, metadata={"help": "SIGTERM: seconds to finish in-flight requests"})
 
@@ -46,6 +49,8 @@ class ServeSettings:
             raise ValueError("batch_wait_ms and drain_seconds must be >= 0.")
         if self.threshold is not None and not self.threshold >= 0:  # NaN fails too
             raise ValueError(f"threshold must be a number >= 0, got {self.threshold}.")
+        if self.llm_budget is not None and not 0 <= self.llm_budget <= 1:
+            raise ValueError(f"llm_budget must be a share between 0 and 1, got {self.llm_budget}.")
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
 
