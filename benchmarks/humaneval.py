@@ -43,7 +43,7 @@ from benchmarks.sandbox import run_program
 from benchmarks.stdlib_prompts import chat_prompt
 
 RESULTS = Path("benchmarks/results")
-ROUTERS = ("r2r", "entropy", "random")
+ROUTERS = ("r2r", "entropy", "random", "budget")
 _BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.S)
 
 
@@ -56,7 +56,8 @@ def parse_system(name: str) -> tuple[str, float | None]:
         value = -1.0
     plain = kind in ("slm", "llm", "r2r") and not at
     if not plain and not (kind in ROUTERS and value is not None and 0 < value <= 1):
-        raise ValueError(f"Unknown system {name!r}; use slm, llm, r2r, or r2r@P, entropy@P, random@P with 0 < P <= 1.")
+        raise ValueError(f"Unknown system {name!r}; use slm, llm, r2r, or r2r@P, entropy@P, random@P, budget@P "
+                         "with 0 < P <= 1.")
     return kind, value
 
 
@@ -144,6 +145,8 @@ class Runner:
         """The threshold of a router system (see the module docstring)."""
         from r2r_hf.training import threshold_for_rate
 
+        if kind == "budget":  # the budget alone decides (llm_budget=P), the router's scores rank the tokens
+            return 0.0
         if kind == "r2r":
             if rate is None:
                 return self.r2r.config.threshold
@@ -183,7 +186,11 @@ class Runner:
         return self._baselines[kind]
 
     def generate(self, system: str, problems: list[dict], threshold: float | None) -> list[dict]:
-        """Greedy answers of one system to a batch of tasks (left-padded)."""
+        """Greedy answers of one system to a batch of tasks (left-padded).
+
+        Router systems also record which answer positions the LLM wrote (``routed_positions``), so a
+        budget's cap can be checked on every prefix of every answer.
+        """
         texts = [self.chat_text(p) for p in problems]
         self.tok.padding_side = "left"
         inputs = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -191,14 +198,15 @@ class Runner:
                       pad_token_id=self.tok.pad_token_id)
         prompt = inputs["input_ids"].shape[1]
         eos = {self.tok.eos_token_id, self.tok.pad_token_id}
-        kind = parse_system(system)[0]
+        kind, rate = parse_system(system)
         if kind in ("slm", "llm"):
             model = self.slm if kind == "slm" else self.llm
             sequences = model.generate(**inputs, **greedy)[:, prompt:]
             routed = None
         else:
-            model = self.r2r if kind == "r2r" else self.baseline(kind)
-            out = model.generate(**inputs, **greedy, threshold=threshold, return_dict_in_generate=True)
+            model = self.r2r if kind in ("r2r", "budget") else self.baseline(kind)
+            budget = {"llm_budget": rate} if kind == "budget" else {}
+            out = model.generate(**inputs, **greedy, **budget, threshold=threshold, return_dict_in_generate=True)
             sequences, routed = out.sequences[:, prompt:], out.routed & out.generated_mask
         rows = []
         for i, row in enumerate(sequences.tolist()):
@@ -207,6 +215,8 @@ class Runner:
             n_routed = len(generated) if kind == "llm" else 0 if routed is None else int(routed[i].sum())
             rows.append({"answer": self.tok.decode([t for t in generated if t not in eos], skip_special_tokens=True),
                          "generated_tokens": len(generated), "routed_tokens": n_routed})
+            if kind == "budget":
+                rows[-1]["routed_positions"] = routed[i, : len(generated)].nonzero().flatten().tolist()
         return rows
 
 
@@ -256,7 +266,7 @@ def run_systems(args: argparse.Namespace) -> None:
         done = _read(path)
         threshold = None
         if kind not in ("slm", "llm"):
-            reference = _read(system_path(f"r2r@{rate}", args.tag)) if kind != "r2r" else {}
+            reference = _read(system_path(f"r2r@{rate}", args.tag)) if kind not in ("r2r", "budget") else {}
             complete = len(reference) == len(every_problem)
             threshold = runner.threshold(
                 kind, rate, _measured_rate(reference) if complete else None,

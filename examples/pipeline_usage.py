@@ -4,6 +4,7 @@
 """
 
 import argparse
+import sys
 
 from transformers import AutoTokenizer, pipeline
 
@@ -16,8 +17,11 @@ parser.add_argument("--llm")
 parser.add_argument("--max-new-tokens", type=int, default=96)
 args = parser.parse_args()
 
-model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm)
-tok = AutoTokenizer.from_pretrained(args.slm or model.config.slm_name_or_path)
+try:
+    model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm)
+except (OSError, ValueError) as err:  # a router or model that cannot be found: one sentence, not a traceback
+    sys.exit(f"error: {err}")
+tok = AutoTokenizer.from_pretrained(model.slm.name_or_path)
 
 generator = pipeline("text-generation", model=model, tokenizer=tok)
 chat = [{"role": "user", "content": "Write a one-line Python expression that squares every item of xs."}]

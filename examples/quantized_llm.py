@@ -7,11 +7,20 @@ sizes that are multiples of 128).
 """
 
 import argparse
+import logging
+import sys
+import warnings
 
 import torch
 from transformers import AutoTokenizer, BitsAndBytesConfig
 
 from r2r_hf import R2RForCausalLM
+
+# bitsandbytes logs at every 8-bit matmul that bf16 inputs are cast to fp16 (thousands of identical lines), and
+# transformers may say that the optional `kernels` package is absent: both harmless here, so they are kept quiet.
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", message=r".*kernels.*")
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
@@ -23,12 +32,15 @@ args = parser.parse_args()
 
 quantization = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16) if args.bits == 4
                 else BitsAndBytesConfig(load_in_8bit=True))
-model = R2RForCausalLM.from_pretrained(
-    args.router, slm=args.slm, llm=args.llm,
-    slm_kwargs={"dtype": torch.bfloat16},
-    llm_kwargs={"quantization_config": quantization},  # quantisation is per model: here the LLM only
-)
-tok = AutoTokenizer.from_pretrained(args.slm or model.config.slm_name_or_path)
+try:
+    model = R2RForCausalLM.from_pretrained(
+        args.router, slm=args.slm, llm=args.llm,
+        slm_kwargs={"dtype": torch.bfloat16},
+        llm_kwargs={"quantization_config": quantization},  # quantisation is per model: here the LLM only
+    )
+except (OSError, ValueError, ImportError) as err:  # a missing router or model, or no bitsandbytes: one sentence
+    sys.exit(f"error: {err}")
+tok = AutoTokenizer.from_pretrained(model.slm.name_or_path)
 print("LLM layer type:", type(model.llm.get_decoder().layers[0].mlp.down_proj).__name__)
 
 inputs = tok("def fizzbuzz(n):", return_tensors="pt")

@@ -5,6 +5,7 @@
 """
 
 import argparse
+import sys
 
 import torch
 from transformers import AutoTokenizer
@@ -14,14 +15,17 @@ from r2r_hf.views import to_ansi, use_color
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
-parser.add_argument("--slm", help="local SLM folder (default: the Hub id in the router's config)")
+parser.add_argument("--slm", help="SLM folder or Hub id (default: the one the router names)")
 parser.add_argument("--llm", help="local LLM folder")
 parser.add_argument("--max-new-tokens", type=int, default=128)
 args = parser.parse_args()
 
 # The router's config.json names the SLM and LLM; slm=/llm= override them (e.g. with local folders).
-model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm, dtype=torch.bfloat16)
-tok = AutoTokenizer.from_pretrained(args.slm or model.config.slm_name_or_path)
+try:
+    model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm, dtype=torch.bfloat16)
+except (OSError, ValueError) as err:  # a router or model that cannot be found: one sentence, not a traceback
+    sys.exit(f"error: {err}")
+tok = AutoTokenizer.from_pretrained(model.slm.name_or_path)  # the SLM's folder (or Hub id) as it was loaded
 
 messages = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]
 inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)

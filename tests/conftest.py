@@ -1,8 +1,11 @@
 """Shared tiny fixtures: a Qwen2 SLM (hidden 64) and a Llama LLM (hidden 128) with one byte-level BPE tokenizer."""
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network; set before huggingface_hub loads
+# r2r_hf's own folder (registered local copies: `make demo` writes one) is the tests' own, never the user's.
+os.environ["R2R_HF_CACHE"] = tempfile.mkdtemp(prefix="r2r-hf-tests-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -91,7 +91,7 @@ def test_generate_command_streams_then_prints_stats_and_html(router_dir, tok, tm
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--router", "/no/such/router", "x"], "The router folder /no/such/router does not exist."),
+    (["--router", "/no/such/router", "x"], "The router folder /no/such/router does not exist;"),
     (["--router", "ROUTER", "--max-new-tokens", "100000", "x"], "exceeds the models' context of 1024 tokens"),
     (["--router", "ROUTER", "--top-p", "2", "x"], "expected a number in (0, 1]"),
 ])
@@ -111,7 +111,7 @@ def test_missing_pair_error_names_the_model(router_dir, tmp_path, capsys):
     (broken / "config.json").write_text(json.dumps(config))
     assert cli_main(["generate", "--router", str(broken), "x"]) == 2
     err = capsys.readouterr().err
-    assert "Could not load the LLM" in err and "gone-llm" in err and "pass llm=" in err
+    assert "Could not load the LLM" in err and "gone-llm" in err and "pass --llm" in err, "the shell's terms: flags"
 
 
 def test_chat_keeps_history_and_ctrl_c_stops_only_the_turn(router_dir):

@@ -8,13 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from transformers import AutoTokenizer, StoppingCriteria, StoppingCriteriaList
-
-from ..model.hub import missing_local_path, split_hub_path
-from ..model.loading import context_length
-from ..views import RoutingStreamer, to_html
-from .options import device, non_negative, non_negative_int, positive_fraction, positive_int, seed, threads
+from .options import device, fraction, non_negative, non_negative_int, positive_fraction, positive_int, seed, threads
 
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
@@ -35,38 +29,27 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=non_negative_int)
     p.add_argument("--seed", type=seed, help="random seed for sampling")
     p.add_argument("--threshold", type=non_negative, help="routing threshold for this run (default: the router's)")
+    p.add_argument("--llm-budget", type=fraction, metavar="SHARE",
+                   help="the LLM writes at most this share of the answer's tokens (e.g. 0.1), where the router is surest")
     p.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     p.add_argument("--system", help="system message (chat template only)")
 
 
 def load(args: argparse.Namespace):
-    """The model and tokenizer an invocation asks for, with one-sentence errors."""
-    from ..model.modeling import R2RForCausalLM
+    """The model and tokenizer an invocation asks for."""
+    from ..serve import load_for_serving
 
     if args.threads:
+        import torch
+
         torch.set_num_threads(args.threads)
-    router = args.router
-    if missing_local_path(split_hub_path(router)[0]):
-        raise FileNotFoundError(f"The router folder {router} does not exist.")
-    kwargs = {}
-    if args.dtype != "auto":
-        kwargs["dtype"] = getattr(torch, args.dtype)
-    if args.device != "cpu":
-        kwargs["device_map"] = args.device
-    try:
-        model = R2RForCausalLM.from_pretrained(router, slm=args.slm, llm=args.llm, **kwargs)
-    except OSError as err:
-        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if "Could not load the" in text:
-            raise
-        raise OSError(f"Could not load the router {router!r} ({text}); pass a local folder or a Hub id.") from err
-    name = args.slm or model.config.slm_name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(name if isinstance(name, str) and name else model.slm.name_or_path)
-    return model, tokenizer
+    return load_for_serving(args.router, args.slm, args.llm, args.device, args.dtype)
 
 
 def encode(tokenizer, messages: list[dict], raw: bool, model, max_new_tokens: int) -> dict:
     """Token ids for a turn; refuses prompts that do not fit the models' context."""
+    from ..model.loading import context_length
+
     if raw or not getattr(tokenizer, "chat_template", None):
         ids = tokenizer("\n".join(m["content"] for m in messages if m["role"] != "system"), return_tensors="pt")
     else:
@@ -84,23 +67,28 @@ def encode(tokenizer, messages: list[dict], raw: bool, model, max_new_tokens: in
 
 def generation_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {"max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample, "return_dict_in_generate": True}
-    for name in ("temperature", "top_p", "top_k", "threshold"):
+    for name in ("temperature", "top_p", "top_k", "threshold", "llm_budget"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     if args.seed is not None:
+        import torch
+
         torch.manual_seed(args.seed)
     return kwargs
 
 
 def stats_line(out, seconds: float) -> str:
     n = int(out.generated_mask.sum())
-    return (f"[{n} tokens, LLM token rate {out.llm_token_rate:.1%}, {n / max(seconds, 1e-9):.1f} tokens/s, "
+    budget = "" if out.llm_budget is None else f" (budget {out.llm_budget:.1%})"
+    return (f"[{n} tokens, LLM token rate {out.llm_token_rate:.1%}{budget}, {n / max(seconds, 1e-9):.1f} tokens/s, "
             f"{seconds:.1f} s]")
 
 
 def run_generate(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise ValueError("The prompt is empty; pass the text to answer as the last argument (or use `r2r-hf chat`).")
+    from ..views import RoutingStreamer, to_html
+
     model, tokenizer = load(args)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}]
@@ -116,17 +104,26 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-class _StopFlag(StoppingCriteria):
-    """Ends generation at the next step once ``set``; Ctrl-C sets it during a chat turn."""
+def _stop_flag():
+    """A stopping criterion that ends generation at the next step once its ``stop`` is set (Ctrl-C in a chat)."""
+    import torch
+    from transformers import StoppingCriteria
 
-    def __init__(self) -> None:
-        self.stop = False
+    class StopFlag(StoppingCriteria):
+        def __init__(self) -> None:
+            self.stop = False
 
-    def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
-        return torch.full((input_ids.shape[0],), self.stop, dtype=torch.bool, device=input_ids.device)
+        def __call__(self, input_ids, scores, **kwargs) -> torch.BoolTensor:
+            return torch.full((input_ids.shape[0],), self.stop, dtype=torch.bool, device=input_ids.device)
+
+    return StopFlag()
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    from transformers import StoppingCriteriaList
+
+    from ..views import RoutingStreamer
+
     model, tokenizer = load(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("r2r chat: LLM-written tokens are coloured. Ctrl-C stops a turn; Ctrl-D or /exit quits.", file=sys.stderr)
@@ -150,7 +147,7 @@ def run_chat(args: argparse.Namespace) -> int:
             messages.pop()
             print(f"error: {err} Start a new chat to reset the history.", file=sys.stderr)
             continue
-        flag = _StopFlag()
+        flag = _stop_flag()
         previous = signal.signal(signal.SIGINT, lambda *_: setattr(flag, "stop", True))
         try:
             start = time.perf_counter()

@@ -1,17 +1,17 @@
 """The ``r2r-hf`` command line: one subcommand per job, each a thin shell over the Python API.
 
 Errors a person can cause (a missing path, a bad option, a model that cannot load) print
-one sentence and exit non-zero; ``--debug`` shows the traceback instead.
+one sentence and exit non-zero; ``--debug`` shows the traceback instead. Nothing heavy (torch,
+transformers) is imported before the arguments are parsed: ``--help`` answers at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Sequence
-
-import torch
 
 from . import generate, serve, tools
 
@@ -36,14 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_sentence(err: BaseException) -> str:
+def _one_sentence(err: BaseException, command: argparse.ArgumentParser | None = None) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
+    text = text if command is None else in_flags(text, command)
     return text if len(text) < 600 else text[:597] + "..."
+
+
+def in_flags(text: str, command: argparse.ArgumentParser) -> str:
+    """A library message in the shell's terms: the parameters it names (``slm=``) as the command's flags (``--slm``)."""
+    flags = {a.dest: a.option_strings[-1] if a.option_strings else (a.metavar or a.dest.upper())
+             for a in command._actions if a.dest not in (None, "help", argparse.SUPPRESS)}
+    return re.sub(r"\b([a-z_]+)=(?=[\s,;)]|$)", lambda m: flags.get(m.group(1), m.group(0)), text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``r2r-hf``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = parser._subparsers._group_actions[0].choices[args.command]
     if args.quiet:
         logging.disable(logging.INFO)
         import transformers
@@ -51,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         transformers.utils.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
     _, _, run = COMMANDS[args.command]
+    import torch
+
     try:
         return run(args)
     except KeyboardInterrupt:
@@ -65,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError, KeyError) as err:
         if args.debug:
             raise
-        print(f"error: {_one_sentence(err)}", file=sys.stderr)
+        print(f"error: {_one_sentence(err, command)}", file=sys.stderr)
         return 2
 
 

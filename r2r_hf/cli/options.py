@@ -6,8 +6,6 @@ import argparse
 import math
 import os
 
-import torch
-
 
 def _number(text: str) -> float:
     try:
@@ -122,8 +120,10 @@ def device(allow_auto: bool = False):
     names = "cpu, cuda, cuda:N, mps" + (" or auto" if allow_auto else "")
 
     def parse(text: str) -> str:
-        if text == "auto" and allow_auto:
+        if text == "cpu" or (text == "auto" and allow_auto):
             return text
+        import torch  # only when a device other than the CPU is asked for
+
         try:
             dev = torch.device(text)
         except (RuntimeError, ValueError):

@@ -9,9 +9,6 @@ import argparse
 import os
 import sys
 
-import torch
-
-from ..model.record import RECALL_NOT_MEASURED, expected_llm_token_rate, recall_target, target_met
 from .options import (
     device,
     dropout,
@@ -98,6 +95,8 @@ def _setup_label(p: argparse.ArgumentParser) -> None:
 
 
 def _run_label(args: argparse.Namespace) -> int:
+    import torch
+
     from ..pipeline import LabelSettings, label
 
     if args.threads:
@@ -209,6 +208,8 @@ def _run_push(args: argparse.Namespace) -> int:
 
 
 def _print_calibration(folder: str, model) -> None:
+    from ..model.record import RECALL_NOT_MEASURED, expected_llm_token_rate, recall_target, target_met
+
     rate = expected_llm_token_rate(model.record)
     calibration = model.record.get("calibration", {})
     recall = calibration.get("recall")

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from ..model.loading import shared_vocab_size
+from ..model.loading import load_base_model, shared_vocab_size
+from ..model.sources import Unavailable, resolve
 from ..model.tokens import check_same_tokenizer, special_ids, tokenizer_fingerprint
 from .continuation import continue_mismatches
 from .dataset import check_label_set, write_label_set
@@ -95,17 +97,29 @@ class LabelSettings:
         return {k: getattr(self, k) for k in RUN_FIELDS}
 
 
-def _load_tokenizer(name: str, role: str):
+@functools.lru_cache(maxsize=16)
+def _where(name: str, role: str) -> tuple[str, tuple]:
+    """Where a model of the run is read from (a folder, the cache, a registered copy; ``model.sources``), once per name."""
     try:
-        return AutoTokenizer.from_pretrained(name)
+        found, hub = resolve(name, f"the {role}", {})
+    except Unavailable as err:
+        raise OSError(f"Could not load the {role} {name!r}: {err.reason}; pass {role.lower()}= a local folder.") from None
+    return str(found), tuple(sorted(hub.items()))
+
+
+def _load_tokenizer(name: str, role: str):
+    path, hub = _where(name, role)
+    try:
+        return AutoTokenizer.from_pretrained(path, **dict(hub))
     except (OSError, ValueError) as err:
         raise OSError(f"Could not load the {role} tokenizer from {name!r}: {str(err).splitlines()[0]}") from err
 
 
-def _text_config(name: str):
+def _text_config(name: str, role: str):
     """A model's (text) config, read without loading its weights."""
+    path, hub = _where(name, role)
     try:
-        return AutoConfig.from_pretrained(name).get_text_config()
+        return AutoConfig.from_pretrained(path, **dict(hub)).get_text_config()
     except (OSError, ValueError) as err:
         raise OSError(f"Could not read the config of {name!r}: {str(err).splitlines()[0]}") from err
 
@@ -130,10 +144,10 @@ class _Models:
 
     def get(self, name: str, role: str = "model"):
         if name not in self._cache:
-            try:
-                model = AutoModelForCausalLM.from_pretrained(name, dtype=getattr(torch, self.settings.dtype)).eval()
-            except (OSError, ValueError) as err:
-                raise OSError(f"Could not load the {role} {name!r}: {str(err).splitlines()[0]}") from err
+            path, hub = _where(name, role)
+            model = load_base_model(role.lower(), path, None, {"dtype": getattr(torch, self.settings.dtype), **dict(hub)},
+                                    hint=f"pass {role.lower()}= a local folder or a Hub id")
+            model.eval()
             if self.device is not None:
                 model.to(self.device)
             self._cache[name] = model
@@ -165,7 +179,7 @@ def label(
     slm_tok = _load_tokenizer(settings.slm, "SLM")
     llm_tok = _load_tokenizer(settings.llm, "LLM")
     prompts = read_prompts(prompts_path, limit, tokenizer=llm_tok)
-    configs = [_text_config(settings.slm), _text_config(settings.llm)]
+    configs = [_text_config(settings.slm, "SLM"), _text_config(settings.llm, "LLM")]
     check_same_tokenizer(slm_tok, llm_tok, min(int(c.vocab_size) for c in configs), settings.slm, settings.llm)
     contexts = [c.max_position_embeddings for c in configs if getattr(c, "max_position_embeddings", None)]
     check_context(prompts, llm_tok, settings.max_new_tokens, min(contexts, default=None), prompts_path)
