@@ -140,6 +140,8 @@ BAD = [
     ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 12}, 400, "n"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "seed": -1}, 400, "seed"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "llm_budget": 1.5}, 400, "llm_budget"),
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "llm_budget": "0.1"}, 400, "llm_budget"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "logprobs": 3}, 400, "logprobs"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "stream": "yes"}, 400, "stream"),
@@ -288,3 +290,31 @@ def test_stop_strings_end_an_answer_before_them(served, tok):
     streamed = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=0, stop=[stop],
                                          stream=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == cut.choices[0].text
+
+
+def test_each_request_keeps_its_own_llm_budget_in_one_batch(served, model, tok):
+    from fractions import Fraction
+    from math import ceil
+
+    url, service = served
+    client = _client(url)
+    budgets = [0.0, 0.1, 0.25, None]
+
+    def ask(budget):
+        extra = {"threshold": 0.0, **({} if budget is None else {"llm_budget": budget})}
+        return client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=0,
+                                         extra_body=extra).model_extra["r2r"]
+
+    with concurrent.futures.ThreadPoolExecutor(len(budgets)) as pool:
+        answers = list(pool.map(ask, budgets))
+    for budget, r2r in zip(budgets, answers):
+        if budget is None:
+            assert "llm_budget" not in r2r and r2r["llm_tokens"] == r2r["generated_tokens"], "threshold 0: all LLM"
+            continue
+        assert r2r["llm_budget"] == budget
+        assert r2r["llm_tokens"] <= ceil(Fraction(budget).limit_denominator(1000) * r2r["generated_tokens"])
+    assert answers[0]["llm_tokens"] == 0 and answers[2]["llm_tokens"] >= 1
+    enc = tok(PROMPTS[:1], return_tensors="pt")
+    alone = model.generate(**enc, max_new_tokens=12, do_sample=False, threshold=0.0, llm_budget=0.25,
+                           return_dict_in_generate=True)
+    assert answers[2]["llm_tokens"] == int(alone.llm_tokens[0]), "the same routing as generate with that budget"
