@@ -7,6 +7,7 @@ moves, these tests name the hook to re-check before the pin in pyproject.toml is
 """
 
 import inspect
+from pathlib import Path
 
 import transformers
 from packaging.version import Version
@@ -16,8 +17,14 @@ from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMi
 from r2r_hf import R2RForCausalLM, R2RGenerateOutput
 
 
-def test_transformers_version_is_the_pinned_one():
-    assert Version("5.23") <= Version(transformers.__version__) < Version("5.24")
+def test_the_installed_transformers_is_in_the_supported_range_and_the_declared_one():
+    from r2r_hf import compat
+
+    assert Version(compat.OLDEST) <= Version(transformers.__version__) < Version(compat.BELOW)
+    compat.check_transformers()
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'"transformers>={compat.OLDEST.removesuffix(".0")},<{compat.BELOW}"' in pyproject, \
+        "pyproject.toml declares the range r2r_hf/compat.py names"
 
 
 def test_greedy_and_sampling_dispatch_to_sample():
