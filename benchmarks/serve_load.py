@@ -136,19 +136,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16, or float32 on a CPU where bf16 is slow")
     parser.add_argument("--out", default="benchmarks/results/serve_load.json")
     parser.add_argument("--table", action="store_true", help="print the table of --out and exit")
     args = parser.parse_args(argv)
     if args.table:
         print(table(json.loads(Path(args.out).read_text())))
         return {}
+    if args.dtype is None:
+        from r2r_hf.model.loading import bf16_is_slow_here
+
+        args.dtype = "float32" if bf16_is_slow_here() else "bfloat16"
     slm, llm = fetch("slm", quiet=True), fetch("llm", quiet=True)
     texts = prompts(args.requests)
     results = {"conditions": {
         "pair": "Qwen2.5-Coder-0.5B-Instruct + 1.5B-Instruct (dequantised Q4_K_M GGUF, benchmarks/models.py)",
         "router": ROUTER, "dtype": args.dtype, "device": "cpu", "server_threads": 1,
         "hardware": f"{platform.machine()}, {os.cpu_count()} vCPUs (the load generator shares them)",
+        "cpu_capability": __import__("torch").backends.cpu.get_cpu_capability(),
         "requests_per_run": args.requests, "max_tokens": args.max_tokens, "decoding": "greedy, chat template",
         "prompts": "benchmarks/data/stdlib_prompts.jsonl", "client": "openai AsyncOpenAI, streaming",
     }, "runs": {}}

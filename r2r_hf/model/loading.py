@@ -60,6 +60,14 @@ def load_base_model(
         raise OSError(f"Could not load the {what} {name_or_path!r} ({reason}); {hint}.") from err
 
 
+def bf16_is_slow_here(device: str | torch.device = "cpu") -> bool:
+    """Whether bfloat16 matmuls are slow on ``device``: a CPU without AVX-512 (torch falls back to a reference kernel,
+    measured at 0.6 GFLOP/s against 51 for float32 on a 2-core AVX2 EPYC)."""
+    if torch.device(device).type != "cpu":
+        return False
+    return "AVX512" not in torch.backends.cpu.get_cpu_capability()
+
+
 def split_loading_kwargs(
     kwargs: dict[str, Any], slm_kwargs: dict[str, Any] | None, llm_kwargs: dict[str, Any] | None
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:

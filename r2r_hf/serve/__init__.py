@@ -11,6 +11,8 @@ settings, text and stop), ``engine`` (the decoding thread: continuous batching o
 
 from __future__ import annotations
 
+import logging
+
 from .settings import ServeSettings
 
 __all__ = ["ServeSettings", "build_app", "load_for_serving", "require_extra", "run_server", "served_name"]
@@ -60,6 +62,7 @@ def load_for_serving(router: str, slm: str | None = None, llm: str | None = None
     """
     import torch
 
+    from ..model.loading import bf16_is_slow_here
     from ..model.modeling import R2RForCausalLM
     from ..model.tokens import load_tokenizer
 
@@ -69,6 +72,10 @@ def load_for_serving(router: str, slm: str | None = None, llm: str | None = None
     if device != "cpu":
         kwargs["device_map"] = device
     model = R2RForCausalLM.from_pretrained(router, slm=slm, llm=llm, **kwargs).eval()
+    if model.slm.dtype == torch.bfloat16 and bf16_is_slow_here(model.slm.device):
+        logging.getLogger(__name__).warning(
+            "The models run in bfloat16 on a CPU without AVX-512, where bfloat16 matmuls are far slower than float32 "
+            "(about 80x on one AVX2 machine); pass --dtype float32 (dtype=torch.float32) for speed.")
     return model, load_tokenizer(model.slm)
 
 
