@@ -32,8 +32,12 @@ fi
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/gpu.txt"
 
-timeout 120 "$PY" -m pytest -q -x -p no:cacheprovider -m "not compile" tests/test_capture.py 2>&1 | tee "$OUT/cuda_tests.log"
-tests=${PIPESTATUS[0]}
+if [ "${GPU_CHECK_TESTS:-1}" = 0 ]; then  # CI: the suite has just run these tests
+    echo "tests/test_capture.py: left out here (GPU_CHECK_TESTS=0)" | tee "$OUT/cuda_tests.log"; tests=0
+else
+    timeout 120 "$PY" -m pytest -q -x -p no:cacheprovider -m "not compile" tests/test_capture.py 2>&1 | tee "$OUT/cuda_tests.log"
+    tests=${PIPESTATUS[0]}
+fi
 
 timeout $([ $DRY = 1 ] && echo 150 || echo 400) "$PY" -m benchmarks.gpu_check --out "$OUT" \
     $([ $DRY = 1 ] && echo --dry-run) 2>&1 | tee "$OUT/gpu_check.log"

@@ -99,27 +99,32 @@ class LabelSettings:
 
 @functools.lru_cache(maxsize=16)
 def _where(name: str, role: str) -> tuple[str, tuple]:
-    """Where a model of the run is read from (a folder, the cache, a registered copy; ``model.sources``), once per name."""
-    try:
-        found, hub = resolve(name, f"the {role}", {})
-    except Unavailable as err:
-        raise OSError(f"Could not load the {role} {name!r}: {err.reason}; pass {role.lower()}= a local folder.") from None
+    """Where a model of the run is read from (a folder, the cache, a registered copy; ``model.sources``), once per name.
+
+    Raises ``Unavailable`` (the caller says what could not be loaded).
+    """
+    found, hub = resolve(name, f"the {role}", {})
     return str(found), tuple(sorted(hub.items()))
 
 
 def _load_tokenizer(name: str, role: str):
-    path, hub = _where(name, role)
     try:
+        path, hub = _where(name, role)
         return AutoTokenizer.from_pretrained(path, **dict(hub))
+    except Unavailable as err:
+        raise OSError(f"Could not load the {role} tokenizer from {name!r}: {err.reason}; pass {role.lower()}= a local "
+                      "folder or a Hub id.") from None
     except (OSError, ValueError) as err:
         raise OSError(f"Could not load the {role} tokenizer from {name!r}: {str(err).splitlines()[0]}") from err
 
 
 def _text_config(name: str, role: str):
     """A model's (text) config, read without loading its weights."""
-    path, hub = _where(name, role)
     try:
+        path, hub = _where(name, role)
         return AutoConfig.from_pretrained(path, **dict(hub)).get_text_config()
+    except Unavailable as err:
+        raise OSError(f"Could not read the config of {name!r}: {err.reason}.") from None
     except (OSError, ValueError) as err:
         raise OSError(f"Could not read the config of {name!r}: {str(err).splitlines()[0]}") from err
 
@@ -144,7 +149,10 @@ class _Models:
 
     def get(self, name: str, role: str = "model"):
         if name not in self._cache:
-            path, hub = _where(name, role)
+            try:
+                path, hub = _where(name, role)  # resolved once per name (a registered copy says so once)
+            except Unavailable:
+                path, hub = name, ()  # load_base_model says it in its own words
             model = load_base_model(role.lower(), path, None, {"dtype": getattr(torch, self.settings.dtype), **dict(hub)},
                                     hint=f"pass {role.lower()}= a local folder or a Hub id")
             model.eval()
