@@ -6,8 +6,8 @@ large second coordinate; a few are excluded (unparsable verdict). Everything els
 
 import torch
 
-from r2r_hf.pipeline.dataset import write_summary
-from r2r_hf.pipeline.store import WorkDir, write_json, write_tensors
+from r2r_hf.pipeline.dataset import summarize
+from r2r_hf.pipeline.store import LEGACY_SET, WorkDir, write_json, write_tensors
 
 
 def write_synthetic_run(root, slm="org/slm", llm="org/llm", samples=80, tokens=40, shard_size=8, hidden=64, seed=0,
@@ -42,4 +42,6 @@ def write_synthetic_run(root, slm="org/slm", llm="org/llm", samples=80, tokens=4
                                                     "tokens": n, "seconds": 0.1})
         write_json(work.shard("continuations", shard), {"mismatches": [], "tokens": 1, "seconds": 0.1})
         write_json(work.shard("verdicts", shard), {"verdicts": [], "tokens": 1, "seconds": 0.1})
-    return write_summary(work)
+    summary = summarize(work, LEGACY_SET)  # a format-1 run: its one label set's summary sits in the run folder
+    write_json(work.summary_path(LEGACY_SET), summary)
+    return summary

@@ -1,9 +1,9 @@
 """Step 4: one label per answer token for a verifier chain (a label set), and the label dataset's loading API.
 
-Labels: 0 identical (the SLM's proposal equals the LLM's token), 1 neutral (they differ, and the
-two sentences are the same text or a verifier said it does not matter), 2 divergent (the LLM must
-write it), -1 excluded (no verifier of the chain decided). The router learns ``label == 2``;
-rows labelled -1 are never trained on. Each label records who decided it (``decided_by``).
+Labels (``classes.Label``): identical (the SLM's proposal equals the LLM's token), neutral (they differ, and
+the two sentences are the same text or a verifier said it does not matter), divergent (the LLM must write
+it), excluded (no verifier of the chain decided). The router learns ``label == Label.DIVERGENT``; excluded
+rows are never trained on. Each label records who decided it (``decided_by``).
 
 Load a finished run with one call::
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,18 +25,17 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .store import LEGACY_SET, WorkDir, read_json, read_tensors, write_json, write_tensors
-from .verifiers.chain import IDENTICAL, UNDECIDED, decide_shard, verifier_seconds
+from .classes import Label
+from .steps import CONTINUATIONS, FEATURES as FEATURES_STEP, LABELS, RESPONSES, STEPS
+from .store import WorkDir, read_json, read_tensors, write_json, write_tensors
+from .verifiers.chain import IDENTICAL, UNDECIDED, ShardDecisions, verifier_seconds
 
-IDENTICAL_TOKEN, NEUTRAL, DIVERGENT, EXCLUDED = 0, 1, 2, -1
-CLASS_NAMES = {IDENTICAL_TOKEN: "identical", NEUTRAL: "neutral", DIVERGENT: "divergent", EXCLUDED: "excluded"}
 FEATURES = ("topk_logits", "token_embedding", "hidden")
-STEP_COSTS = ("responses", "features", "continuations")
 
 
 def check_label_set(work: WorkDir, name: str, chain_settings: list[dict[str, Any]], record: bool = False) -> None:
     """Refuse to mix other verifier settings into an existing label set; with ``record``, write a new set's."""
-    path = work.folder("labels", name) / "settings.json"
+    path = work.folder(LABELS, name) / "settings.json"
     settings = {"name": name, "verifiers": chain_settings}
     if path.exists():
         old = read_json(path, "settings")
@@ -47,7 +46,8 @@ def check_label_set(work: WorkDir, name: str, chain_settings: list[dict[str, Any
         write_json(path, settings)
 
 
-def write_label_set(work: WorkDir, name: str, chain: list, shards: int, identical, progress: bool = True) -> dict:
+def write_label_set(work: WorkDir, name: str, chain: list, shards: int, decisions: Callable[[int], ShardDecisions],
+                    progress: bool = True) -> dict:
     """Write the labels of every shard for a verifier chain, then the set's ``summary.json``; returns the summary.
 
     Args:
@@ -55,25 +55,24 @@ def write_label_set(work: WorkDir, name: str, chain: list, shards: int, identica
         name: the label set.
         chain: the verifiers, in order.
         shards: how many shards the run has.
-        identical: shard index -> per mismatch, whether its two sentences are the same text.
+        decisions: shard index -> the chain's decisions on its mismatches (complete for every shard).
     """
     names = [IDENTICAL] + [v.name for v in chain] + [UNDECIDED]
-    by = {n: {"neutral": 0, "divergent": 0, "excluded": 0} for n in names}
+    by = {n: {Label.NEUTRAL.title: 0, Label.DIVERGENT.title: 0, Label.EXCLUDED.title: 0} for n in names}
     for k in tqdm(range(shards), desc="labels", unit="shard", disable=not progress):
-        same = identical(k)
-        decisions = decide_shard(work, k, chain, len(same), same)
-        for decision, who in decisions:
-            by[who]["neutral" if decision == 0 else "divergent" if decision == 1 else "excluded"] += 1
-        if work.done("labels", k, name):
+        decided = decisions(k).check(k).decisions
+        for decision, who in decided:
+            by[who][Label.of(decision).title] += 1
+        if work.done(LABELS, k, name):
             continue
-        features, _ = read_tensors(work.shard("features", k), ["slm_token"])
-        mismatches = work.read("continuations", k)["mismatches"]
-        labels = torch.full(features["slm_token"].shape, IDENTICAL_TOKEN, dtype=torch.int8)
+        features, _ = read_tensors(work.shard(FEATURES_STEP, k), ["slm_token"])
+        mismatches = work.read(CONTINUATIONS, k)["mismatches"]
+        labels = torch.full(features["slm_token"].shape, Label.IDENTICAL, dtype=torch.int8)
         decided_by = torch.full(features["slm_token"].shape, -1, dtype=torch.int8)
-        for m, (decision, who) in zip(mismatches, decisions):
-            labels[m["row"]] = NEUTRAL if decision == 0 else DIVERGENT if decision == 1 else EXCLUDED
+        for m, (decision, who) in zip(mismatches, decided):
+            labels[m["row"]] = Label.of(decision)
             decided_by[m["row"]] = names.index(who)
-        write_tensors(work.shard("labels", k, name), {"label": labels, "decided_by": decided_by}, {"decided_by": names})
+        write_tensors(work.shard(LABELS, k, name), {"label": labels, "decided_by": decided_by}, {"decided_by": names})
     summary = summarize(work, name)
     summary["decided_by"] = by
     cost = verifier_seconds(work, chain, list(range(shards)))
@@ -87,21 +86,22 @@ def write_label_set(work: WorkDir, name: str, chain: list, shards: int, identica
 
 def summarize(work: WorkDir, label_set: str) -> dict:
     """Class counts and shares, response and cost statistics of a label set."""
-    counts = {name: 0 for name in CLASS_NAMES.values()}
+    counts = {label.title: 0 for label in Label}
     responses = {"finished": 0, "truncated": 0}
-    cost = {step: {"tokens": 0, "seconds": 0.0} for step in STEP_COSTS}
-    for index in work.shards("labels", label_set):
-        labels, _ = read_tensors(work.shard("labels", index, label_set), ["label"])
+    costed = [step for step in STEPS if step.costed]
+    cost = {step.name: {"tokens": 0, "seconds": 0.0} for step in costed}
+    for index in work.shards(LABELS, label_set):
+        labels, _ = read_tensors(work.shard(LABELS, index, label_set), ["label"])
         values, numbers = torch.unique(labels["label"], return_counts=True)
         for v, n in zip(values.tolist(), numbers.tolist()):
-            counts[CLASS_NAMES[v]] += n
-        for sample in work.read("responses", index)["samples"]:
+            counts[Label(v).title] += n
+        for sample in work.read(RESPONSES, index)["samples"]:
             responses["finished" if sample["finished"] else "truncated"] += 1
-        for step in cost:
+        for step in costed:
             path = work.shard(step, index)
-            meta = read_tensors(path, [])[1] if step == "features" else read_json(path, step)
-            cost[step]["tokens"] += meta.get("tokens", 0)
-            cost[step]["seconds"] += meta.get("seconds", 0.0)
+            meta = read_tensors(path, [])[1] if step.suffix == ".safetensors" else read_json(path, step)
+            cost[step.name]["tokens"] += meta.get("tokens", 0)
+            cost[step.name]["seconds"] += meta.get("seconds", 0.0)
     total = sum(counts.values())
     judged = total - counts["excluded"]
     mismatches = counts["neutral"] + counts["divergent"]
@@ -127,11 +127,10 @@ def pick_label_set(work: WorkDir, labels: str | None) -> str:
     """The label set to read: the one named, or the only one there is."""
     sets = work.label_sets()
     if not sets:
-        raise FileNotFoundError(f"{work.root} holds no labels; run `r2r-hf label` there first.")
+        raise FileNotFoundError(f"{work.root} holds no labels; label it first (pipeline.label, r2r-hf label).")
     if labels is None:
         if len(sets) > 1:
-            raise ValueError(f"{work.root} holds several label sets ({', '.join(sets)}); pick one with --labels "
-                             "(Python: labels=...).")
+            raise ValueError(f"{work.root} holds several label sets ({', '.join(sets)}); pick one with labels=.")
         return sets[0]
     if labels not in sets:
         raise ValueError(f"{work.root} holds no label set {labels!r}; it holds {', '.join(sets)}.")
@@ -161,9 +160,9 @@ class LabelData:
         self.root = Path(self.root)
         self._work = WorkDir(self.root)
         self.labels = pick_label_set(self._work, self.labels)
-        self.shards = self._work.shards("labels", self.labels)
+        self.shards = self._work.shards(LABELS, self.labels)
         if not self.shards:
-            raise FileNotFoundError(f"{self.root} label set {self.labels!r} has no labels yet; finish `r2r-hf label`.")
+            raise FileNotFoundError(f"{self.root} label set {self.labels!r} has no labels yet; finish labeling it (its labels step).")
 
     @property
     def summary(self) -> dict:
@@ -179,13 +178,13 @@ class LabelData:
 
     def shard(self, index: int) -> dict[str, torch.Tensor]:
         """All usable rows of one shard: features (float32), ``label`` and ``target`` (label == divergent)."""
-        tensors, meta = read_tensors(self._work.shard("features", index))
-        labels, _ = read_tensors(self._work.shard("labels", index, self.labels), ["label"])
+        tensors, meta = read_tensors(self._work.shard(FEATURES_STEP, index))
+        labels, _ = read_tensors(self._work.shard(LABELS, index, self.labels), ["label"])
         if len(labels["label"]) != len(tensors["slm_token"]):
             raise ValueError(f"Shard {index} of {self.root} has {len(labels['label'])} labels for "
                              f"{len(tensors['slm_token'])} tokens; delete labels/{self.labels}/shard-{index:05d} "
                              "and rerun the 'labels' step.")
-        keep = labels["label"] != EXCLUDED
+        keep = labels["label"] != Label.EXCLUDED
         if self.split is not None:
             held = torch.tensor([_in_validation(i, self.validation_fraction, self.seed) for i in meta["ids"]])
             in_val = held[tensors["sample"].long()] if len(held) else torch.zeros(0, dtype=torch.bool)
@@ -193,7 +192,7 @@ class LabelData:
         out = {k: tensors[k][keep].float() for k in FEATURES}
         out.update({k: tensors[k][keep] for k in ("slm_token", "real_token", "position", "sample")})
         out["label"] = labels["label"][keep].long()
-        out["target"] = (out["label"] == DIVERGENT).float()
+        out["target"] = (out["label"] == Label.DIVERGENT).float()
         return out
 
     def batches(self, batch_size: int, shuffle: bool = False, seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
@@ -230,9 +229,3 @@ def load_labels(root: str | os.PathLike, split: str | None = None, validation_fr
     """
     return LabelData(Path(root), split, validation_fraction, seed, labels)
 
-
-def write_summary(work: WorkDir, label_set: str = LEGACY_SET) -> dict:
-    """Write (and return) the summary of a label set from its shards (``legacy``: a format-1 run)."""
-    summary = summarize(work, label_set)
-    write_json(work.summary_path(label_set), summary)
-    return summary

@@ -38,7 +38,7 @@ def read_prompts(path: str | os.PathLike, limit: int | None = None, tokenizer=No
             need its chat template), so that nothing is written for a prompt that would fail later.
     """
     if os.path.isdir(path):
-        raise IsADirectoryError(f"--prompts {path} is a folder; pass the prompts file (JSON lines) itself.")
+        raise IsADirectoryError(f"The prompts file {path} is a folder; pass the prompts file (JSON lines) itself.")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Prompts file {path} does not exist.")
     prompts: list[Prompt] = []

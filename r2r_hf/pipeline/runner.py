@@ -16,7 +16,6 @@ import contextlib
 import datetime
 import functools
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,70 +31,12 @@ from .prefill import slm_features
 from .prompts import Prompt, check_context, read_prompts
 from .reference import reference_responses
 from .sentences import mismatch_texts, sentence_end_ids
+from .settings import RUN_FIELDS, LabelSettings  # noqa: F401 - LabelSettings is imported from here too
 from .shards import plan_shards, prompt_hash
-from .store import FORMAT, LEGACY_SET, STEPS, WorkDir, read_json, read_tensors, write_json, write_tensors
-from .verifiers import MODEL_FREE, JudgeVerifier, Mismatch, parse_chain
-from .verifiers.chain import decide_shard, judge_shard
-
-RUN_FIELDS = ("slm", "llm", "dtype", "max_new_tokens", "batch_size", "num_topk_logits", "continuation_max_tokens",
-              "context_tokens")
-
-
-@dataclass
-class LabelSettings:
-    """Everything that decides the labels.
-
-    The run's fields (``RUN_FIELDS``: models, dtype, lengths) decide steps 0-2 and are recorded in
-    the manifest; a resume must match them. The verifier fields decide steps 3-4 and are recorded
-    with the label set they write.
-
-    Args:
-        slm, llm: Hub ids or folders of the pair.
-        dtype: one compute dtype for every model and step.
-        max_new_tokens: bound on the LLM's reference answers.
-        batch_size: prompts per shard, also the batch of every batched step.
-        num_topk_logits: sorted SLM logits kept per token.
-        continuation_max_tokens: bound on a continuation to its sentence end.
-        context_tokens: preceding answer tokens a judge sees.
-        verifiers: the verifier chain, e.g. ``"code,llm"`` (``verifiers.KNOWN``).
-        judge: Hub id or folder of the ``llm`` verifier's judge (None: the LLM).
-        judge_threshold: the judge calls a mismatch divergent where its score reaches this.
-        labels: the label set's name (default: the chain, e.g. ``code+llm``).
-    """
-
-    slm: str
-    llm: str
-    dtype: str = "bfloat16"
-    max_new_tokens: int = 1024
-    batch_size: int = 8
-    num_topk_logits: int = 100
-    continuation_max_tokens: int = 128
-    context_tokens: int = 384
-    verifiers: str = "llm"
-    judge: str | None = None
-    judge_threshold: float = 0.5
-    labels: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "batch_size", "num_topk_logits", "continuation_max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if self.context_tokens < 0:
-            raise ValueError(f"context_tokens must be >= 0, got {self.context_tokens}.")
-        if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
-            raise ValueError(f"dtype {self.dtype!r} is not a torch dtype; use bfloat16, float16 or float32.")
-        self.chain = parse_chain(self.verifiers)
-        if not 0 <= self.judge_threshold <= 1:
-            raise ValueError(f"judge_threshold must be in [0, 1], got {self.judge_threshold}.")
-        self.label_set = self.labels or "+".join(self.chain)
-        if not self.label_set.replace("+", "").replace("-", "").replace("_", "").isalnum():
-            raise ValueError(f"The label set name {self.label_set!r} must be letters, digits, '+', '-' or '_'.")
-        if self.label_set == LEGACY_SET:
-            raise ValueError(f"{LEGACY_SET!r} names the labels of an older run format; pick another with --labels.")
-
-    def run(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in RUN_FIELDS}
-
+from .steps import BY_NAME, CONTINUATIONS, FEATURES, LABELS, NAMES, RESPONSES, VERDICTS, Step
+from .store import FORMAT, WorkDir, read_json, read_tensors, write_json, write_tensors
+from .verifiers import MODEL_FREE, JudgeVerifier, Mismatch
+from .verifiers.chain import ShardDecisions, judge_shard, read_decisions
 
 @functools.lru_cache(maxsize=16)
 def _where(name: str, role: str) -> tuple[str, tuple]:
@@ -167,7 +108,7 @@ def label(
     prompts_path: str | os.PathLike,
     out: str | os.PathLike,
     limit: int | None = None,
-    steps: tuple[str, ...] = STEPS,
+    steps: tuple[str, ...] = NAMES,
     progress: bool = True,
 ) -> dict | None:
     """Label the SLM/LLM disagreements on a prompts file; returns the label set's summary (main process).
@@ -180,9 +121,10 @@ def label(
         steps: which of ``responses, features, continuations, verdicts, labels`` to run.
         progress: show tqdm bars.
     """
-    unknown = [s for s in steps if s not in STEPS]
+    unknown = [s for s in steps if s not in BY_NAME]
     if unknown:
-        raise ValueError(f"Unknown step(s) {unknown}; choose from {', '.join(STEPS)}.")
+        raise ValueError(f"Unknown step(s) {unknown}; choose from {', '.join(NAMES)}.")
+    chosen = [BY_NAME[s] for s in steps]
     # Everything that can be wrong with the input is checked before anything is written.
     slm_tok = _load_tokenizer(settings.slm, "SLM")
     llm_tok = _load_tokenizer(settings.llm, "LLM")
@@ -195,9 +137,9 @@ def label(
     answers = answer_ids(llm_tok, settings.llm)
     index, count, barrier, device = _process_state()
     work = WorkDir(out)
-    if "responses" not in steps and not work.manifest_path.exists():
+    if RESPONSES not in chosen and not work.manifest_path.exists():
         raise ValueError(f"{out} holds no labeling run yet; run the 'responses' step first (it is in the default "
-                         "--steps).")
+                         "steps).")
     manifest = {**settings.run(), "tokenizer_hash": tokenizer_fingerprint(llm_tok), "format": FORMAT}
     # One run per folder: the main process holds the lock (the others run under it), checks the run and only
     # then records it; the others read what it recorded.
@@ -208,25 +150,26 @@ def label(
         shards = plan_shards(work, prompts, settings.batch_size)
         context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards, answers)
         if index == 0:
-            if "labels" in steps:  # verdicts alone decide no label set (a judge's scores serve any threshold)
+            if LABELS in chosen:  # verdicts alone decide no label set (a judge's scores serve any threshold)
                 check_label_set(work, settings.label_set, context.chain_settings())
             work.record_manifest(manifest)
             barrier()
         mine = [k for k in range(len(shards)) if k % count == index]
-        for step in steps[: steps.index("labels") if "labels" in steps else len(steps)]:
+        # Steps 0-3 on this process's shards, in the order given; the labels step is the main process's, after all.
+        for step in chosen[: chosen.index(LABELS) if LABELS in chosen else len(chosen)]:
             todo = [k for k in mine if not context.done(step, k)]
-            for k in tqdm(todo, desc=f"{step} (process {index})" if count > 1 else step, unit="shard",
+            for k in tqdm(todo, desc=f"{step} (process {index})" if count > 1 else step.name, unit="shard",
                           disable=not progress or not todo):
                 context.run(step, k)
         barrier()
-        if index != 0 or "labels" not in steps:
+        if index != 0 or LABELS not in chosen:
             return None
-        missing = [k for k in range(len(shards)) if not context.done("verdicts", k)]
+        missing = [k for k in range(len(shards)) if not context.done(VERDICTS, k)]
         if missing:
             raise ValueError(f"Cannot write labels: shards {missing[:5]}... lack verdicts; run the earlier steps first.")
         # Recorded only now: a judge that failed to load leaves no label set a corrected rerun would conflict with.
         check_label_set(work, settings.label_set, context.chain_settings(), record=True)
-        return write_label_set(work, settings.label_set, context.chain, len(shards), context.identical,
+        return write_label_set(work, settings.label_set, context.chain, len(shards), context.decisions,
                                progress=progress)
 
 
@@ -240,6 +183,8 @@ class _Context:
         self.pad_id, self.eos_ids = answers  # answer_ids(...)
         self._ends: frozenset[int] | None = None
         self._chain: list | None = None
+        self._decisions: dict[int, ShardDecisions] = {}
+        self._samples: dict[int, list[dict]] = {}
 
     @property
     def ends(self) -> frozenset[int]:
@@ -268,62 +213,63 @@ class _Context:
             self._chain = chain
         return self._chain
 
-    def done(self, step: str, k: int) -> bool:
+    def done(self, step: Step, k: int) -> bool:
         """Whether shard k needs no work for ``step`` (for verdicts: every verifier answered what it is asked)."""
-        if step != "verdicts":
-            return self.work.done(step, k)
-        if not all(self.work.done("verdicts", k, v.key()) for v in self.chain):
-            return False
-        identical = self.identical(k)
-        try:
-            decide_shard(self.work, k, self.chain, len(identical), identical)
-        except ValueError:  # a verdict the chain needs is missing (another chain asked less)
-            return False
-        return True
+        return self.decisions(k).complete if step is VERDICTS else self.work.done(step, k)
+
+    def decisions(self, k: int) -> ShardDecisions:
+        """The chain's decisions on shard k, read off its verdicts; kept once complete (they no longer change)."""
+        if k not in self._decisions:
+            found = read_decisions(self.work, k, self.chain, self.identical(k))
+            if not found.complete:
+                return found
+            self._decisions[k] = found
+        return self._decisions[k]
 
     def samples(self, k: int) -> list[dict]:
-        """Shard k's responses, after checking they answer the prompts of shard k of this prompts file."""
-        path = self.work.shard("responses", k)
-        if not path.exists():
-            raise ValueError(f"Shard {k} has no responses yet; run the 'responses' step first.")
-        stored = read_json(path, "responses")
-        if stored.get("prompt_hash") != prompt_hash(self.shards[k]):
-            raise ValueError(f"The prompts of shard {k} changed since its answers were written ({self.work.root}); "
-                             "use the original prompts file or a new --out folder.")
-        return stored["samples"]
+        """Shard k's responses (read once while steps 1-3 run on it)."""
+        if k not in self._samples:
+            path = self._require(RESPONSES, k)
+            # plan_shards checked an answered shard's prompts against this prompts file; this run wrote the others.
+            self._samples = {k: read_json(path, RESPONSES)["samples"]}  # the shard at hand only: steps 1-3 read it in turn
+        return self._samples[k]
 
     def identical(self, k: int) -> list[bool]:
-        return [m["identical"] for m in self.work.read("continuations", k)["mismatches"]]
-
-    def items(self, k: int) -> list[Mismatch]:
-        return shard_mismatches(self.work, k, self.samples(k), self.tokenizer, self.ends, self.eos_ids)
+        return [m["identical"] for m in self.work.read(CONTINUATIONS, k)["mismatches"]]
 
     @torch.no_grad()
-    def run(self, step: str, k: int) -> None:
-        s = self.settings
-        if step == "responses":
-            result = reference_responses(self.models.get(s.llm, "LLM"), self.tokenizer, self.shards[k],
-                                         s.max_new_tokens, self.pad_id, self.eos_ids)
-            result["prompt_hash"] = prompt_hash(self.shards[k])
-            write_json(self.work.shard(step, k), result)
-            return
-        samples = self.samples(k)
-        if step == "features":
-            slm, llm = self.models.get(s.slm, "SLM"), self.models.get(s.llm, "LLM")
-            tensors, meta = slm_features(slm, samples, s.num_topk_logits, shared_vocab_size(slm, llm))
-            write_tensors(self.work.shard(step, k), tensors, meta)
-        elif step == "continuations":
-            features, _ = read_tensors(self._require("features", k), ["sample", "position", "slm_token", "real_token"])
-            result = continue_mismatches(
-                self.models.get(s.llm, "LLM"), self.tokenizer, samples, features, self.ends, self.eos_ids, self.pad_id,
-                s.batch_size, s.continuation_max_tokens, s.context_tokens,
-            )
-            write_json(self.work.shard(step, k), result)
-        elif step == "verdicts":
-            self._require("continuations", k)
-            judge_shard(self.work, k, self.chain, self.items(k), self.identical(k))
+    def run(self, step: Step, k: int) -> None:
+        {RESPONSES: self._responses, FEATURES: self._features, CONTINUATIONS: self._continuations,
+         VERDICTS: self._verdicts}[step](k)
 
-    def _require(self, step: str, k: int):
+    def _responses(self, k: int) -> None:
+        s = self.settings
+        result = reference_responses(self.models.get(s.llm, "LLM"), self.tokenizer, self.shards[k], s.max_new_tokens,
+                                     self.pad_id, self.eos_ids)
+        result["prompt_hash"] = prompt_hash(self.shards[k])
+        write_json(self.work.shard(RESPONSES, k), result)
+
+    def _features(self, k: int) -> None:
+        s = self.settings
+        slm, llm = self.models.get(s.slm, "SLM"), self.models.get(s.llm, "LLM")
+        tensors, meta = slm_features(slm, self.samples(k), s.num_topk_logits, shared_vocab_size(slm, llm))
+        write_tensors(self.work.shard(FEATURES, k), tensors, meta)
+
+    def _continuations(self, k: int) -> None:
+        s = self.settings
+        features, _ = read_tensors(self._require(FEATURES, k), ["sample", "position", "slm_token", "real_token"])
+        result = continue_mismatches(
+            self.models.get(s.llm, "LLM"), self.tokenizer, self.samples(k), features, self.ends, self.eos_ids,
+            self.pad_id, s.batch_size, s.continuation_max_tokens, s.context_tokens,
+        )
+        write_json(self.work.shard(CONTINUATIONS, k), result)
+
+    def _verdicts(self, k: int) -> None:
+        self._require(CONTINUATIONS, k)
+        items = shard_mismatches(self.work, k, self.samples(k), self.tokenizer, self.ends, self.eos_ids)
+        judge_shard(self.work, k, self.chain, items, self.identical(k))
+
+    def _require(self, step: Step, k: int):
         path = self.work.shard(step, k)
         if not path.exists():
             raise ValueError(f"Shard {k} has no {step} yet; run the '{step}' step first.")
@@ -354,7 +300,7 @@ def shard_mismatches(work: WorkDir, k: int, samples: list[dict], tokenizer, ends
         ends, eos_ids: sentence-end and end-of-answer ids.
     """
     out = []
-    for i, m in enumerate(work.read("continuations", k)["mismatches"]):
+    for i, m in enumerate(work.read(CONTINUATIONS, k)["mismatches"]):
         texts = mismatch_texts(tokenizer, samples[m["sample"]], m, ends, frozenset(eos_ids))
         out.append(Mismatch(index=i, context=m["context"], slm_sentence=m["slm_sentence"],
                             llm_sentence=m["llm_sentence"], **texts))

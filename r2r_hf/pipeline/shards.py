@@ -37,7 +37,7 @@ def plan_shards(work: WorkDir, prompts: list[Prompt], batch_size: int) -> list[l
             chunk = prompts[start : start + size]
             if answered.get("prompt_hash") != prompt_hash(chunk):
                 raise ValueError(f"The prompts of shard {k} changed since its answers were written ({work.root}); "
-                                 "use the original prompts file or a new --out folder.")
+                                 "use the original prompts file or a new out= folder.")
         else:
             chunk = prompts[start : start + batch_size]
             if len(chunk) < batch_size and written and k < written[-1]:  # later shards assume this one is full
@@ -51,5 +51,5 @@ def _cut(work: WorkDir, k: int, start: int, end: int, given: int) -> ValueError:
     fits = f"--limit {start} or a --limit of at least {end}" if start else f"a --limit of at least {end}"
     return ValueError(
         f"Labelling {given} prompts would end inside shard {k} of {work.root}, which holds prompts {start + 1} to "
-        f"{end}; pass {fits} (limit= in Python; a larger limit extends the run), or use a new --out folder."
+        f"{end}; pass {fits} (limit= in Python; a larger limit extends the run), or use a new out= folder."
     )

@@ -32,14 +32,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..model.hub import write_failed
+from .steps import LABEL_SET_FILES, LABELS, LEGACY_SET, NAMES, Step, step
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-STEPS = ("responses", "features", "continuations", "verdicts", "labels")
-_SUFFIX = {"responses": ".json", "features": ".safetensors", "continuations": ".json", "verdicts": ".json",
-           "labels": ".safetensors"}
+STEPS = NAMES  # the step names, in order (declared in steps.py)
 FORMAT = 2
-LEGACY_SET = "legacy"  # the label set of a format-1 run
 # Manifest keys of format 1 that now belong to a label set (they no longer decide steps 0-2).
 _FORMAT1_VERIFIER_KEYS = ("verifier", "verifier_max_new_tokens", "share_verifier_prefix", "verifier_tokenizer_hash")
 
@@ -78,20 +76,18 @@ def _corrupt(path: str | os.PathLike, err: BaseException) -> ValueError:
     return ValueError(f"{path} is corrupt ({reason}); delete it and rerun `r2r-hf label` on the run to write it again.")
 
 
-# What the readers of a run's JSON files rely on: an object with these fields (a list holds objects).
+# What the readers of a run's JSON files rely on: an object with these fields (a list holds objects). The steps'
+# shards declare theirs (``Step.shape``); these are the run's other files.
 SHAPES: dict[str, dict[str, type]] = {
     "manifest": {},
-    "responses": {"samples": list},
-    "continuations": {"mismatches": list},
-    "verdicts": {"verdicts": dict},
     "settings": {"verifiers": list},
     "summary": {"counts": dict, "tokens": int},
 }
 
 
-def read_json(path: str | os.PathLike, shape: str | None = None) -> Any:
-    """Read a JSON file of a run; a damaged one, or one without the fields ``SHAPES[shape]`` names, is one clear
-    error naming it."""
+def read_json(path: str | os.PathLike, shape: str | Step | None = None) -> Any:
+    """Read a JSON file of a run; a damaged one, or one without the fields its shape names (``SHAPES`` or a step's
+    ``Step.shape``), is one clear error naming it."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -101,7 +97,8 @@ def read_json(path: str | os.PathLike, shape: str | None = None) -> Any:
         return data
     if not isinstance(data, dict):
         raise _corrupt(path, ValueError(f"a JSON object was expected, not {type(data).__name__}"))
-    for key, kind in SHAPES[shape].items():
+    fields = SHAPES[shape] if isinstance(shape, str) and shape in SHAPES else dict(step(shape).shape)
+    for key, kind in fields.items():
         value = data.get(key)
         if not isinstance(value, kind) or (kind is list and not all(isinstance(v, dict) for v in value)):
             expected = {list: "list of objects", dict: "object", int: "number"}[kind]
@@ -141,23 +138,26 @@ class WorkDir:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
 
-    def folder(self, step: str, subset: str | None = None) -> Path:
+    def folder(self, of: str | Step, subset: str | None = None) -> Path:
         """The folder of a step; verdicts and labels have one subfolder per verifier / label set."""
-        folder = self.root / step
+        folder = self.root / step(of).name
         return folder if subset is None or subset == LEGACY_SET else folder / subset
 
-    def shard(self, step: str, index: int, subset: str | None = None) -> Path:
-        return self.folder(step, subset) / f"shard-{index:05d}{_SUFFIX[step]}"
+    def shard(self, of: str | Step, index: int, subset: str | None = None) -> Path:
+        return self.folder(of, subset) / f"shard-{index:05d}{step(of).suffix}"
 
-    def done(self, step: str, index: int, subset: str | None = None) -> bool:
-        return self.shard(step, index, subset).exists()
+    def done(self, of: str | Step, index: int, subset: str | None = None) -> bool:
+        """Whether the step's shard is written (a shard exists whole or not at all)."""
+        return self.shard(of, index, subset).exists()
 
-    def read(self, step: str, index: int, subset: str | None = None) -> dict[str, Any]:
+    def read(self, of: str | Step, index: int, subset: str | None = None) -> dict[str, Any]:
         """A JSON shard (responses, continuations, verdicts), checked to have the fields its readers use."""
-        return read_json(self.shard(step, index, subset), step)
+        return read_json(self.shard(of, index, subset), step(of))
 
-    def shards(self, step: str, subset: str | None = None) -> list[int]:
-        folder = self.folder(step, subset)
+    def shards(self, of: str | Step, subset: str | None = None) -> list[int]:
+        """The indices of the step's shards written so far."""
+        of = step(of)
+        folder = self.folder(of, subset)
         if not folder.is_dir():
             return []
         found = []
@@ -165,18 +165,18 @@ class WorkDir:
             name = path.name
             if path.is_dir() or name.startswith("."):
                 continue
-            if name in ("settings.json", "summary.json") and step == "labels":
+            if name in LABEL_SET_FILES and of is LABELS:
                 continue
-            if not (name.startswith("shard-") and name.endswith(_SUFFIX[step]) and name[6:11].isdigit()
-                    and len(name) == 11 + len(_SUFFIX[step])):
+            if not (name.startswith("shard-") and name.endswith(of.suffix) and name[6:11].isdigit()
+                    and len(name) == 11 + len(of.suffix)):
                 raise ValueError(f"{path} is not a shard of this run; move it out of {folder} (only shard-NNNNN"
-                                 f"{_SUFFIX[step]} files belong there).")
+                                 f"{of.suffix} files belong there).")
             found.append(int(name[6:11]))
         return sorted(found)
 
     def label_sets(self) -> list[str]:
         """Names of the label sets written so far (``legacy`` for a format-1 run)."""
-        folder = self.root / "labels"
+        folder = self.folder(LABELS)
         if not folder.is_dir():
             return []
         named = sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / "settings.json").exists())
@@ -184,7 +184,7 @@ class WorkDir:
         return ([LEGACY_SET] if legacy else []) + named
 
     def summary_path(self, label_set: str) -> Path:
-        return self.root / "summary.json" if label_set == LEGACY_SET else self.folder("labels", label_set) / "summary.json"
+        return self.root / "summary.json" if label_set == LEGACY_SET else self.folder(LABELS, label_set) / "summary.json"
 
     @property
     def manifest_path(self) -> Path:
@@ -216,7 +216,7 @@ class WorkDir:
             if differences:
                 raise ValueError(
                     f"{self.root} holds a run with other settings ({'; '.join(differences)}); "
-                    "use a new --out folder, or the original settings to resume."
+                    "use a new out= folder, or the original settings to resume."
                 )
 
     @contextlib.contextmanager
@@ -231,7 +231,7 @@ class WorkDir:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise ValueError(f"Another `r2r-hf label` run is writing {self.root}; wait for it to finish, "
-                                 "or label into another --out folder.") from None
+                                 "or label into another out= folder.") from None
             try:
                 yield
             finally:

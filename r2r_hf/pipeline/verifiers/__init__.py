@@ -27,11 +27,11 @@ def parse_chain(names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """Verifier names from ``"code,llm"`` (or a sequence); an unknown name is one clear error."""
     parts = [n.strip() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
     if not parts:
-        raise ValueError(f"Name at least one verifier ({', '.join(KNOWN)}), e.g. --verifier code,llm.")
+        raise ValueError(f"Name at least one verifier ({', '.join(KNOWN)}), e.g. verifiers= code,llm.")
     for name in parts:
         if name not in KNOWN:
             raise ValueError(f"Unknown verifier {name!r}; choose from {', '.join(KNOWN)} (chain several with commas, "
-                             "e.g. --verifier code,llm; the judge model of 'llm' is --judge).")
+                             "e.g. verifiers= code,llm; the judge model of 'llm' is judge=).")
     if "divergent" in parts[:-1]:
         raise ValueError("'divergent' decides every mismatch it is asked about: it can only end a chain.")
     if len(set(parts)) != len(parts):

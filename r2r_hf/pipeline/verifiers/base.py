@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from ..classes import Decision
+
 
 @dataclass(frozen=True)
 class Mismatch:
@@ -44,9 +46,9 @@ class Mismatch:
 
 @dataclass
 class Verdict:
-    """One verifier's answer on one mismatch: 0 neutral, 1 divergent, None passed on; ``score`` where it has one."""
+    """One verifier's answer on one mismatch: a ``Decision`` (0 neutral, 1 divergent), or None: passed on; ``score`` where it has one."""
 
-    verdict: int | None
+    verdict: Decision | None
     why: str = ""
     score: float | None = None
 
@@ -55,7 +57,7 @@ class Verdict:
 
 
 class Verifier(Protocol):
-    """A verifier of ``r2r-hf label --verifier NAME`` (see ``registry.py``)."""
+    """A verifier of a labeling chain (``LabelSettings.verifiers``); the known ones are in ``verifiers/__init__.py``."""
 
     name: str
 
@@ -71,6 +73,6 @@ class Verifier(Protocol):
         """Verdicts for ``items``, in order."""
         ...
 
-    def decide(self, stored: dict[str, Any]) -> int | None:
+    def decide(self, stored: dict[str, Any]) -> Decision | None:
         """The decision from a stored verdict (a scoring verifier applies its threshold here)."""
         ...

@@ -22,6 +22,7 @@ import tokenize
 import warnings
 from typing import Any
 
+from ..classes import Decision
 from .base import Mismatch, Verdict
 
 _FENCE = re.compile(r"^[ \t]*```", re.M)
@@ -116,8 +117,8 @@ class CodeVerifier:
     def settings(self) -> dict[str, Any]:
         return {"name": self.name, "version": VERSION}
 
-    def decide(self, stored: dict[str, Any]) -> int | None:
-        return stored["verdict"]
+    def decide(self, stored: dict[str, Any]) -> Decision | None:
+        return None if stored["verdict"] is None else Decision(stored["verdict"])
 
     def judge(self, items: list[Mismatch]) -> list[Verdict]:
         with warnings.catch_warnings():  # parsing half-written code warns about odd literals; only the result counts
@@ -127,21 +128,21 @@ class CodeVerifier:
     def judge_one(self, m: Mismatch) -> Verdict:
         region, code = program_region(m.response, m.prefix)
         if region == "after":
-            return Verdict(0, "after the program")
+            return Verdict(Decision.NEUTRAL, "after the program")
         if region == "before":
             return Verdict(None, "before the program")
         where = inside(code)
         ends_line = "\n" in m.slm_token or "\n" in m.llm_token
         closes = any(q in m.slm_token or q in m.llm_token for q in ('"""', "'''"))
         if where == "comment" and not ends_line:
-            return Verdict(0, "in a comment")
+            return Verdict(Decision.NEUTRAL, "in a comment")
         if where == "bare string" and not closes:
-            return Verdict(0, "in a docstring")
+            return Verdict(Decision.NEUTRAL, "in a docstring")
         slm_code, llm_code = code + m.slm, code + m.llm
         if _normal(_tokens(slm_code)[0]) == _normal(_tokens(llm_code)[0]):
-            return Verdict(0, "same tokens")
+            return Verdict(Decision.NEUTRAL, "same tokens")
         if _same_tree(slm_code, llm_code):
-            return Verdict(0, "same syntax tree")
+            return Verdict(Decision.NEUTRAL, "same syntax tree")
         if where == "bare string":
             return Verdict(None, "closes a docstring")
         return Verdict(None, "in a string the code uses" if where == "string" else "the code differs")

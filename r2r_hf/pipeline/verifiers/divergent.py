@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..classes import Decision
 from .base import Mismatch, Verdict
 
 
@@ -17,8 +18,8 @@ class DivergentVerifier:
     def settings(self) -> dict:
         return {"name": self.name}
 
-    def decide(self, stored: dict) -> int:
-        return stored["verdict"]
+    def decide(self, stored: dict) -> Decision:
+        return Decision(stored["verdict"])
 
     def judge(self, items: list[Mismatch]) -> list[Verdict]:
-        return [Verdict(1, "a difference no earlier verifier called neutral") for _ in items]
+        return [Verdict(Decision.DIVERGENT, "a difference no earlier verifier called neutral") for _ in items]

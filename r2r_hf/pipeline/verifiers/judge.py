@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicCache
 from ...core.features import HiddenStateCapture, lm_forward
 from ...model.tokens import special_ids
 from ..store import text_hash
+from ..classes import Decision
 from .base import Mismatch, Verdict
 
 PROMPT_VERSION = 3  # 3: the two digits' logits computed in float32 (bf16 logits gave a handful of scores)
@@ -132,15 +133,15 @@ class JudgeVerifier:
         return {"name": self.name, "judge": self.model_name, "threshold": self.threshold,
                 "prompt_version": PROMPT_VERSION, "dtype": str(self.model.dtype)}
 
-    def decide(self, stored: dict[str, Any]) -> int | None:
-        return int(stored["score"] >= self.threshold)
+    def decide(self, stored: dict[str, Any]) -> Decision:
+        return Decision(int(stored["score"] >= self.threshold))
 
     def judge(self, items: list[Mismatch]) -> list[Verdict]:
         verdicts = []
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
             scores = self.scores([render(self.tokenizer, m.context, m.slm_sentence, m.llm_sentence) for m in chunk])
-            verdicts += [Verdict(int(s >= self.threshold), "judge", round(s, 6)) for s in scores]
+            verdicts += [Verdict(Decision(int(s >= self.threshold)), "judge", round(s, 6)) for s in scores]
         return verdicts
 
     @torch.no_grad()
