@@ -15,7 +15,8 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-ROUTER_TYPES = ("mlp", "entropy", "random")
+from .router_types import ROUTER_TYPES  # noqa: F401 - declared there, re-exported here
+
 DEFAULT_THRESHOLD = 0.5  # route where score >= 0.5: the default of an uncalibrated router
 DEFAULT_NUM_TOPK = 100  # the paper's router reads the top-100 raw SLM logits
 # Bounds that keep a mistyped size from building a useless or a terabyte router: the paper's blocks are 1024
@@ -105,8 +106,7 @@ class R2RConfig(PreTrainedConfig):
                 f"{MAX_ROUTER_PARAMETERS:,} r2r_hf accepts (slm_hidden_size {self.slm_hidden_size}, "
                 f"slm_embedding_size {self.slm_embedding_size}, num_topk_logits {self.num_topk_logits}, "
                 f"router_hidden_dims {self.router_hidden_dims}, router_expansion {self.router_expansion}); "
-                "check them, above all router_hidden_dims and router_expansion (--hidden-dims, --expansion; the "
-                "paper's router: [1024] * 6 with expansion 4, 56M parameters)."
+                "check them, above all router_hidden_dims and router_expansion (the paper's router: [1024] * 6 with expansion 4, 56M parameters)."
             )
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)):
             raise ValueError(f"threshold must be a number (route when score >= threshold), got {self.threshold!r}.")

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .config import R2RConfig
+from .router_types import ENTROPY, MLP, RANDOM
 
 
 class Router(nn.Module):
@@ -179,11 +180,8 @@ class RandomRouter(Router):
 
 def build_router(config: R2RConfig) -> Router:
     """The router named by ``config.router_type``."""
-    if config.router_type == "mlp":
-        return MLPRouter(config)
-    if config.router_type == "entropy":
-        return EntropyRouter()
-    return RandomRouter(config.random_seed)
+    builders = {MLP: lambda: MLPRouter(config), ENTROPY: EntropyRouter, RANDOM: lambda: RandomRouter(config.random_seed)}
+    return builders[config.router_type]()  # R2RConfig refused any other type
 
 
 def init_router_module(module: nn.Module) -> None:

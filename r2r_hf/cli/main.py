@@ -46,7 +46,15 @@ def in_flags(text: str, command: argparse.ArgumentParser) -> str:
     """A library message in the shell's terms: the parameters it names (``slm=``) as the command's flags (``--slm``)."""
     flags = {a.dest: a.option_strings[-1] if a.option_strings else (a.metavar or a.dest.upper())
              for a in command._actions if a.dest not in (None, "help", argparse.SUPPRESS)}
-    return re.sub(r"\b([a-z_]+)=(?=[\s,;)]|$)", lambda m: flags.get(m.group(1), m.group(0)), text)
+    switches = {a.dest for a in command._actions if isinstance(a, argparse._StoreTrueAction)}
+
+    def flag(m: re.Match) -> str:
+        name, true = m.group(1), m.group(2)
+        if true:  # ``overwrite=True`` is the switch ``--overwrite``
+            return flags[name] if name in switches else m.group(0)
+        return flags.get(name, m.group(0))
+
+    return re.sub(r"\b([a-z_]+)=(True)?(?=[\s,;.)]|$)", flag, text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

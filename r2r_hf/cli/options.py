@@ -154,3 +154,38 @@ def require_dir(path: str, what: str) -> None:
     """Refuse a folder argument that names nothing."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"The {what} folder {path} does not exist.")
+
+
+def _parser_of(f) -> object:
+    """How a settings field is parsed: its declared ``cli.options`` parser, else its annotation's type."""
+    if f.metadata.get("parse"):
+        return globals()[f.metadata["parse"]]
+    kind = str(f.type)
+    return int if "int" in kind else float if "float" in kind else str
+
+
+def add_settings_flags(p: argparse.ArgumentParser, settings: type, skip: tuple[str, ...] = ()) -> None:
+    """One flag per field of a settings dataclass, with its default and help text (``r2r_hf.fields.setting``).
+
+    A field without a default is a required flag; fields declared ``cli=False`` or named in ``skip`` get none.
+    """
+    import dataclasses
+
+    from ..fields import flag_of
+
+    for f in dataclasses.fields(settings):
+        if f.name in skip or not f.metadata.get("cli", True):
+            continue
+        required = f.default is dataclasses.MISSING
+        default = None if required else f.default
+        shown = "" if default is None else f" (default: {default})"
+        p.add_argument(flag_of(f), dest=f.name, type=_parser_of(f), default=default, required=required,
+                       help=f.metadata.get("help", "") + shown)
+
+
+def settings_from(args: argparse.Namespace, settings: type, **overrides):
+    """The settings dataclass the parsed flags describe (``overrides`` replace fields the command computes)."""
+    import dataclasses
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(settings) if hasattr(args, f.name)}
+    return settings(**(values | overrides))

@@ -7,17 +7,11 @@ and scale-out flags are added here. Heavy modules are imported when the command 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
 from ..serve.settings import ServeSettings
-from .options import device, positive_int, threads
-
-
-def _flag_type(f: dataclasses.Field):
-    kind = str(f.type)
-    return int if "int" in kind else float if "float" in kind else str
+from .options import add_settings_flags, device, positive_int, settings_from, threads
 
 
 def setup_serve(p: argparse.ArgumentParser) -> None:
@@ -28,11 +22,7 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
                    help="cpu, cuda, cuda:1, or auto (accelerate device map)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
     p.add_argument("--threads", type=threads, help="torch CPU threads (per replica)")
-    defaults = ServeSettings()
-    for f in dataclasses.fields(ServeSettings):
-        default = getattr(defaults, f.name)
-        p.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(f), default=default,
-                       help=f.metadata["help"] + ("" if default is None else f" (default: {default})"))
+    add_settings_flags(p, ServeSettings)
     ray = p.add_argument_group("scale-out on Ray Serve (pip install r2r_hf[ray])")
     ray.add_argument("--ray", action="store_true", help="serve as a Ray Serve deployment")
     ray.add_argument("--replicas", type=positive_int, default=1, help="replicas, each holding the SLM, router and LLM")
@@ -43,15 +33,11 @@ def setup_serve(p: argparse.ArgumentParser) -> None:
                                            "'{\"min_replicas\": 1, \"max_replicas\": 4}'")
 
 
-def settings_from(args: argparse.Namespace) -> ServeSettings:
-    return ServeSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeSettings)})
-
-
 def run_serve(args: argparse.Namespace) -> int:
     from ..serve import load_for_serving, require_extra, run_server, served_name
 
     require_extra("ray" if args.ray else "serve")
-    settings = settings_from(args)
+    settings = settings_from(args, ServeSettings)
     name = settings.model_name or served_name(args.router)
     if args.ray:
         from ..serve.ray_serve import ReplicaSpec, run_on_ray

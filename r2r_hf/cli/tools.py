@@ -9,22 +9,23 @@ import argparse
 import os
 import sys
 
+from ..pipeline.settings import LabelSettings
+from ..pipeline.steps import NAMES as STEPS
+from ..router_types import MLP, ROUTER_TYPES
+from ..training.settings import DEFAULT_RECALL, TrainSettings
 from .options import (
+    add_settings_flags,
     device,
     dropout,
-    finite_non_negative,
     fraction,
-    learning_rate,
-    non_negative_int,
     positive_fraction,
     positive_int,
     require_dir,
     seed,
+    settings_from,
     threads,
     widths,
 )
-
-STEPS = ("responses", "features", "continuations", "verdicts", "labels")
 
 
 # --------------------------------------------------------------- import-official
@@ -70,26 +71,10 @@ def _run_import_official(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------- label / train / calibrate / push
 def _setup_label(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--slm", required=True, help="SLM Hub id or folder")
-    p.add_argument("--llm", required=True, help="LLM Hub id or folder")
-    p.add_argument("--verifier", default="llm",
-                   help="verifier chain, e.g. code,llm (code: neutral where the program cannot change; llm: a judge "
-                        "model's verdict); a model name here means --verifier llm --judge MODEL")
-    p.add_argument("--judge", help="judge model of the llm verifier (Hub id or folder; default: the LLM)")
-    p.add_argument("--judge-threshold", type=fraction, default=0.5,
-                   help="the judge calls a difference divergent where its score P(1)/(P(0)+P(1)) reaches this")
-    p.add_argument("--labels", help="name of the label set to write (default: the chain, e.g. code+llm); "
-                                    "relabeling a run with other verifiers writes a new set beside the old ones")
+    add_settings_flags(p, LabelSettings)  # the models, lengths and verifier chain (pipeline/settings.py)
     p.add_argument("--prompts", required=True, help='JSON lines: {"id", "prompt"} or {"id", "messages"}')
     p.add_argument("--out", required=True, help="run folder (an existing one with the same settings is resumed)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=1024, help="bound on the LLM's reference answers")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per shard and per batch")
     p.add_argument("--limit", type=positive_int, help="label only the first N prompts")
-    p.add_argument("--dtype", default="bfloat16", help="compute dtype of every model (default bfloat16)")
-    p.add_argument("--continuation-max-tokens", type=positive_int, default=128,
-                   help="bound on an LLM continuation to its sentence end")
-    p.add_argument("--context-tokens", type=non_negative_int, default=384,
-                   help="preceding answer tokens the judge sees")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--threads", type=threads, help="torch CPU threads")
 
@@ -97,19 +82,14 @@ def _setup_label(p: argparse.ArgumentParser) -> None:
 def _run_label(args: argparse.Namespace) -> int:
     import torch
 
-    from ..pipeline import LabelSettings, label
+    from ..pipeline import label
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    verifiers, judge = args.verifier, args.judge
+    verifiers, judge = args.verifiers, args.judge
     if judge is None and _names_a_model(verifiers):  # the shorthand of r2r_hf 0.1: --verifier MODEL
         verifiers, judge = "llm", verifiers
-    settings = LabelSettings(
-        slm=args.slm, llm=args.llm, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, continuation_max_tokens=args.continuation_max_tokens,
-        context_tokens=args.context_tokens, verifiers=verifiers, judge=judge, judge_threshold=args.judge_threshold,
-        labels=args.labels,
-    )
+    settings = settings_from(args, LabelSettings, verifiers=verifiers, judge=judge)
     steps = tuple(s.strip() for s in args.steps.split(",") if s.strip())
     summary = label(settings, args.prompts, args.out, limit=args.limit, steps=steps, progress=not args.quiet)
     if summary is not None:
@@ -135,14 +115,9 @@ def _setup_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="a finished `r2r-hf label` folder")
     p.add_argument("--labels", help="its label set (default: the only one)")
     p.add_argument("--out", required=True, help="folder for the trained router")
-    _add_target(p, 0.95)
-    p.add_argument("--epochs", type=positive_int, default=50)
-    p.add_argument("--batch-size", type=positive_int, default=1024)
-    p.add_argument("--lr", type=learning_rate, default=5e-5)
-    p.add_argument("--weight-decay", type=finite_non_negative, default=5e-4)
-    p.add_argument("--patience", type=positive_int, default=10)
-    p.add_argument("--seed", type=seed, default=0)
-    p.add_argument("--router-type", choices=("mlp", "entropy", "random"), default="mlp")
+    _add_target(p, DEFAULT_RECALL)
+    add_settings_flags(p, TrainSettings)  # the optimisation settings (training/settings.py)
+    p.add_argument("--router-type", choices=ROUTER_TYPES, default=MLP)
     p.add_argument("--hidden-dims", type=widths,
                    help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
     p.add_argument("--expansion", type=positive_int, default=4, help="MLP expansion inside each block")
@@ -152,10 +127,9 @@ def _setup_train(p: argparse.ArgumentParser) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from ..training import TrainSettings, train_router
+    from ..training import train_router
 
-    settings = TrainSettings(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                             weight_decay=args.weight_decay, patience=args.patience, seed=args.seed)
+    settings = settings_from(args, TrainSettings)
     extra = {"router_type": args.router_type, "router_expansion": args.expansion, "router_dropout": args.dropout}
     if args.hidden_dims:
         extra["router_hidden_dims"] = args.hidden_dims
@@ -208,13 +182,13 @@ def _run_push(args: argparse.Namespace) -> int:
 
 
 def _print_calibration(folder: str, model) -> None:
-    from ..model.record import RECALL_NOT_MEASURED, expected_llm_token_rate, recall_target, target_met
+    from ..model.record import RECALL_NOT_MEASURED
 
-    rate = expected_llm_token_rate(model.record)
-    calibration = model.record.get("calibration", {})
+    record = model.record
+    rate, calibration = record.llm_token_rate, record.calibration
     recall = calibration.get("recall")
     # An unmet recall target is also logged as a warning by calibrate_router (on stderr).
-    missed = "" if target_met(model.record) else f" (target {recall_target(model.record):.1%} not reached)"
+    missed = "" if record.target_met else f" (target {record.recall_target:.1%} not reached)"
     recall_text = "" if "recall" not in calibration else \
         f", divergent recall {RECALL_NOT_MEASURED if recall is None else f'{recall:.1%}{missed}'}"
     print(f"router in {folder}: threshold {model.config.threshold:.4g}, expected LLM token rate {rate:.1%}{recall_text}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+
+from ..fields import setting
 
 
 @dataclass
@@ -26,18 +28,19 @@ class ServeSettings:
         drain_seconds: on SIGTERM, how long in-flight requests may take to finish before the server exits.
     """
 
-    host: str = field(default="127.0.0.1", metadata={"help": "address to bind (0.0.0.0: every network)"})
-    port: int = field(default=8000, metadata={"help": "TCP port"})
-    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY'"})
-    model_name: str | None = field(default=None, metadata={"help": "model id to serve (default: the router's name)"})
-    max_batch_size: int = field(default=8, metadata={"help": "answers decoded together at most"})
-    batch_wait_ms: float = field(default=5.0, metadata={"help": "idle server: wait this long for more requests"})
-    max_queue: int = field(default=64, metadata={"help": "waiting requests at most (more get 429)"})
-    threshold: float | None = field(default=None, metadata={"help": "default routing threshold"})
-    llm_budget: float | None = field(default=None, metadata={
-        "help": "default LLM budget: the LLM writes at most this share of an answer's tokens"})
-    default_max_tokens: int | None = field(default=None, metadata={"help": "chat max_tokens when none is given"})
-    drain_seconds: float = field(default=30.0, metadata={"help": "SIGTERM: seconds to finish in-flight requests"})
+    # Parsed on the command line by their annotation's type; __post_init__ says what is wrong with a value.
+    host: str = setting("127.0.0.1", "address to bind (0.0.0.0: every network)")
+    port: int = setting(8000, "TCP port")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY'")
+    model_name: str | None = setting(None, "model id to serve (default: the router's name)")
+    max_batch_size: int = setting(8, "answers decoded together at most")
+    batch_wait_ms: float = setting(5.0, "idle server: wait this long for more requests")
+    max_queue: int = setting(64, "waiting requests at most (more get 429)")
+    threshold: float | None = setting(None, "default routing threshold")
+    llm_budget: float | None = setting(None, "default LLM budget: the LLM writes at most this share of an answer's "
+                                             "tokens")
+    default_max_tokens: int | None = setting(None, "chat max_tokens when none is given")
+    drain_seconds: float = setting(30.0, "SIGTERM: seconds to finish in-flight requests")
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_queue"):

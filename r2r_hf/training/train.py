@@ -18,7 +18,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from tqdm.auto import tqdm
@@ -27,48 +27,13 @@ from ..config import R2RConfig
 from ..core.features import Features, score
 from ..model.hub import check_output_folder
 from ..model.modeling import R2RForCausalLM
+from ..pipeline.classes import TRAINED, Label
 from ..pipeline.dataset import LabelData, load_labels
 from ..router import Router
 from .calibration import calibration_report
+from .settings import DEFAULT_RECALL, TrainSettings
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainSettings:
-    """Optimisation settings (the paper's defaults).
-
-    Args:
-        epochs: at most this many passes over the training split.
-        batch_size: rows per step.
-        lr: AdamW learning rate.
-        weight_decay: AdamW weight decay.
-        patience: stop after this many epochs without a better validation loss.
-        validation_fraction: share of samples held out.
-        seed: data split, shuffling, initialisation and dropout.
-    """
-
-    epochs: int = 50
-    batch_size: int = 1024
-    lr: float = 5e-5
-    weight_decay: float = 5e-4
-    patience: int = 10
-    validation_fraction: float = 0.1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "patience"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"TrainSettings {name} must be a whole number >= 1, got {getattr(self, name)!r}.")
-        # AdamW diverges far below 1; inf and NaN are never a learning rate.
-        if not 0 < self.lr <= 1:
-            raise ValueError(f"TrainSettings lr must be in (0, 1] (the paper's is 5e-5), got {self.lr}.")
-        if not 0 <= self.weight_decay < math.inf:
-            raise ValueError(f"TrainSettings weight_decay must be a finite number >= 0, got {self.weight_decay}.")
-        if not 0 < self.validation_fraction < 1:
-            raise ValueError(f"TrainSettings validation_fraction must be in (0, 1), got {self.validation_fraction}.")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise ValueError(f"TrainSettings seed must be a whole number from 0 to 2**64 - 1, got {self.seed!r}.")
 
 
 def auto_hidden_dims(train_tokens: int) -> list[int]:
@@ -81,15 +46,14 @@ def auto_hidden_dims(train_tokens: int) -> list[int]:
 
 
 def _count(data: LabelData) -> tuple[int, int, dict[str, int]]:
-    tokens = positives = 0
-    classes = {"identical": 0, "neutral": 0, "divergent": 0}
+    tokens = 0
+    classes = {label.title: 0 for label in TRAINED}
     for index in data.shards:
         labels = data.shard(index)["label"]
         tokens += len(labels)
-        for name, value in (("identical", 0), ("neutral", 1), ("divergent", 2)):
-            classes[name] += int((labels == value).sum())
-    positives = classes["divergent"]
-    return tokens, positives, classes
+        for label in TRAINED:
+            classes[label.title] += int((labels == label).sum())
+    return tokens, classes[Label.DIVERGENT.title], classes
 
 
 def scores_on(router: Router, data: LabelData, batch_size: int = 4096) -> dict[str, torch.Tensor]:
@@ -116,7 +80,7 @@ def train_router(
     data_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     settings: TrainSettings | None = None,
-    recall: float | None = 0.95,
+    recall: float | None = DEFAULT_RECALL,
     llm_rate: float | None = None,
     device: str = "cpu",
     progress: bool = True,
@@ -190,7 +154,7 @@ def train_router(
             if not (math.isfinite(total) and math.isfinite(val_loss)):
                 raise ValueError(
                     f"Training diverged in epoch {epoch + 1} (training loss {total / train_tokens:.4g}, validation "
-                    f"loss {val_loss / val_tokens:.4g}); lower the learning rate (--lr, TrainSettings(lr=...); now "
+                    f"loss {val_loss / val_tokens:.4g}); lower the learning rate (lr= of TrainSettings; now "
                     f"{settings.lr:g}), or check {data_dir} for features that are not finite."
                 )
             history.append({"epoch": epoch + 1, "train_loss": total / train_tokens, "val_loss": val_loss / val_tokens})
@@ -231,7 +195,7 @@ def _check_classes(data_dir, router_type: str, train_tokens: int, train_pos: int
     if recall is not None and val_pos == 0:
         raise ValueError(
             f"The validation split of {data_dir} holds no divergent tokens, so a recall target cannot be calibrated; "
-            "label more prompts or calibrate to an LLM token rate (--llm-rate)."
+            "label more prompts or calibrate to an LLM token rate (llm_rate=)."
         )
 
 
@@ -247,7 +211,7 @@ def check_data_fits(config: R2RConfig, data: LabelData) -> None:
     if labelled_with and reads and not _same_model(str(labelled_with), str(reads)):
         raise ValueError(
             f"{data.root} was labelled with the SLM {labelled_with!r}, but this router reads the SLM {reads!r}; "
-            f"calibrate it on labels of its own SLM (r2r-hf label --slm {reads}), or fix slm_name_or_path in its "
+            f"calibrate it on labels of its own SLM (labelled with slm= {reads}), or fix slm_name_or_path in its "
             "config.json if both name the same model."
         )
     first = data.shard(data.shards[0])
@@ -265,13 +229,13 @@ def _label_statistics(data: LabelData) -> dict:
     summary = data.summary
     counts, judged = summary["counts"], summary["tokens"] - summary["counts"]["excluded"]
     return {name: {"count": counts[name], "share": round(counts[name] / max(judged, 1), 4)}
-            for name in ("identical", "neutral", "divergent")} | {"excluded": {"count": counts["excluded"], "share": 0}}
+            for name in (label.title for label in TRAINED)} | {"excluded": {"count": counts["excluded"], "share": 0}}
 
 
 def calibrate_router(
     model: R2RForCausalLM,
     data: LabelData,
-    recall: float | None = 0.95,
+    recall: float | None = DEFAULT_RECALL,
     llm_rate: float | None = None,
     out_dir: str | os.PathLike | None = None,
     history: list[dict] | None = None,
