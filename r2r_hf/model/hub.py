@@ -101,7 +101,7 @@ def check_is_router(config: dict[str, Any], location: str | os.PathLike) -> None
     if model_type not in (None, "r2r"):
         raise ValueError(
             f"{location} is not an r2r router: its config.json describes a {model_type!r} model; pass a router "
-            "folder or Hub id (a model goes to slm= / llm=, --slm / --llm)."
+            "folder or Hub id (a model goes to slm= / llm=)."
         )
 
 
@@ -132,13 +132,13 @@ def check_output_folder(folder: str | os.PathLike, overwrite: bool = False, upda
         if not is_router_folder(path):
             raise ValueError(
                 f"{folder} is not an r2r router folder (no config.json with model_type 'r2r'); pass a folder "
-                "written by `r2r-hf train` or `r2r-hf import-official`."
+                "a router was saved to (save_pretrained, train_router, R2RForCausalLM.from_official)."
             )
         return
     if path.is_dir() and any(path.iterdir()) and not is_router_folder(path) and not overwrite:
         raise FileExistsError(
             f"{folder} is not empty and holds no r2r router (no config.json with model_type 'r2r'); pass a new or "
-            "empty folder, or --overwrite (overwrite=True) to write the router's files into it (nothing else there "
+            "empty folder, or overwrite=True to write the router's files into it (nothing else there "
             "is deleted)."
         )
 

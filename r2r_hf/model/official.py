@@ -270,7 +270,7 @@ def resolve_pair(
         known = ", ".join(sorted({f"{r}/{s}" if s else r for r, s in PUBLISHED_ROUTERS}))
         raise ValueError(
             f"{location} is not a published router location, so its SLM and LLM are unknown; pass "
-            f"slm=<SLM Hub id, folder or model> and llm=<LLM Hub id, folder or model> (CLI: --slm/--llm). "
+            "slm= and llm= (each a Hub id, a folder or a loaded model). "
             f"Known locations: {known}."
         )
     return names[0], names[1]
