@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks.models import PAIR
 from r2r_hf import R2RForCausalLM
 from r2r_hf.pipeline import load_labels
-from r2r_hf.model.record import RECORD_FILE, expected_llm_token_rate
+from r2r_hf.model.record import RECORD_FILE
 from r2r_hf.training import TrainSettings, calibrate_router, train_router
 
 OUT = Path("hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
@@ -34,7 +34,7 @@ RECALL, MAX_LLM_RATE = 0.95, 0.20
 
 def build(labels: str, seed: int, out: Path = OUT, label_set: str | None = None) -> R2RForCausalLM:
     model = train_router(labels, out, TrainSettings(seed=seed, **SETTINGS), recall=RECALL, labels=label_set)
-    if expected_llm_token_rate(model.record) > MAX_LLM_RATE:
+    if model.record.llm_token_rate > MAX_LLM_RATE:
         curve = json.loads((out / RECORD_FILE).read_text()).get("training_curve")
         calibrate_router(model, load_labels(labels, labels=label_set).split_of("validation"), llm_rate=MAX_LLM_RATE,
                          out_dir=out, history=curve)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.labels:
         model = build(args.labels, args.seed, out, args.label_set)
         print(f"wrote {out}: threshold {model.config.threshold:.4g}, "
-              f"expected LLM token rate {expected_llm_token_rate(model.record):.1%}")
+              f"expected LLM token rate {model.record.llm_token_rate:.1%}")
     if args.evaluation:
         add_evaluation(args.evaluation, out)
         print(f"added the evaluation to {out}/README.md")

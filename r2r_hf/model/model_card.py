@@ -17,7 +17,7 @@ from huggingface_hub import ModelCard, try_to_load_from_cache
 from ..config import R2RConfig
 from ..version import __version__
 from .hub import is_hub_id
-from .record import RECALL_NOT_MEASURED, expected_llm_token_rate, recall_target, target_met
+from .record import RECALL_NOT_MEASURED, RouterRecord
 
 CARD_MARKER = "Card written by r2r_hf"  # a README.md carrying it may be regenerated; any other is the user's
 
@@ -44,7 +44,7 @@ def _license_of(name_or_path: str | None, revision: str | None = None) -> str | 
         return None
 
 
-def _metadata(config: R2RConfig, record: dict[str, Any]) -> str:
+def _metadata(config: R2RConfig, record: RouterRecord) -> str:
     lines = ["library_name: r2r_hf", "pipeline_tag: text-generation"]
     bases = [name for name in (config.slm_name_or_path, config.llm_name_or_path) if is_hub_id(name)]
     if bases:
@@ -73,15 +73,15 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return head + "\n" + body
 
 
-def _threshold_section(config: R2RConfig, record: dict[str, Any]) -> str:
+def _threshold_section(config: R2RConfig, record: RouterRecord) -> str:
     text = f"Default threshold: **{config.threshold:.4g}** (the LLM writes a token where the router's score >= threshold)."
-    cal = record.get("calibration") or {}
+    cal = record.calibration
     if not cal:
         return text + " It was not calibrated on labelled data."
     details = []
-    target, rate = recall_target(record), expected_llm_token_rate(record)
+    target, rate = record.recall_target, record.llm_token_rate
     if target is not None:
-        details.append(f"target divergent-class recall {target:.3g}" + ("" if target_met(record) else " (not reached)"))
+        details.append(f"target divergent-class recall {target:.3g}" + ("" if record.target_met else " (not reached)"))
     if "recall" in cal:
         recall = cal["recall"]
         details.append(f"recall {RECALL_NOT_MEASURED}" if recall is None
@@ -95,8 +95,8 @@ def _threshold_section(config: R2RConfig, record: dict[str, Any]) -> str:
     return text + " Calibrated with " + "; ".join(details) + "."
 
 
-def _training_section(record: dict[str, Any]) -> str:
-    info = dict(record.get("training") or {})
+def _training_section(record: RouterRecord) -> str:
+    info = dict(record.training)
     if not info:
         return "No training record is stored with this router."
     parts = []
@@ -108,7 +108,7 @@ def _training_section(record: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _evaluation_section(record: dict[str, Any]) -> str:
+def _evaluation_section(record: RouterRecord) -> str:
     evaluation = dict(record.get("evaluation") or {})
     if not evaluation:
         return "No evaluation is recorded with this router."
@@ -121,7 +121,8 @@ def _evaluation_section(record: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def render_model_card(config: R2RConfig, record: dict[str, Any] | None = None, repo_id: str | None = None) -> str:
+def render_model_card(config: R2RConfig, record: RouterRecord | dict[str, Any] | None = None,
+                      repo_id: str | None = None) -> str:
     """The model card text for a router.
 
     Args:
@@ -129,7 +130,7 @@ def render_model_card(config: R2RConfig, record: dict[str, Any] | None = None, r
         record: its record (calibration, training, evaluation, licence), as in ``router_metrics.json``.
         repo_id: where the router is published, used in the usage snippet.
     """
-    record = record or {}
+    record = record if isinstance(record, RouterRecord) else RouterRecord(dict(record or {}))
     router = (
         f"an MLP router over {len(config.router_hidden_dims)} residual blocks of width "
         f"{config.router_hidden_dims[0]}" if config.router_type == "mlp" else f"the {config.router_type} baseline router"
