@@ -25,6 +25,7 @@ from .capture import SLACK, CapturedState, CapturedSteps, capturable, compiled
 from .engines import EagerSteps, Steps
 from .features import output_device
 from .graphs import CudaGraphStep, GraphStep
+from .pair import RoutedPair
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +119,8 @@ class CaptureStore:
             logger.warning(message)
 
 
-def choose_steps(
-    slm, llm, router, num_topk: int, generation_config: GenerationConfig, batch: int, needed: int,
-    store: CaptureStore | None,
-) -> Steps:
+def choose_steps(pair: RoutedPair, generation_config: GenerationConfig, batch: int, needed: int,
+                 store: CaptureStore | None) -> Steps:
     """The engine one call runs on, decided as HF decides to compile.
 
     Eager unless ``cache_implementation="static"`` and not ``disable_compile``; then captured
@@ -130,8 +129,7 @@ def choose_steps(
     must be closed when the call ends (``Steps.close``).
 
     Args:
-        slm, llm, router: the pair and the router.
-        num_topk: sorted SLM logits the router reads.
+        pair: the models, the router and the logits it reads.
         generation_config: the call's generation config.
         batch: rows in the call.
         needed: the call's longest sequence (prompt + max_new_tokens).
@@ -139,7 +137,8 @@ def choose_steps(
     """
     kind, compile_config = generation_config.cache_implementation, generation_config.compile_config
     eager = kind != "static" or generation_config.disable_compile or store is None
-    if not eager and compile_config is None and not store.captures_on(output_device(slm)):
+    if not eager and compile_config is None and not store.captures_on(output_device(pair.slm)):
         eager = True
-    steps = None if eager else store.lend(slm, llm, router, num_topk, compile_config, batch, needed)
-    return steps if steps is not None else EagerSteps(slm, llm, router, num_topk, kind, needed)
+    p = pair
+    steps = None if eager else store.lend(p.slm, p.llm, p.router, p.num_topk, compile_config, batch, needed)
+    return steps if steps is not None else EagerSteps(p.slm, p.llm, p.router, p.num_topk, kind, needed)

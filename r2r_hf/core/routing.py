@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 from .budget import check_budget
 from .capture_store import CaptureStore, choose_steps
 from .engines import Steps
+from .pair import RoutedPair
 from .sampling import RowSampler, Sampler, seeded_generator
 from .steps import Processors
 
@@ -60,11 +61,7 @@ class Routing:
     @classmethod
     def for_call(
         cls,
-        slm: nn.Module,
-        llm: nn.Module,
-        router: nn.Module,
-        vocab_size: int,
-        num_topk: int,
+        pair: RoutedPair,
         generation_config: GenerationConfig,
         processors: Processors,
         input_ids: torch.Tensor,
@@ -73,8 +70,7 @@ class Routing:
         """The routing of one ``generate`` call; ``generation_config`` is the call's own copy.
 
         Args:
-            slm, llm, router: the pair and the router.
-            vocab_size, num_topk: as the fields; sorted SLM logits the router reads.
+            pair: the models, the router and the logits it reads.
             generation_config: the call's generation config, with ``threshold`` (and maybe ``seed``, ``llm_budget``).
             processors: the call's logits processors.
             input_ids: [B, P] the prompts (their shape sizes the caches).
@@ -86,7 +82,7 @@ class Routing:
         seed = getattr(generation_config, "seed", None)
         generator = None if seed is None else seeded_generator(seed, input_ids.device)
         sampler = Sampler(bool(generation_config.do_sample), input_ids.device, generator)
-        router = router.for_call()
+        pair = pair.for_call()
         needed = call_length(generation_config, input_ids.shape[1])
-        steps = choose_steps(slm, llm, router, num_topk, generation_config, input_ids.shape[0], needed, store)
-        return cls(router, vocab_size, threshold, processors, sampler, steps, budget)
+        steps = choose_steps(pair, generation_config, input_ids.shape[0], needed, store)
+        return cls(pair.router, pair.vocab_size, threshold, processors, sampler, steps, budget)

@@ -1,12 +1,10 @@
 """R2RForCausalLM: a router plus the SLM and LLM it routes between, behind HF ``generate``.
 
-Only the router is a registered submodule. The SLM and LLM are attached as plain
-attributes, so ``.to()``, ``state_dict()``, ``save_pretrained`` and ``push_to_hub``
-touch the router alone and a router checkpoint stays a few hundred MB at most.
+Only the router is a registered submodule. The SLM and LLM are held as one ``core.pair.ModelPair``
+value (why: that module's docstring), so ``.to()``, ``state_dict()``, ``save_pretrained`` and
+``push_to_hub`` touch the router alone and a router checkpoint stays a few hundred MB at most.
 
-``generate`` is HF's own: it prepares the processors, stopping criteria, streamer, inputs
-and a per-call copy of the generation config (which carries the call's ``threshold``), then
-calls ``_sample``, which this class replaces with the R2R loop (``core.decoding``).
+Generation is HF's own ``generate`` with the R2R loop in ``_sample`` (``hf_generate.R2RGenerationMixin``).
 """
 
 from __future__ import annotations
@@ -17,23 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
-from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
 from ..config import R2RConfig
 from ..core.capture_store import CaptureStore
-from ..core.decoding import r2r_decode
 from ..core.features import output_device
-from ..core.routing import Routing
+from ..core.pair import ModelPair, RoutedPair
 from ..router import Router, build_router, init_router_module
-from .generation import generation_options, pair_generation_config, pop_call_options, refuse_unsupported
-from .generation import saved_router_entries, set_call_options
+from .generation import pair_generation_config, saved_router_entries
+from .hf_generate import R2RGenerationMixin
 from .hub import HUB_KWARGS, check_is_router, check_router_location, commit_folder, split_hub_path, staging_folder
 from .loading import (
     check_router_fits,
     config_from_models,
-    context_length,
     is_loaded_model,
     load_base_model,
     shared_vocab_size,
@@ -41,12 +36,12 @@ from .loading import (
 )
 from .model_card import CARD_MARKER, render_model_card
 from .official import find_official_file, official_router
-from .record import from_legacy_config, load_record, save_record
+from .record import RouterRecord, from_legacy_config, read_record, write_record
 from .sources import Unavailable, resolve
 from .weights import load_router_state, load_strictly, refuse_baseline_weights
 
 
-class R2RForCausalLM(PreTrainedModel, GenerationMixin):
+class R2RForCausalLM(PreTrainedModel, R2RGenerationMixin):
     """Token-level routing between a small and a large causal LM (R2R, arXiv 2505.21600).
 
     Build one with ``from_pretrained(router_repo)`` (loads the SLM and LLM the config
@@ -70,10 +65,8 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: R2RConfig) -> None:
         super().__init__(config)
         self.router: Router = build_router(config)
-        self._slm: PreTrainedModel | None = None
-        self._llm: PreTrainedModel | None = None
-        self.shared_vocab_size: int | None = None
-        self.record: dict[str, Any] = from_legacy_config(getattr(config, "legacy_record", {}))
+        self._pair: ModelPair | None = None  # the SLM and LLM (core/pair.py: why they are not submodules)
+        self.record: RouterRecord = from_legacy_config(getattr(config, "legacy_record", {}))
         self.capture_store = CaptureStore()
         self.post_init()
 
@@ -84,16 +77,25 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
     @property
     def slm(self) -> PreTrainedModel:
         """The small model: writes every token the router does not route."""
-        if self._slm is None:
+        if self._pair is None:
             raise ValueError(_NOT_ATTACHED)
-        return self._slm
+        return self._pair.slm
 
     @property
     def llm(self) -> PreTrainedModel:
         """The large model: writes the routed tokens."""
-        if self._llm is None:
+        if self._pair is None:
             raise ValueError(_NOT_ATTACHED)
-        return self._llm
+        return self._pair.llm
+
+    @property
+    def shared_vocab_size(self) -> int | None:
+        """The ids both models can write (the smaller head's width); None before a pair is attached."""
+        return None if self._pair is None else self._pair.vocab_size
+
+    def routed_pair(self) -> RoutedPair:
+        """The pair with this router: what a call's steps run (``core.routing.Routing.for_call``)."""
+        return RoutedPair(self.slm, self.llm, self.router, self.config.num_topk_logits, self.shared_vocab_size)
 
     def set_models(self, slm: PreTrainedModel, llm: PreTrainedModel) -> None:
         """Attach (or replace) the SLM and LLM after checking they fit this router.
@@ -106,10 +108,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             if not isinstance(model, PreTrainedModel) or model.get_output_embeddings() is None:
                 raise ValueError(f"{role} must be a transformers causal LM (with an lm_head), got {type(model).__name__}.")
         check_router_fits(self.config, slm)
-        self.shared_vocab_size = shared_vocab_size(slm, llm)
-        # Plain attributes, not submodules: the router alone is saved, moved and pushed.
-        object.__setattr__(self, "_slm", slm)
-        object.__setattr__(self, "_llm", llm)
+        self._pair = ModelPair(slm, llm, shared_vocab_size(slm, llm))  # a value, not submodules (core/pair.py)
         self.capture_store.clear()
         # The router lives where the SLM's features appear; it stays float32 (it is small).
         self.router.to(output_device(slm))
@@ -122,7 +121,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         param = next(self.router.parameters(), None)
         if param is not None:
             return param.device
-        return output_device(self._slm) if self._slm is not None else torch.device("cpu")
+        return output_device(self._pair.slm) if self._pair is not None else torch.device("cpu")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -208,7 +207,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             else:  # baseline routers have no weights to load
                 refuse_baseline_weights(location, config.router_type, hub)
                 model = cls(config).eval()
-            model.record = {**model.record, **load_record(location, hub)}
+            model.record.update(read_record(location, hub))
             for name, value in saved_router_entries(location, hub).items():
                 if name not in kwargs:  # from_pretrained(router, threshold=0.3) means 0.3
                     setattr(model.generation_config, name, value)
@@ -256,7 +255,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         config, state, record, source = official_router(path, location, subfolder, slm, llm)
         model = cls(config)
         load_router_state(model, state, source)
-        model.record = record
+        model.record = RouterRecord(record)
         return model.eval()
 
     # ------------------------------------------------------------ publishing
@@ -278,7 +277,7 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
         # snapshot's) is replaced, never written through.
         with staging_folder(save_directory) as staging:
             result = super().save_pretrained(staging, *args, **kwargs)
-            save_record(staging, self.record)
+            write_record(staging, self.record)
             readme = Path(save_directory, "README.md")
             if not readme.exists() or CARD_MARKER in readme.read_text(encoding="utf-8"):
                 card = render_model_card(self.config, self.record, repo_id=repo_id)
@@ -309,98 +308,6 @@ class R2RForCausalLM(PreTrainedModel, GenerationMixin):
             self.save_pretrained(folder, repo_id=repo_id, **save_kwargs)
             return commit_folder(folder, repo_id, commit_message or "Upload R2R router", private=private,
                                  token=token, revision=revision, create_pr=create_pr)
-
-    # -------------------------------------------------------------- generation
-    def generate(
-        self,
-        inputs: torch.Tensor | None = None,
-        generation_config: GenerationConfig | None = None,
-        *args: Any,
-        threshold: float | None = None,
-        **kwargs: Any,
-    ):
-        """HF ``generate`` with R2R routing; every HF generate argument keeps its meaning.
-
-        Args:
-            inputs: prompt ids [B, P] (left-padded for batches), or pass ``input_ids=``.
-            generation_config: as in HF; a ``threshold`` set on it is honoured.
-            threshold: route to the LLM where the router's score >= threshold, for this call only
-                (default: ``config.threshold``). ``0.0`` routes every token, ``float("inf")`` none.
-            kwargs: ``seed=N`` draws this call's samples from its own generator (the draws
-                ``torch.manual_seed(N)`` would give, without touching the global stream: safe beside
-                concurrent calls); and anything HF ``generate`` accepts (max_new_tokens, do_sample, streamer,
-                stop_strings with tokenizer, logits_processor, return_dict_in_generate,
-                cache_implementation="static", compile_config...).
-
-        Returns:
-            The sequences, or with ``return_dict_in_generate=True`` an ``R2RGenerateOutput``
-            that adds ``routed``, ``router_scores``, ``generated_mask`` and ``llm_token_rate``.
-        """
-        self.slm, self.llm  # noqa: B018 - raises a clear error when no models are attached
-        prompt = inputs if inputs is not None else kwargs.get("input_ids")
-        if isinstance(prompt, torch.Tensor) and (prompt.is_floating_point() or prompt.dim() != 2):
-            raise ValueError(
-                f"generate takes token ids, a [batch, length] integer tensor (inputs or input_ids=), but got a "
-                f"{str(prompt.dtype).replace('torch.', '')} tensor of shape {list(prompt.shape)}; prompts as "
-                "embeddings are not supported (the SLM and the LLM each embed the ids with their own table)."
-            )
-        if isinstance(prompt, torch.Tensor) and prompt.shape[-1] == 0:
-            raise ValueError("The prompt is empty (input_ids has 0 tokens); pass at least one token, e.g. the "
-                             "tokenizer's BOS token.")
-        # HF diverts some modes (contrastive, DoLa, custom_generate) before its own validation.
-        refuse_unsupported({**(generation_config.to_dict() if generation_config else {}), **kwargs})
-        if threshold is not None:
-            kwargs["threshold"] = threshold
-        return super().generate(inputs, generation_config, *args, **kwargs)
-
-    def _prepare_generation_config(self, generation_config: GenerationConfig | None, **kwargs: Any):
-        # Private HF hook (tests/test_hf_internals.py guards it): the call's copy of the generation
-        # config is made here, so the call's threshold goes into that copy.
-        options = pop_call_options(kwargs)
-        generation_config, model_kwargs = super()._prepare_generation_config(generation_config, **kwargs)
-        set_call_options(generation_config, options, self.config.threshold)
-        return generation_config, model_kwargs
-
-    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs) -> None:
-        # Private HF hook: here the call's final generation config is known, including options
-        # inherited from model.generation_config.
-        refuse_unsupported(generation_options(generation_config, generation_mode_kwargs))
-        super()._validate_generation_mode(generation_mode, generation_config, generation_mode_kwargs)
-
-    def _get_stopping_criteria(self, *args: Any, **kwargs: Any) -> StoppingCriteriaList:
-        # Private HF hook: HF's length criterion warns once a call runs past config.max_position_embeddings,
-        # which a router's config lacks; the pair's context is the limit, so model.generate warns as slm.generate.
-        criteria = super()._get_stopping_criteria(*args, **kwargs)
-        for criterion in criteria:
-            if isinstance(criterion, MaxLengthCriteria) and criterion.max_position_embeddings is None:
-                criterion.max_position_embeddings = context_length(self.slm, self.llm)
-        return criteria
-
-    def _prepare_cache_for_generation(self, *args: Any, **kwargs: Any) -> None:
-        # Private HF hook: the R2R loop builds one cache per model itself.
-        return None
-
-    def _sample(
-        self,
-        input_ids: torch.LongTensor,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        synced_gpus: bool = False,
-        streamer=None,
-        **model_kwargs: Any,
-    ):
-        # Private HF hook: generate() dispatches greedy and sampling here.
-        if synced_gpus:
-            raise ValueError("R2RForCausalLM.generate does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
-        routing = Routing.for_call(self.slm, self.llm, self.router, self.shared_vocab_size, self.config.num_topk_logits,
-                                   generation_config, logits_processor, input_ids, self.capture_store)
-        try:
-            return r2r_decode(routing, input_ids, stopping_criteria, generation_config,
-                              attention_mask=model_kwargs.get("attention_mask"),
-                              position_ids=model_kwargs.get("position_ids"), streamer=streamer)
-        finally:
-            routing.steps.close()  # captured steps go back to the model's store
 
 
 _NOT_ATTACHED = (

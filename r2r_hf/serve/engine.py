@@ -76,7 +76,7 @@ class Engine:
         eos = model.generation_config.eos_token_id
         self.eos_ids = set([] if eos is None else [eos] if isinstance(eos, int) else eos)
         self.device = input_device(model.slm)
-        self.router = model.router.for_call()
+        self.pair = model.routed_pair().for_call()  # one router state for the server's one running batch
         self.waiting: collections.deque[Request] = collections.deque()
         self.cond = threading.Condition()
         self.rows: list[Row] = []
@@ -168,7 +168,8 @@ class Engine:
             ids[i, width - len(p):] = torch.tensor(p, device=self.device)
             mask[i, width - len(p):] = 1
         seq = Committed.from_prompt(ids, mask, positions_from_mask(mask), 2 * width + 16)
-        steps = EagerSteps(self.model.slm, self.model.llm, self.router, self.model.config.num_topk_logits, None, 0)
+        p = self.pair
+        steps = EagerSteps(p.slm, p.llm, p.router, p.num_topk, None, 0)
         newcomers = start(self._routing(rows, steps), seq, max(r.sampling.max_tokens for r in rows))
         if self.batch is None:
             self.batch, self.steps = newcomers, steps
@@ -189,7 +190,7 @@ class Engine:
         # Every row keeps a budget state (inf: none), so rows with and without one share a batch.
         budget = torch.tensor([math.inf if r.sampling.llm_budget is None else r.sampling.llm_budget for r in rows],
                               dtype=torch.float64, device=self.device)
-        return Routing(self.router, self.model.shared_vocab_size, threshold, RowProcessors([r.sampling for r in rows]),
+        return Routing(self.pair.router, self.pair.vocab_size, threshold, RowProcessors([r.sampling for r in rows]),
                        RowSampler([r.generator for r in rows]), steps, budget)
 
     def _step(self) -> None:
