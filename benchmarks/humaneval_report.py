@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from benchmarks.humaneval import RESULTS, _read, bootstrap_ci, parse_system, system_path
+from benchmarks.humaneval_results import RESULTS, bootstrap_ci, parse_system, read_rows, system_path
 
 TASKS = 164
 
@@ -58,7 +58,7 @@ def compare(r2r: dict[str, dict], other: dict[str, dict]) -> dict:
 
 def report(tag: str, systems: list[str], conditions: dict) -> dict:
     """Aggregate the per-task files of ``systems`` (and the timing file) into ``humaneval-TAG.json``."""
-    rows = {s: _read(system_path(s, tag)) for s in systems}
+    rows = {s: read_rows(system_path(s, tag)) for s in systems}
     complete = {s: r for s, r in rows.items() if len(r) == TASKS}
     timing_path = RESULTS / f"humaneval_timing-{tag}.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}

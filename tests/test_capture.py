@@ -16,6 +16,7 @@ from r2r_hf import R2RForCausalLM
 from r2r_hf.core.capture import BUCKETS, bucket_for, pieces
 from r2r_hf.core.graphs import CudaGraphStep
 from r2r_hf.testing import make_tiny_llm, make_tiny_slm
+from r2r_hf.testing.agreement import argmax_without_cache as _argmax_without_cache
 from r2r_hf.testing.graphs import EmulatedGraphStep, HostSyncError, emulated_store
 
 from conftest import PROMPTS, SMALL_ROUTER
@@ -72,11 +73,6 @@ def _same(a, b):
         torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-3)
     for x, y in zip(a.logits, b.logits):
         torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-3)
-
-
-def _argmax_without_cache(m, ids, mask, vocab):
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return m(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, :vocab].argmax(-1)
 
 
 def test_buckets_and_pieces():

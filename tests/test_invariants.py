@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from r2r_hf.testing.agreement import argmax_without_cache as _argmax_without_cache
+
 INF = float("inf")
 GREEDY = dict(max_new_tokens=14, do_sample=False, pad_token_id=0, eos_token_id=2)
 SAMPLING = dict(max_new_tokens=14, do_sample=True, temperature=0.7, top_k=40, top_p=0.9, pad_token_id=0, eos_token_id=2)
@@ -61,12 +63,6 @@ def test_row_that_hits_eos_early_is_padded_and_never_routed(model, slm, batch):
     # Always-route: the finished row is never routed again.
     routed = model.generate(**batch, **kwargs, threshold=0.0, return_dict_in_generate=True)
     assert not routed.routed[~routed.generated_mask].any()
-
-
-def _argmax_without_cache(m, ids, mask, vocab):
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = m(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1, :vocab]
-    return logits.argmax(-1)
 
 
 @pytest.mark.parametrize("inputs", ["single", "batch"])

@@ -71,3 +71,10 @@ def agreement(reference: dict[str, list[torch.Tensor]], other: dict[str, list[to
         found[role] = Agreement(max_abs=diff.max().item(), max_rel=(diff / a.abs().amax(-1)).max().item(),
                                 argmax=(a.argmax(-1) == b.argmax(-1)).float().mean().item(), steps=a.shape[0])
     return found
+
+
+def argmax_without_cache(model, ids: torch.Tensor, mask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B] the next token ``model`` picks after ``ids`` [B, T] (left-padded by ``mask``), read in one cache-free
+    forward over the whole sequence: the reference that a cached, routed loop must reproduce."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, :vocab].argmax(-1)
