@@ -19,10 +19,12 @@ parser.add_argument("--slm", help="SLM folder or Hub id (default: the one the ro
 parser.add_argument("--llm", help="local LLM folder")
 parser.add_argument("--max-new-tokens", type=int, default=128)
 args = parser.parse_args()
+# bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are slow unless it has AVX-512 (about 80x on AVX2).
+DTYPE = torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 # The router's config.json names the SLM and LLM; slm=/llm= override them (e.g. with local folders).
 try:
-    model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm, dtype=torch.bfloat16)
+    model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm, dtype=DTYPE)
 except (OSError, ValueError) as err:  # a router or model that cannot be found: one sentence, not a traceback
     sys.exit(f"error: {err}")
 tok = AutoTokenizer.from_pretrained(model.slm.name_or_path)  # the SLM's folder (or Hub id) as it was loaded

@@ -7,6 +7,7 @@ import argparse
 import sys
 from threading import Thread
 
+import torch
 from transformers import AutoTokenizer, TextIteratorStreamer
 
 from r2r_hf import R2RForCausalLM
@@ -17,9 +18,11 @@ parser.add_argument("--slm")
 parser.add_argument("--llm")
 parser.add_argument("--max-new-tokens", type=int, default=128)
 args = parser.parse_args()
+# bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are slow unless it has AVX-512 (about 80x on AVX2).
+DTYPE = torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 try:
-    model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm)
+    model = R2RForCausalLM.from_pretrained(args.router, slm=args.slm, llm=args.llm, dtype=DTYPE)
 except (OSError, ValueError) as err:  # a router or model that cannot be found: one sentence, not a traceback
     sys.exit(f"error: {err}")
 tok = AutoTokenizer.from_pretrained(model.slm.name_or_path)

@@ -58,7 +58,8 @@ def load_for_serving(router: str, slm: str | None = None, llm: str | None = None
     Args:
         router, slm, llm: as ``R2RForCausalLM.from_pretrained``'s location, ``slm=`` and ``llm=``.
         device: ``cpu``, a device (``cuda:0``) or ``auto`` (an accelerate device map).
-        dtype: ``auto`` (the checkpoints'), ``bfloat16``, ``float16`` or ``float32``.
+        dtype: ``auto`` (the checkpoints', except float32 on a CPU where bfloat16 is slow), ``bfloat16``,
+            ``float16`` or ``float32``.
     """
     import torch
 
@@ -67,6 +68,11 @@ def load_for_serving(router: str, slm: str | None = None, llm: str | None = None
     from ..model.tokens import load_tokenizer
 
     kwargs = {}
+    if dtype == "auto" and device == "cpu" and bf16_is_slow_here():
+        # The checkpoints' bf16 would run ~80x slower than float32 here: a command asked for "auto" gets speed.
+        logging.getLogger(__name__).warning("This CPU has no AVX-512, where bfloat16 runs far slower than float32: "
+                                            "loading the models in float32 (--dtype bfloat16 keeps bfloat16).")
+        dtype = "float32"
     if dtype != "auto":
         kwargs["dtype"] = getattr(torch, dtype)
     if device != "cpu":
