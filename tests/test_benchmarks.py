@@ -238,3 +238,13 @@ def test_humaneval_report_pairs_routers_at_equal_rates(tmp_path, monkeypatch):
     table = equal_rate_table(out)
     assert "| 10% | 61 (10.0%) | 61 (10.0%) | 3 / 3 | 1.00 | — | — | — |" in table
     assert "| summed over 1 point | 61 | 61 | 3 / 3 | 1.00 | — | — | — |" in table
+
+
+def test_the_budget_report_rechecks_the_cap_from_the_routed_positions():
+    from benchmarks.budget_report import cap_violations
+
+    # P = 0.1: the first token is the allowance (0 < 0.1 * 1), the next may come at t = 11 (1 < 0.1 * 11 = 1.1).
+    assert cap_violations({"routed_positions": [0, 10, 20]}, 0.1) == 0
+    assert cap_violations({"routed_positions": [0, 9]}, 0.1) == 1, "a second LLM token at t = 10 breaks 1 < 1.0"
+    assert cap_violations({"routed_positions": [0, 1, 2]}, 0.1) == 2
+    assert cap_violations({}, 0.04) == 0
