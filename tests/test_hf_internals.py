@@ -73,3 +73,14 @@ def test_static_cache_shape_hook_still_exists():
     from r2r_hf.testing import make_tiny_llm
 
     assert make_tiny_llm()._get_static_cache_init_shape() == (2, 32)
+
+
+def test_the_forward_takes_its_cache_under_the_name_compat_uses():
+    # 5.24 renamed past_key_values to cache (r2r_hf/compat.py); a release that renames it again fails here.
+    import inspect
+
+    from r2r_hf.compat import CACHE_ARGUMENT
+    from r2r_hf.testing import make_tiny_llm, make_tiny_slm
+
+    for model in (make_tiny_slm(), make_tiny_llm()):
+        assert CACHE_ARGUMENT in inspect.signature(model.forward).parameters, type(model).__name__
