@@ -109,10 +109,13 @@ async def load(url: str, texts: list[str], concurrency: int, max_tokens: int) ->
     tokens = sum(d["tokens"] for d in done)
     latency = sorted(d["latency"] for d in done)
     ttft = sorted(d["ttft"] for d in done if d["ttft"] is not None)
+    # Time per output token after the first: the decoding rate a user sees once the answer has started.
+    tpot = sorted((d["latency"] - d["ttft"]) / (d["tokens"] - 1) for d in done if d["ttft"] is not None and d["tokens"] > 1)
     return {"concurrency": concurrency, "requests": len(done), "wall_s": wall, "completion_tokens": tokens,
             "tokens_per_s": tokens / wall, "llm_token_rate": sum(d["llm_tokens"] for d in done) / max(tokens, 1),
             "latency_p50_s": statistics.median(latency), "latency_p95_s": _p95(latency),
-            "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": _p95(ttft)}
+            "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": _p95(ttft),
+            "tpot_p50_ms": 1000 * statistics.median(tpot) if tpot else None}
 
 
 def _p95(values: list[float]) -> float:
@@ -120,13 +123,14 @@ def _p95(values: list[float]) -> float:
 
 
 def table(results: dict) -> str:
-    rows = ["| server | concurrency | tokens/s | LLM token rate | latency p50 / p95 (s) | TTFT p50 / p95 (s) |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| server | concurrency | tokens/s | LLM token rate | latency p50 / p95 (s) | TTFT p50 / p95 (s) | "
+            "ms per token after the first (p50) |", "|---|---|---|---|---|---|---|"]
     for name, runs in results["runs"].items():
         for r in runs:
             rows.append(f"| {name} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['llm_token_rate']:.1%} | "
                         f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | {r['ttft_p50_s']:.2f} / "
-                        f"{r['ttft_p95_s']:.2f} |")
+                        f"{r['ttft_p95_s']:.2f} | {r['tpot_p50_ms']:.0f} |" if r.get("tpot_p50_ms") else
+                        f"{r['ttft_p95_s']:.2f} | - |")
     return "\n".join(rows)
 
 
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtype", default=None, help="default: bfloat16, or float32 on a CPU where bf16 is slow")
     parser.add_argument("--out", default="benchmarks/results/serve_load.json")
     parser.add_argument("--table", action="store_true", help="print the table of --out and exit")
+    parser.add_argument("--other-load", default="none", help="what else ran on the machine (recorded in conditions)")
     args = parser.parse_args(argv)
     if args.table:
         print(table(json.loads(Path(args.out).read_text())))
@@ -156,14 +161,20 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu_capability": __import__("torch").backends.cpu.get_cpu_capability(),
         "requests_per_run": args.requests, "max_tokens": args.max_tokens, "decoding": "greedy, chat template",
         "prompts": "benchmarks/data/stdlib_prompts.jsonl", "client": "openai AsyncOpenAI, streaming",
+        "other_load": args.other_load,
     }, "runs": {}}
+    if Path(args.out).exists():  # a later invocation adds its servers' runs (same conditions) to the file
+        earlier = json.loads(Path(args.out).read_text())
+        if earlier["conditions"] == results["conditions"]:
+            results["runs"] = earlier["runs"]
     for name in args.configs.split(","):
         process, url = start(slm, llm, CONFIGS[name], args.dtype)
         try:
             asyncio.run(load(url, texts[:2], 2, 4))  # warm-up, not measured
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 run = asyncio.run(load(url, texts, concurrency, args.max_tokens))
-                results["runs"].setdefault(name, []).append(run)
+                results["runs"].setdefault(name, [])
+                results["runs"][name] = [r for r in results["runs"][name] if r["concurrency"] != concurrency] + [run]
                 print(json.dumps({"server": name, **run}), flush=True)
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 Path(args.out).write_text(json.dumps(results, indent=1))
