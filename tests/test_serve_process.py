@@ -88,3 +88,38 @@ assert main(["serve", {str(router_dir)!r}]) == 2
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "pip install 'r2r_hf[serve]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_readmes_curl_lines_work_against_the_server(router_dir, pair_dir):
+    # The README's own curl commands (its Serve section), pointed at this server's port and model id.
+    import re
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    import pytest
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed on this machine")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Serve: an OpenAI-compatible endpoint"):]
+    block = re.findall(r"```bash\n(.*?)```", section, re.S)[1]
+    commands = [" ".join(part.strip() for part in command.split("\\\n"))
+                for command in re.split(r"\n(?=curl )", block.strip())]
+    assert len(commands) == 2 and all(c.startswith("curl ") for c in commands)
+    process, url = start_server(router_dir, pair_dir)
+    try:
+        name = os.path.basename(str(router_dir))
+        outputs = []
+        for command in commands:
+            command = command.replace("http://127.0.0.1:8000", url).replace("r2r-qwen2.5-coder-0.5b-1.5b", name)
+            done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            outputs.append(done.stdout)
+        chat = json.loads(outputs[0])
+        assert chat["object"] == "chat.completion" and chat["r2r"]["threshold"] == 0.5
+        assert chat["usage"]["completion_tokens"] == chat["r2r"]["generated_tokens"] > 0
+        events = [line[len("data: "):] for line in outputs[1].splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and "r2r" in json.loads(events[-2])
+    finally:
+        stop(process)
