@@ -41,7 +41,10 @@ def point(rate: float, tag: str, against: str) -> dict | None:
     shares = [budget[t]["routed_tokens"] / max(budget[t]["generated_tokens"], 1) for t in shared]
     rate_of = lambda rows: sum(rows[t]["routed_tokens"] for t in shared) / sum(rows[t]["generated_tokens"] for t in shared)  # noqa: E731
     only_budget, only_r2r = sum(b[t] and not r[t] for t in shared), sum(r[t] and not b[t] for t in shared)
+    alone = {kind: read_rows(system_path(kind, "")) for kind in ("slm", "llm")}  # the models alone, same tasks
     return {
+        **{f"{kind}_passed": sum(rows[t]["status"] == "passed" for t in shared) if set(shared) <= set(rows) else None
+           for kind, rows in alone.items()},
         "rate": rate, "tasks": len(shared), "budget_passed": sum(b.values()), "r2r_passed": sum(r.values()),
         "r2r_threshold": r2r[shared[0]]["threshold"], "budget_llm_token_rate": rate_of(budget),
         "r2r_llm_token_rate": rate_of(r2r), "budget_answer_share_mean": sum(shares) / len(shares),
@@ -51,10 +54,11 @@ def point(rate: float, tag: str, against: str) -> dict | None:
 
 
 def table(points: list[dict]) -> str:
-    lines = ["| P | tasks | budget@P pass | r2r@P pass | McNemar p | budget LLM share: all / mean / max answer | "
-             "r2r@P LLM share | cap broken |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| P | tasks | SLM / LLM alone pass | budget@P pass | r2r@P pass | McNemar p | budget LLM share: all / mean "
+             "/ max answer | r2r@P LLM share | cap broken |", "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
-        lines.append(f"| {p['rate']:.0%} | {p['tasks']} | {p['budget_passed']} | {p['r2r_passed']} | "
+        lines.append(f"| {p['rate']:.0%} | {p['tasks']} | {p['slm_passed']} / {p['llm_passed']} | {p['budget_passed']} | "
+                     f"{p['r2r_passed']} | "
                      f"{p['p_value']:.2f} | {p['budget_llm_token_rate']:.1%} / {p['budget_answer_share_mean']:.1%} / "
                      f"{p['budget_answer_share_max']:.1%} | {p['r2r_llm_token_rate']:.1%} | {p['cap_violations']} |")
     return "\n".join(lines)
