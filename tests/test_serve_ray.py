@@ -14,8 +14,11 @@ import time
 
 import httpx
 import openai
+import pytest
 
 from test_serve_process import start_server, stop
+
+pytestmark = pytest.mark.ray
 
 
 def _replica_pids(url: str, tries: int = 40) -> set[int]:
