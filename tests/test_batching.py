@@ -48,7 +48,7 @@ class Rows:
         seq = Committed.from_prompt(enc["input_ids"], enc["attention_mask"], positions_from_mask(enc["attention_mask"]),
                                     enc["input_ids"].shape[1] + 4)
         steps = EagerSteps(self.model.slm, self.model.llm, self.model.router, self.model.config.num_topk_logits, None, 0)
-        newcomers = start(self._routing([threshold] * len(names), steps), seq)
+        newcomers = start(self._routing([threshold] * len(names), steps), seq, new_tokens=0)  # no budget: no history
         if self.batch is None:
             self.batch, self.steps = newcomers, steps
         else:
@@ -123,3 +123,18 @@ def test_leaving_drops_the_columns_that_are_padding_in_every_row_left(model, tok
     assert rows.steps.llm_cache.get_seq_length() == rows.batch.llm_seen <= length
     rows.step(2)
     assert rows.out[3] == _alone(model, tok, 3, 0.0, 4)
+
+
+def test_rows_with_and_without_a_budget_state_are_refused_before_any_work():
+    from r2r_hf.core.budget import Budget
+    from r2r_hf.core.decoding import Batch
+
+    def batch(budget):
+        seq = Committed.from_prompt(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long),
+                                    torch.arange(3)[None], 8)
+        return Batch(seq, 0, torch.zeros(1, 4), torch.zeros(1, 2), budget)
+
+    with_budget = batch(Budget.start(0.1, 1, 8, torch.device("cpu")))
+    for running, newcomers in ((with_budget, batch(None)), (batch(None), with_budget)):
+        with pytest.raises(ValueError, match="cannot join"):
+            merge(running, None, newcomers, None)  # no steps: it must refuse before touching a cache

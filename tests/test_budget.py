@@ -121,3 +121,22 @@ def test_a_bad_budget_is_one_sentence(model, single, value):
 def test_without_a_budget_nothing_is_recorded_as_spent_against_one(model, single):
     out = model.generate(**single, **GREEDY, threshold=0.0, return_dict_in_generate=True)
     assert out.llm_budget is None and out.llm_tokens.tolist() == [int(out.generated_mask.sum())]
+
+
+def test_any_budget_above_0_allows_the_first_token_and_the_cap_is_exact_at_whole_products():
+    from r2r_hf.core.budget import Budget
+
+    def routed_positions(share: float, tokens: int) -> list[int]:
+        state, positions = Budget.start(share, 1, tokens, torch.device("cpu")), []
+        for t in range(tokens):
+            score = torch.tensor([1.0 + t])  # each score the highest so far: only the cap decides
+            allowed = state.allows(score)
+            positions += [t] if bool(allowed) else []
+            state.spend(score, allowed, torch.tensor([True]))
+        return positions
+
+    assert routed_positions(1e-10, 50) == [0], "a tiny budget still has its first-token allowance"
+    assert routed_positions(0.0, 50) == []
+    # 0.07 * 100 = 7.000000000000001 in floats: still at most 7 LLM tokens among the first 100
+    assert len([p for p in routed_positions(0.07, 100) if p < 100]) == 7
+    assert routed_positions(0.25, 12) == [0, 4, 8]  # fewer than b * t before: t = 1, 5, 9

@@ -94,6 +94,7 @@ def test_generate_command_streams_then_prints_stats_and_html(router_dir, tok, tm
     (["--router", "/no/such/router", "x"], "The router folder /no/such/router does not exist;"),
     (["--router", "ROUTER", "--max-new-tokens", "100000", "x"], "exceeds the models' context of 1024 tokens"),
     (["--router", "ROUTER", "--top-p", "2", "x"], "expected a number in (0, 1]"),
+    (["--router", "ROUTER", "--llm-budget", "1.5", "x"], "expected a number between 0 and 1, got '1.5'"),
 ])
 def test_generate_errors_are_one_sentence(router_dir, args, message):
     args = [str(router_dir) if a == "ROUTER" else a for a in args]
@@ -101,6 +102,18 @@ def test_generate_errors_are_one_sentence(router_dir, args, message):
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1", "nan", "much"])
+def test_serve_refuses_a_bad_llm_budget_in_one_sentence_before_loading_anything(value, capsys):
+    from r2r_hf.cli import main
+    from r2r_hf.serve.settings import ServeSettings
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "/no/such/router", "--llm-budget", value])
+    assert exit_.value.code == 2 and "--llm-budget: expected a number" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="llm_budget must be a share of the answer's tokens between 0 and 1"):
+        ServeSettings(llm_budget=float(value) if value != "much" else value)
 
 
 def test_missing_pair_error_names_the_model(router_dir, tmp_path, capsys):

@@ -127,6 +127,34 @@ def test_a_request_joins_a_running_batch_at_the_next_step(served, model, tok):
     assert service.engine.joins_running > joins, "the short request joined the long one's batch"
 
 
+
+def test_rows_with_their_own_budgets_join_and_leave_a_batch_and_answer_as_generate_alone(served, model, tok):
+    url, service = served
+    joins = service.engine.joins_running
+
+    def alone(prompt: str, max_tokens: int, budget: float) -> tuple[str, int]:
+        enc = tok(prompt, return_tensors="pt")
+        out = model.generate(**enc, max_new_tokens=max_tokens, do_sample=False, threshold=0.0, llm_budget=budget,
+                             return_dict_in_generate=True)
+        return tok.decode(out.sequences[0, enc["input_ids"].shape[1]:], skip_special_tokens=True), int(out.llm_tokens[0])
+
+    with httpx.Client(timeout=120) as http, http.stream(
+            "POST", url + "/v1/completions", json={"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 120,
+                                                    "temperature": 0, "threshold": 0.0, "llm_budget": 0.1,
+                                                    "stream": True, "stream_options": {"include_usage": True}}) as long:
+        lines = long.iter_lines()
+        first = next(line for line in lines if line.startswith("data:"))
+        short = _client(url).completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=9, temperature=0,
+                                                extra_body={"threshold": 0.0, "llm_budget": 0.25})
+        rest = [first] + [line for line in lines if line.startswith("data:")]
+    assert service.engine.joins_running > joins, "the short request joined the long one's batch, then left it"
+    chunks = [json.loads(line[5:]) for line in rest[:-1]]
+    long_text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    long_r2r = chunks[-1]["r2r"]
+    assert (short.choices[0].text, short.model_extra["r2r"]["llm_tokens"]) == alone(PROMPTS[3], 9, 0.25)
+    assert (long_text, long_r2r["llm_tokens"]) == alone(PROMPTS[0], 120, 0.1)
+    assert long_r2r["llm_tokens"] >= 2 and short.model_extra["r2r"]["llm_tokens"] >= 1, "both budgets were spent"
+
 BAD = [
     ("/v1/completions", b"{not json", 400, None),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": -3}, 400, "max_tokens"),

@@ -102,6 +102,9 @@ def merge(running: Batch, steps: EagerSteps, newcomers: Batch, new_steps: EagerS
 
     ``newcomers`` has been prefilled by the SLM only (``llm_seen == 0``).
     """
+    if (running.budget is None) != (newcomers.budget is None):  # joining would drop one side's budgets
+        raise ValueError("Rows with a budget state and rows without one cannot join; start both with one "
+                         "(llm_budget=inf for rows without a budget).")
     a, b = running.seq, newcomers.seq
     length = max(a.length, b.length)
     shift_a, shift_b = length - a.length, length - b.length
@@ -121,7 +124,7 @@ def merge(running: Batch, steps: EagerSteps, newcomers: Batch, new_steps: EagerS
                                                       rows_a, rows_b, seen))
     logits = torch.cat([running.slm_logits, newcomers.slm_logits.to(running.slm_logits.device)])
     hidden = torch.cat([running.slm_hidden, newcomers.slm_hidden.to(running.slm_hidden.device)])
-    budget = None if running.budget is None or newcomers.budget is None else running.budget.joined(newcomers.budget)
+    budget = None if running.budget is None else running.budget.joined(newcomers.budget)
     return Batch(seq, seen, logits, hidden, budget)
 
 

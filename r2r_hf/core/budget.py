@@ -26,8 +26,17 @@ from dataclasses import dataclass
 import torch
 
 # b * t is compared with integer counts; a float64 product may land a hair above an exact integer
-# (0.07 * 100 = 7.000000000000001), which would let one token more through.
-_EPS = 1e-9
+# (0.07 * 100 = 7.000000000000001), which would let one token more through. The margin is relative, so
+# it absorbs that rounding (~1e-16 of the product) and still leaves any b > 0 its first token.
+_SHRINK = 1 - 1e-12
+
+
+def cap(share, t):
+    """What a row's LLM tokens (and higher earlier scores) must stay below for the LLM to write its t-th token.
+
+    b * t, less float rounding; works on floats and tensors alike (the benchmarks re-check answers with it).
+    """
+    return share * t * _SHRINK
 
 
 def check_budget(value: object) -> float:
@@ -45,7 +54,8 @@ class Budget:
         share: [B] float64, each row's budget b (inf: no budget).
         used: [B] the row's tokens written by the LLM so far.
         seen: [B] the row's tokens generated so far.
-        history: [B, N] the router scores of those tokens (NaN past ``seen``); grows as needed.
+        history: [B, N] the router scores of those tokens (NaN past ``seen``), sized at the start for the
+            longest answer (no host sync per step to grow it).
     """
 
     share: torch.Tensor
@@ -63,10 +73,10 @@ class Budget:
     def allows(self, scores: torch.Tensor) -> torch.Tensor:
         """[B] bool: where the LLM may write the next token of a row whose router score is ``scores`` [B]."""
         t = (self.seen + 1).double()
-        cap = self.share * t - _EPS
+        limit = cap(self.share, t)
         earlier = torch.arange(self.history.shape[1], device=self.history.device) < self.seen[:, None]
         higher = ((self.history > scores[:, None].to(self.history.dtype)) & earlier).sum(-1)
-        return (self.used.double() < cap) & (higher.double() < cap)
+        return (self.used.double() < limit) & (higher.double() < limit)
 
     def spend(self, scores: torch.Tensor, routed: torch.Tensor, running: torch.Tensor) -> None:
         """Record one step: running rows saw ``scores`` [B] and the LLM wrote where ``routed`` [B].

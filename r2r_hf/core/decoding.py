@@ -73,7 +73,7 @@ class Proposal:
     rng: object
 
 
-def start(routing: Routing, seq: Committed, new_tokens: int = 0) -> Batch:
+def start(routing: Routing, seq: Committed, new_tokens: int) -> Batch:
     """The SLM prefills the prompt: the batch is ready for its first proposal (of at most ``new_tokens``)."""
     logits, hidden = routing.steps.slm_read(seq, 0)
     budget = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..core.budget import check_budget
 from ..fields import setting
 
 
@@ -38,7 +39,7 @@ class ServeSettings:
     max_queue: int = setting(64, "waiting requests at most (more get 429)")
     threshold: float | None = setting(None, "default routing threshold")
     llm_budget: float | None = setting(None, "default LLM budget: the LLM writes at most this share of an answer's "
-                                             "tokens")
+                                             "tokens", parse="fraction")
     default_max_tokens: int | None = setting(None, "chat max_tokens when none is given")
     drain_seconds: float = setting(30.0, "SIGTERM: seconds to finish in-flight requests")
 
@@ -52,8 +53,8 @@ class ServeSettings:
             raise ValueError("batch_wait_ms and drain_seconds must be >= 0.")
         if self.threshold is not None and not self.threshold >= 0:  # NaN fails too
             raise ValueError(f"threshold must be a number >= 0, got {self.threshold}.")
-        if self.llm_budget is not None and not 0 <= self.llm_budget <= 1:
-            raise ValueError(f"llm_budget must be a share between 0 and 1, got {self.llm_budget}.")
+        if self.llm_budget is not None:
+            check_budget(self.llm_budget)
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
 
