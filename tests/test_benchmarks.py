@@ -208,6 +208,18 @@ def test_mcnemar_exact_and_system_names():
             parse_system(bad)
 
 
+def test_shortest_tasks_are_the_ones_a_run_stopped_after_n_tasks_answered():
+    from benchmarks.humaneval import by_length, selected
+
+    problems = [{"task_id": f"t{i}", "prompt": "x" * n} for i, n in enumerate([5, 1, 4, 1, 3, 9])]
+    answered_first = [p["task_id"] for p in by_length(problems)]
+    assert answered_first == ["t1", "t3", "t4", "t2", "t0", "t5"]  # ties keep HumanEval's order
+    for n in range(1, 7):
+        assert [p["task_id"] for p in selected(problems, None, n)] == answered_first[:n]
+    assert [p["task_id"] for p in selected(problems, 3, None)] == ["t0", "t1", "t2"]
+    assert [p["task_id"] for p in selected(problems, 3, 2)] == ["t1", "t2"]
+
+
 def test_humaneval_report_pairs_routers_at_equal_rates(tmp_path, monkeypatch):
     from benchmarks.humaneval_report import TASKS, report
     from benchmarks.tables import equal_rate_table
@@ -248,3 +260,34 @@ def test_the_budget_report_rechecks_the_cap_from_the_routed_positions():
     assert cap_violations({"routed_positions": [0, 9]}, 0.1) == 1, "a second LLM token at t = 10 breaks 1 < 1.0"
     assert cap_violations({"routed_positions": [0, 1, 2]}, 0.1) == 2
     assert cap_violations({}, 0.04) == 0
+
+
+def test_the_budget_report_compares_under_both_conditions_on_the_shared_tasks(tmp_path, monkeypatch):
+    from benchmarks.budget_report import point, table
+
+    monkeypatch.chdir(tmp_path)  # the report reads benchmarks/results/ relative to the working folder
+    folder = tmp_path / "benchmarks" / "results" / "humaneval"
+    for tag in ("fp32", "bf16"):
+        (folder / tag).mkdir(parents=True)
+
+    def write(path, tasks: range, passed: set[int], routed=(1,)):
+        with open(path, "w") as f:
+            for i in tasks:
+                f.write(json.dumps({"task_id": f"HumanEval/{i}", "status": "passed" if i in passed else "failed",
+                                    "generated_tokens": 20, "routed_tokens": len(routed), "routed_positions": list(routed),
+                                    "threshold": 0.0}) + "\n")
+
+    write(folder / "slm.jsonl", range(10), {0, 1})
+    write(folder / "llm.jsonl", range(10), {0, 1, 2, 3})
+    write(folder / "fp32" / "budget@0.1.jsonl", range(4), {0, 1, 2}, routed=(0, 5))  # 2nd LLM token at t=6: not 1 < 0.6
+    write(folder / "bf16" / "r2r@0.1.jsonl", range(10), {0, 3})
+    write(folder / "fp32" / "r2r@0.1.jsonl", range(3), {0, 1, 2})  # not every shared task: no second comparison
+    p = point(0.1, "fp32", "bf16")
+    assert (p["tasks"], p["slm_passed"], p["llm_passed"], p["budget_passed"]) == (4, 2, 4, 3)
+    assert (p["r2r"]["passed"], p["r2r"]["budget_only"], p["r2r"]["other_only"]) == (2, 2, 1)
+    assert p["cap_violations"] == 4 and p["budget_answer_share_max"] == 0.1 and p["r2r_same_conditions"] is None
+    write(folder / "fp32" / "r2r@0.1.jsonl", range(4), {0, 1, 2})
+    same = point(0.1, "fp32", "bf16")["r2r_same_conditions"]
+    assert (same["passed"], same["budget_only"], same["other_only"], same["p_value"]) == (3, 0, 0, 1.0)
+    assert "| 10% | 4 | 2 / 4 | 3 | 2 (1.00) | 3 (1.00) | 10.0% / 10.0% / 10.0% | 5.0% | 4 |" in table([point(0.1, "fp32", "bf16")])
+    assert point(0.2, "fp32", "bf16") is None
