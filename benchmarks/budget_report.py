@@ -72,14 +72,15 @@ def point(rate: float, tag: str, against: str) -> dict | None:
 def table(points: list[dict]) -> str:
     """The markdown table of docs/results.md (one row per rate)."""
     lines = ["| P | tasks | SLM / LLM alone | budget@P pass | r2r@P pass (p) | r2r@P, budget's dtype (p) | budget LLM "
-             "share: all / mean / max answer | r2r@P LLM share | cap broken |", "|---|---|---|---|---|---|---|---|---|"]
+             "share: all / mean / max answer | r2r@P LLM share (budget's dtype) | cap broken |", "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         same = p["r2r_same_conditions"]
         same_text = f"{same['passed']} ({same['p_value']:.2f})" if same else "—"
+        same_rate = f" ({same['llm_token_rate']:.1%})" if same else ""
         lines.append(f"| {p['rate']:.0%} | {p['tasks']} | {p['slm_passed']} / {p['llm_passed']} | {p['budget_passed']} | "
                      f"{p['r2r']['passed']} ({p['r2r']['p_value']:.2f}) | {same_text} | "
                      f"{p['budget_llm_token_rate']:.1%} / {p['budget_answer_share_mean']:.1%} / "
-                     f"{p['budget_answer_share_max']:.1%} | {p['r2r']['llm_token_rate']:.1%} | {p['cap_violations']} |")
+                     f"{p['budget_answer_share_max']:.1%} | {p['r2r']['llm_token_rate']:.1%}{same_rate} | {p['cap_violations']} |")
     return "\n".join(lines)
 
 
