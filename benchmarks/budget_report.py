@@ -69,6 +69,17 @@ def point(rate: float, tag: str, against: str) -> dict | None:
     }
 
 
+def summed(points: list[dict], against: str) -> dict | None:
+    """Both systems' passes and discordant tasks summed over the points (each point's tasks count once per point)."""
+    runs = [p[against] for p in points]
+    if not runs or any(r is None for r in runs):
+        return None
+    only_budget, only_other = sum(r["budget_only"] for r in runs), sum(r["other_only"] for r in runs)
+    return {"points": len(runs), "budget_passed": sum(p["budget_passed"] for p in points),
+            "other_passed": sum(r["passed"] for r in runs), "budget_only": only_budget, "other_only": only_other,
+            "p_value": mcnemar_exact(only_budget, only_other)}
+
+
 def table(points: list[dict]) -> str:
     """The markdown table of docs/results.md (one row per rate)."""
     lines = ["| P | tasks | SLM / LLM alone | budget@P pass | r2r@P pass (p) | r2r@P, budget's dtype (p) | budget LLM "
@@ -92,9 +103,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=str(RESULTS / "humaneval-budget.json"))
     args = parser.parse_args(argv)
     points = [p for p in (point(float(r), args.tag, args.against) for r in args.rates.split(",")) if p]
-    Path(args.out).write_text(json.dumps({"budget_from": args.tag, "r2r_from": args.against, "points": points},
-                                         indent=1))
+    totals = {kind: summed(points, kind) for kind in ("r2r", "r2r_same_conditions")}
+    Path(args.out).write_text(json.dumps({"budget_from": args.tag, "r2r_from": args.against, "points": points,
+                                          "summed": totals}, indent=1))
     print(table(points))
+    for kind, total in totals.items():
+        if total:
+            print(f"summed over {total['points']} points, budget against {kind}: {total['budget_passed']} against "
+                  f"{total['other_passed']}, {total['budget_only']} / {total['other_only']} discordant, "
+                  f"McNemar p = {total['p_value']:.2f}")
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def test_the_budget_report_rechecks_the_cap_from_the_routed_positions():
 
 
 def test_the_budget_report_compares_under_both_conditions_on_the_shared_tasks(tmp_path, monkeypatch):
-    from benchmarks.budget_report import point, table
+    from benchmarks.budget_report import point, summed, table
 
     monkeypatch.chdir(tmp_path)  # the report reads benchmarks/results/ relative to the working folder
     folder = tmp_path / "benchmarks" / "results" / "humaneval"
@@ -292,3 +292,7 @@ def test_the_budget_report_compares_under_both_conditions_on_the_shared_tasks(tm
     assert "| 10% | 4 | 2 / 4 | 3 | 2 (1.00) | 3 (1.00) | 10.0% / 10.0% / 10.0% | 5.0% (5.0%) | 4 |" in table(
         [point(0.1, "fp32", "bf16")])
     assert point(0.2, "fp32", "bf16") is None
+    total = summed([point(0.1, "fp32", "bf16")] * 2, "r2r")
+    assert total == {"points": 2, "budget_passed": 6, "other_passed": 4, "budget_only": 4, "other_only": 2,
+                     "p_value": pytest.approx(0.6875)}  # 2 * P(X <= 2), X ~ Binomial(6, 1/2) = 2 * 22/64
+    assert summed([p], "r2r_same_conditions") is None
