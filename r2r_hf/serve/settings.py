@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..core.budget import check_budget
 from ..fields import setting
 
 
@@ -54,6 +53,8 @@ class ServeSettings:
         if self.threshold is not None and not self.threshold >= 0:  # NaN fails too
             raise ValueError(f"threshold must be a number >= 0, got {self.threshold}.")
         if self.llm_budget is not None:
+            from ..core.budget import check_budget  # here: the CLI builds its flags from this class before torch
+
             check_budget(self.llm_budget)
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
