@@ -18,7 +18,6 @@ from pathlib import Path
 
 from benchmarks.models import fetch
 from r2r_hf.cli import main as cli_main
-from r2r_hf.model.loading import bf16_is_slow_here
 from r2r_hf.model.sources import local_home, register_local_copy
 
 ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
@@ -41,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     slm, llm = fetch("slm"), fetch("llm")
     register_local_copy(ROUTER, Path(ROUTER), note="the router shipped in this clone, registered by make demo",
                         fallback=False)
-    # bf16 on a CPU without AVX-512 is ~80x slower than float32 (r2r_hf.model.loading.bf16_is_slow_here).
-    dtype = "float32" if bf16_is_slow_here() else "bfloat16"
-    return cli_main(["generate", "--router", ROUTER, "--slm", slm, "--llm", llm, "--dtype", dtype,
+    # --dtype auto: on a CPU, bfloat16 (the folders') or float32, whichever a decode step measured faster on this
+    # machine; the command says which in one line (r2r_hf.model.loading.cpu_dtype_choice).
+    return cli_main(["generate", "--router", ROUTER, "--slm", slm, "--llm", llm, "--dtype", "auto",
                      "--threads", args.threads, "--max-new-tokens", args.max_new_tokens, "--html", args.html,
                      args.prompt])
 

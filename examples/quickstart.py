@@ -11,6 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from r2r_hf import R2RForCausalLM
+from r2r_hf.model.loading import cpu_dtype_choice
 from r2r_hf.views import to_ansi, use_color
 
 parser = argparse.ArgumentParser()
@@ -19,8 +20,8 @@ parser.add_argument("--slm", help="SLM folder or Hub id (default: the one the ro
 parser.add_argument("--llm", help="local LLM folder")
 parser.add_argument("--max-new-tokens", type=int, default=128)
 args = parser.parse_args()
-# bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are slow unless it has AVX-512 (about 80x on AVX2).
-DTYPE = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+# bfloat16 on a GPU; on a CPU bfloat16 or float32, whichever a decode step measured faster here (cached per machine).
+DTYPE = torch.bfloat16 if torch.cuda.is_available() else cpu_dtype_choice().dtype
 
 # The router's config.json names the SLM and LLM; slm=/llm= override them (e.g. with local folders).
 try:

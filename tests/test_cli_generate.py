@@ -146,28 +146,3 @@ def test_chat_keeps_history_and_ctrl_c_stops_only_the_turn(router_dir):
     assert proc.returncode == 0, err[-2000:]
     assert err.count("[stopped]") == 1 and err.count("LLM token rate") == 2
     assert (seen + out).count("you> ") == 3
-
-
-def test_auto_dtype_loads_float32_where_bfloat16_is_slow(tmp_path, monkeypatch, caplog):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    import r2r_hf.model.loading as loading
-    from r2r_hf import R2RForCausalLM
-    from r2r_hf.serve import load_for_serving
-    from r2r_hf.testing import save_tiny_pair
-
-    slm_dir, llm_dir = save_tiny_pair(tmp_path)
-    for folder in (slm_dir, llm_dir):  # checkpoints stored in bfloat16, as the real pair's are
-        stored = AutoModelForCausalLM.from_pretrained(folder)
-        stored.to(torch.bfloat16).save_pretrained(folder)
-    R2RForCausalLM.from_models(AutoModelForCausalLM.from_pretrained(slm_dir), AutoModelForCausalLM.from_pretrained(llm_dir),
-                               router_hidden_dims=[16]).save_pretrained(tmp_path / "router")
-    for slow, expected in ((True, torch.float32), (False, torch.bfloat16)):
-        monkeypatch.setattr(loading, "bf16_is_slow_here", lambda device="cpu", slow=slow: slow)
-        caplog.clear()
-        model, _ = load_for_serving(str(tmp_path / "router"), str(slm_dir), str(llm_dir), "cpu", "auto")
-        assert model.slm.dtype == expected and model.llm.dtype == expected
-        assert any("loading the models in float32" in r.message for r in caplog.records) == slow
-    model, _ = load_for_serving(str(tmp_path / "router"), str(slm_dir), str(llm_dir), "cpu", "bfloat16")
-    assert model.slm.dtype == torch.bfloat16, "an explicit --dtype is kept"

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -9,7 +16,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..config import R2RConfig
 from .hub import HUB_KWARGS
-from .sources import Unavailable, resolve
+from .sources import Unavailable, local_home, resolve
 from .tokens import check_same_tokenizer, stored_tokenizer
 
 # Keyword arguments that place or shape model weights; at top level they apply to the SLM and LLM.
@@ -60,12 +67,149 @@ def load_base_model(
         raise OSError(f"Could not load the {what} {name_or_path!r} ({reason}); {hint}.") from err
 
 
+# ------------------------------------------------------------------ the CPU dtype, measured
+# Whether bfloat16 or float32 decodes faster on a CPU depends on its kernels (no AVX-512: a reference bf16 kernel,
+# ~80x slower; AVX512-BF16: often faster) and on memory bandwidth, which a CPU flag does not tell: it is measured.
+CPU_DTYPE_FILE = "cpu_dtype.json"
+DEFAULT_WIDTH = 896  # Qwen2.5-0.5B's hidden size, for callers that know no SLM
+PROBE_WEIGHT_BYTES = 128e6  # float32 weights in the probe: past the last-level cache, as a real decode step is
+_CHOICES: dict[str, DtypeChoice] = {}  # this process's measurements, by machine_key
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The faster of a low-precision dtype and float32 for decoding on this CPU, and what was measured."""
+
+    dtype: torch.dtype
+    seconds: dict[str, float]  # dtype name -> seconds per probe decode step
+    width: int
+    threads: int
+    cached: str | None = None  # where an earlier measurement was read from, or None if measured now
+
+    @property
+    def line(self) -> str:
+        """One line: what was measured and chosen."""
+        times = " and ".join(f"{1e3 * s:.1f} ms in {name}" for name, s in self.seconds.items())
+        source = f" (measured earlier, cached in {self.cached}; delete it to re-measure)" if self.cached else ""
+        return (f"--dtype auto on this CPU: one decode step at the SLM's width {self.width} took {times} "
+                f"({self.threads} threads){source}: loading the models in {_name(self.dtype)} (--dtype overrides).")
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def machine_key(width: int, low: torch.dtype, threads: int | None = None) -> str:
+    """What a measurement depends on: this machine's CPU, torch, the thread count, the width and the dtypes."""
+    import platform
+
+    threads = torch.get_num_threads() if threads is None else threads
+    return (f"{platform.node()}|{platform.machine()}|{_cpu_model()}|torch {torch.__version__}"
+            f"|{torch.backends.cpu.get_cpu_capability()}|{threads} threads|width {width}|{_name(low)} vs float32")
+
+
+def _cpu_model() -> str:
+    """The CPU's model name where Linux tells it (``platform.processor()`` often says only the architecture)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def decode_step_seconds(width: int, dtypes: tuple[torch.dtype, ...], rounds: int = 6) -> dict[str, float]:
+    """Seconds per decode step of a few decoder layers of hidden size ``width`` in each dtype (the fastest round).
+
+    A layer: RMS norm, a QKV projection, attention of one token over 256 cached positions, the output projection
+    and a gated MLP of 4x the width, on random weights (a private generator: the global seed is untouched). The
+    dtypes alternate round by round, so load from other processes hits both alike; a dtype more than 5x slower
+    than another after a round is not timed further. About half a second at width 896.
+    """
+    import torch.nn.functional as F
+
+    layers = min(8, max(1, math.ceil(PROBE_WEIGHT_BYTES / (64 * width * width))))
+    heads = max(1, width // 64)
+    gen = torch.Generator().manual_seed(0)
+    shapes = ((3 * width, width), (width, width), (8 * width, width), (width, 4 * width))
+    base = [[torch.randn(*shape, generator=gen) * 0.02 for shape in shapes] for _ in range(layers)]
+    cache = torch.randn(2, 1, heads, 256, width // heads, generator=gen)
+    start = torch.randn(1, 1, width, generator=gen)
+    cast = {d: ([[w.to(d) for w in layer] for layer in base], cache.to(d), start.to(d)) for d in dtypes}
+
+    def step(dtype: torch.dtype) -> float:
+        weights, kv, x = cast[dtype]
+        began = time.perf_counter()
+        with torch.no_grad():
+            for qkv, out, up, down in weights:
+                q = F.linear(F.rms_norm(x, (width,)), qkv)[..., :width].view(1, 1, heads, -1).transpose(1, 2)
+                attended = F.scaled_dot_product_attention(q, kv[0], kv[1]).transpose(1, 2).reshape(1, 1, width)
+                x = x + F.linear(attended, out)
+                gate, value = F.linear(F.rms_norm(x, (width,)), up).chunk(2, -1)
+                x = x + F.linear(F.silu(gate) * value, down)
+        return time.perf_counter() - began
+
+    for d in dtypes:  # the first call of each warms its kernels up
+        step(d)
+    best = {d: math.inf for d in dtypes}
+    for _ in range(rounds):
+        for d in dtypes:
+            best[d] = min(best[d], step(d))
+        if max(best.values()) > 5 * min(best.values()):
+            break
+    return {_name(d): s for d, s in best.items()}
+
+
+def cpu_dtype_choice(width: int = DEFAULT_WIDTH, low: torch.dtype = torch.bfloat16) -> DtypeChoice:
+    """The faster dtype for decoding on this CPU, ``low`` or float32, at hidden size ``width``: the one decision.
+
+    Measured once per process and machine (``decode_step_seconds``); the result is kept in ``cpu_dtype.json`` in
+    r2r_hf's folder (``$R2R_HF_CACHE``) by ``machine_key``, so later commands on this machine reuse it.
+    """
+    key = machine_key(width, low)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    path = local_home() / CPU_DTYPE_FILE
+    stored = _read_json(path).get(key)
+    if isinstance(stored, dict) and isinstance(stored.get("seconds"), dict) and stored.get("dtype") in ("float32", _name(low)):
+        choice = DtypeChoice(getattr(torch, stored["dtype"]), {k: float(v) for k, v in stored["seconds"].items()},
+                             width, torch.get_num_threads(), cached=str(path))
+    else:
+        seconds = decode_step_seconds(width, (low, torch.float32))
+        choice = DtypeChoice(low if seconds[_name(low)] < seconds["float32"] else torch.float32, seconds, width,
+                             torch.get_num_threads())
+        _write_entry(path, key, {"dtype": _name(choice.dtype), "seconds": seconds,
+                                 "measured": time.strftime("%Y-%m-%d %H:%M:%S")})
+    _CHOICES[key] = choice
+    return choice
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_entry(path: Path, key: str, entry: dict[str, Any]) -> None:
+    """Add one measurement to the file, atomically; a folder that cannot be written keeps it for this process only."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entries = {**_read_json(path), key: entry}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def bf16_is_slow_here(device: str | torch.device = "cpu") -> bool:
-    """Whether bfloat16 matmuls are slow on ``device``: a CPU without AVX-512 (torch falls back to a reference kernel,
-    measured at 0.6 GFLOP/s against 51 for float32 on a 2-core AVX2 EPYC)."""
+    """Whether float32 decodes faster than bfloat16 on ``device`` (measured on a CPU: ``cpu_dtype_choice``; never on
+    an accelerator)."""
     if torch.device(device).type != "cpu":
         return False
-    return "AVX512" not in torch.backends.cpu.get_cpu_capability()
+    return cpu_dtype_choice().dtype == torch.float32
 
 
 def split_loading_kwargs(

@@ -58,31 +58,49 @@ def load_for_serving(router: str, slm: str | None = None, llm: str | None = None
     Args:
         router, slm, llm: as ``R2RForCausalLM.from_pretrained``'s location, ``slm=`` and ``llm=``.
         device: ``cpu``, a device (``cuda:0``) or ``auto`` (an accelerate device map).
-        dtype: ``auto`` (the checkpoints', except float32 on a CPU where bfloat16 is slow), ``bfloat16``,
-            ``float16`` or ``float32``.
+        dtype: ``auto`` (on an accelerator the checkpoints' dtype; on a CPU the checkpoints' bfloat16 or float16,
+            or float32 where a decode step measured faster in it: ``model.loading.cpu_dtype_choice``, said in one
+            line), ``bfloat16``, ``float16`` or ``float32``.
     """
     import torch
 
-    from ..model.loading import bf16_is_slow_here
     from ..model.modeling import R2RForCausalLM
     from ..model.tokens import load_tokenizer
 
     kwargs = {}
-    if dtype == "auto" and device == "cpu" and bf16_is_slow_here():
-        # The checkpoints' bf16 would run ~80x slower than float32 here: a command asked for "auto" gets speed.
-        logging.getLogger(__name__).warning("This CPU has no AVX-512, where bfloat16 runs far slower than float32: "
-                                            "loading the models in float32 (--dtype bfloat16 keeps bfloat16).")
-        dtype = "float32"
     if dtype != "auto":
         kwargs["dtype"] = getattr(torch, dtype)
     if device != "cpu":
         kwargs["device_map"] = device
     model = R2RForCausalLM.from_pretrained(router, slm=slm, llm=llm, **kwargs).eval()
-    if model.slm.dtype == torch.bfloat16 and bf16_is_slow_here(model.slm.device):
-        logging.getLogger(__name__).warning(
-            "The models run in bfloat16 on a CPU without AVX-512, where bfloat16 matmuls are far slower than float32 "
-            "(about 80x on one AVX2 machine); pass --dtype float32 (dtype=torch.float32) for speed.")
+    if dtype == "auto":
+        _faster_dtype_on_cpu(model)
     return model, load_tokenizer(model.slm)
+
+
+def _faster_dtype_on_cpu(model) -> None:
+    """``--dtype auto`` on a CPU: keep the checkpoints' low precision or cast to float32, whichever decodes faster
+    here (measured once per machine). Casting after loading costs what loading in float32 would (the same cast), and
+    lets the measurement use the SLM's own width and stored dtype. A float32 checkpoint is kept: auto never lowers
+    precision."""
+    import torch
+
+    from ..model.loading import cpu_dtype_choice, hidden_size
+
+    pair = (model.slm, model.llm)
+    if any(p.device.type != "cpu" for m in pair for p in m.parameters()):
+        return  # on an accelerator (or offloaded) auto keeps the checkpoints' dtype
+    low = [m for m in pair if m.dtype in (torch.bfloat16, torch.float16)]
+    log = logging.getLogger(__name__)
+    if not low:
+        log.warning("--dtype auto on this CPU: the checkpoints are float32, kept (auto never lowers precision; "
+                    "--dtype bfloat16 loads them in bfloat16).")
+        return
+    choice = cpu_dtype_choice(hidden_size(model.slm), low[0].dtype)
+    log.warning(choice.line)
+    if choice.dtype == torch.float32:
+        for m in low:
+            m.to(torch.float32)
 
 
 def run_server(model, tokenizer, settings: ServeSettings, name: str) -> None:
