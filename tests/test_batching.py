@@ -1,20 +1,18 @@
-"""Rows joining and leaving a running batch (core/batching.py) answer what they answer alone.
+"""The running batch (core/batch.py) and its one step (core/step.py): every row answers what it answers alone.
 
-The loop here is the server engine's, run by hand so the test decides when rows join and leave:
-newcomers whose prompts are longer or shorter than the running batch, a running batch the LLM has or
-has not read yet, rows leaving from the front, the middle and the end.
+The loop here is the server's, driven by hand so the test decides when rows join: rows with their own
+thresholds, budgets, seeded sampling and a repetition penalty (a processor that reads the row's tokens) join a
+batch mid-way, end at different lengths and leave, under every waiting policy; each row's tokens, and which of
+them the LLM wrote, must equal ``generate`` alone.
 """
 
 import pytest
 import torch
 
-from r2r_hf.core.batching import grown, merge, select
-from r2r_hf.core.decoding import catch_up, commit, propose_and_route, start
-from r2r_hf.core.engines import EagerSteps
-from r2r_hf.core.features import positions_from_mask
-from r2r_hf.core.routing import Routing
-from r2r_hf.core.sampling import RowSampler
-from r2r_hf.core.steps import Committed
+from r2r_hf.core.batch import Joiner, RunningBatch
+from r2r_hf.core.policy import WaitPolicy
+from r2r_hf.core.step import decode_step
+from r2r_hf.model.row_settings import resolve_row
 
 PROMPTS = ["water", "the old man said that he was a good", "write a new line", "he",
            "the first time you see the old man say that", "def print(x): return"]
@@ -31,110 +29,121 @@ def _threshold(model, tok, quantile: float) -> float:
     return float((scores[i] + scores[i + 1]) / 2)
 
 
-class Rows:
-    """A hand-driven batch: rows with their own thresholds; ``join``, ``step``, ``leave``."""
+class Driver:
+    """The server's loop by hand: ``join`` rows, ``run`` steps; each row's (token, by LLM) pairs as they arrive."""
 
-    def __init__(self, model, tok):
-        self.model, self.tok = model, tok
-        self.batch = self.steps = None
-        self.thresholds, self.names, self.out = [], [], {}
+    def __init__(self, model, tok, slots: int, policy: WaitPolicy, capacity: int = 64):
+        self.model, self.tok, self.policy = model, tok, policy
+        self.batch = RunningBatch.for_slots(model.routed_pair().for_call(), slots, capacity, torch.device("cpu"))
+        self.out, self.limit, self.eos = {}, {}, {}
 
-    def _routing(self, thresholds, steps):
-        return Routing(self.model.router, self.model.shared_vocab_size, torch.tensor(thresholds),
-                       lambda ids, logits: logits, RowSampler([None] * len(thresholds)), steps)
+    def join(self, name, prompt, **options):
+        ids = self.tok(PROMPTS[prompt])["input_ids"]
+        settings = resolve_row(self.model, ids, **options)
+        self.out[name], self.limit[name], self.eos[name] = [], settings.max_new_tokens, settings.eos_ids
+        rule = settings.rule(torch.device("cpu"), fresh_seed=0)
+        self.batch.join([Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name)])
 
-    def join(self, names, threshold):
-        enc = self.tok([PROMPTS[n] for n in names], return_tensors="pt", padding=True)
-        seq = Committed.from_prompt(enc["input_ids"], enc["attention_mask"], positions_from_mask(enc["attention_mask"]),
-                                    enc["input_ids"].shape[1] + 4)
-        steps = EagerSteps(self.model.slm, self.model.llm, self.model.router, self.model.config.num_topk_logits, None, 0)
-        newcomers = start(self._routing([threshold] * len(names), steps), seq, new_tokens=0)  # no budget: no history
-        if self.batch is None:
-            self.batch, self.steps = newcomers, steps
-        else:
-            self.batch = merge(self.batch, self.steps, newcomers, steps)
-        self.thresholds += [threshold] * len(names)
-        self.names += names
-        for n in names:
-            self.out[n] = []
+    def _update(self, synced):
+        ended = set()
+        for r in self.batch.occupied():
+            if synced.previous[r] < 0:
+                continue
+            name = self.batch.rows[r].owner
+            self.out[name].append((synced.previous[r], synced.previous_by_llm[r]))
+            if synced.previous[r] in self.eos[name] or len(self.out[name]) == self.limit[name]:
+                ended.add(r)
+        self.ended |= ended
+        return ended
 
-    def step(self, times=1):
-        for _ in range(times):
-            routing = self._routing(self.thresholds, self.steps)
-            self.batch.seq = grown(self.batch.seq, self.batch.seq.length + 8)
-            proposal = propose_and_route(routing, self.batch, torch.ones(len(self.names), dtype=torch.bool))
-            token = proposal.token
-            if proposal.routed.any():
-                token, _, _ = catch_up(routing, self.batch, proposal)
-            commit(routing, self.batch, token)
-            for n, t, r in zip(self.names, token.tolist(), proposal.routed.tolist()):
-                self.out[n].append((t, r))
-
-    def leave(self, names):
-        keep = [i for i, n in enumerate(self.names) if n not in names]
-        self.batch = select(self.batch, self.steps, keep)
-        self.names = [self.names[i] for i in keep]
-        self.thresholds = [self.thresholds[i] for i in keep]
+    def run(self, steps: int | None = None):
+        """``steps`` steps, or until every row ended."""
+        done = 0
+        while self.batch.occupied() and (steps is None or done < steps):
+            self.ended = set()
+            decode_step(self.batch, self.policy, ended=self._update)
+            self.batch.leave(sorted(self.ended))
+            done += 1
 
 
-def _alone(model, tok, n, threshold, tokens):
-    enc = tok([PROMPTS[n]], return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=tokens, do_sample=False, threshold=threshold, eos_token_id=10**6,
-                         return_dict_in_generate=True)
-    return list(zip(out.sequences[0, enc["input_ids"].shape[1]:].tolist(), out.routed[0].tolist()))
+def _alone(model, tok, prompt, **options):
+    enc = tok([PROMPTS[prompt]], return_tensors="pt")
+    seed = options.pop("seed", None)
+    out = model.generate(**enc, **options, **({} if seed is None else {"seed": seed}), return_dict_in_generate=True)
+    tokens = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
+    routed = out.routed[0].tolist()
+    got = []
+    for token, by_llm, real in zip(tokens, routed, out.generated_mask[0].tolist()):
+        if real:
+            got.append((token, by_llm))
+    return got
 
 
-@pytest.mark.parametrize("first, later, wait", [
-    ([0, 2], [1], 3),      # newcomers longer than the running rows: the running rows shift right
-    ([1, 4], [0, 3], 5),   # newcomers shorter: they are padded
-    ([3], [5, 1], 1),      # joining right after the first step
-])
-@pytest.mark.parametrize("lag", ["read", "unread"])
-def test_rows_joining_and_leaving_answer_as_alone(model, tok, first, later, wait, lag):
-    tau = _threshold(model, tok, 0.15)  # routes most tokens
-    # "unread": the running rows never route before the join, so the LLM has read nothing of them yet.
-    first_tau = float("inf") if lag == "unread" else tau
-    rows = Rows(model, tok)
-    rows.join(first, first_tau)
-    rows.step(wait)
-    assert (rows.batch.llm_seen > 0) == (lag == "read" and any(r for n in first for _, r in rows.out[n]))
-    rows.join(later, tau)
-    rows.step(4)
-    leaving = [rows.names[0], rows.names[-1]] if len(rows.names) > 2 else [rows.names[0]]
-    rows.leave(leaving)
-    rows.step(3)
-    routed_any = False
-    for n in first + later:
-        got = rows.out[n]
-        want = _alone(model, tok, n, first_tau if n in first else tau, len(got))
-        assert got == want, f"row {n}"
-        routed_any |= any(r for _, r in got)
-    assert routed_any, "the LLM wrote some tokens"
+POLICIES = [WaitPolicy((m,), w) for m in (1, 2, 4) for w in (1, 4, 64)]
 
 
-def test_leaving_drops_the_columns_that_are_padding_in_every_row_left(model, tok):
-    rows = Rows(model, tok)
-    rows.join([1, 3], 0.0)  # a long and a short prompt: the short one is padded on the left
-    rows.step(2)
-    rows.leave([1])
-    length, mask = rows.batch.seq.length, rows.batch.seq.mask
-    assert length == len(tok(PROMPTS[3])["input_ids"]) + 2 and bool(mask[0, :length].all())
-    assert rows.steps.slm_cache.get_seq_length() == length  # the SLM has read every committed column
-    assert rows.steps.llm_cache.get_seq_length() == rows.batch.llm_seen <= length
-    rows.step(2)
-    assert rows.out[3] == _alone(model, tok, 3, 0.0, 4)
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"m{p.min_rows[0]}-w{p.max_wait}")
+def test_rows_joining_waiting_and_leaving_answer_as_generate_alone(model, tok, policy):
+    tau = _threshold(model, tok, 0.3)  # routes a good share of the tokens
+    rows = {
+        "greedy": (0, dict(max_new_tokens=9, do_sample=False, threshold=tau)),
+        "long": (1, dict(max_new_tokens=14, do_sample=False, threshold=tau)),
+        "sampled": (2, dict(max_new_tokens=11, do_sample=True, temperature=0.9, top_k=20, seed=7, threshold=tau)),
+        "budget": (4, dict(max_new_tokens=12, do_sample=False, threshold=0.0, llm_budget=0.3)),
+        "penalty": (5, dict(max_new_tokens=10, do_sample=False, threshold=tau, repetition_penalty=1.4)),
+        "sampled2": (3, dict(max_new_tokens=8, do_sample=True, temperature=1.1, seed=3, threshold=tau / 2)),
+    }
+    run = Driver(model, tok, slots=5, policy=policy)
+    order = list(rows)
+    for name in order[:3]:
+        run.join(name, rows[name][0], **rows[name][1])
+    run.run(3)
+    for name in order[3:5]:  # join while the first rows decode (and some wait for the LLM)
+        run.join(name, rows[name][0], **rows[name][1])
+    run.run(6)
+    while run.batch.free_slots() == 0:
+        run.run(1)
+    run.join(order[5], rows[order[5]][0], **rows[order[5]][1])  # into a slot a finished row left
+    run.run()
+    routed = 0
+    for name, (prompt, options) in rows.items():
+        want = _alone(model, tok, prompt, **dict(options))
+        assert run.out[name] == want, name
+        routed += sum(r for _, r in want)
+    assert routed >= 6, "the LLM wrote a good share of the tokens"
+    counters = run.batch.counters
+    assert counters.llm_tokens == routed and counters.generated == sum(len(v) for v in run.out.values())
+    assert counters.host_syncs == counters.steps, "one host synchronisation per step"
+    if policy.immediate:
+        assert max(counters.waits) == 0
+    else:
+        assert max(counters.waits) > 0 and max(counters.waits) <= policy.max_wait
+        assert counters.llm_rows > counters.llm_calls, "some LLM forwards wrote several rows' tokens"
 
 
-def test_rows_with_and_without_a_budget_state_are_refused_before_any_work():
-    from r2r_hf.core.budget import Budget
-    from r2r_hf.core.decoding import Batch
+def test_waiting_cuts_llm_forwards_and_joins_copy_nothing(model, tok):
+    tau = _threshold(model, tok, 0.85)  # about one token in seven routes: the regime waiting is for
+    counts = {}
+    for policy in (WaitPolicy((1,), 0), WaitPolicy((3,), 16)):
+        run = Driver(model, tok, slots=6, policy=policy, capacity=128)
+        for i in range(6):
+            run.join(i, i, max_new_tokens=16, do_sample=False, threshold=tau)
+        run.run()
+        counts[policy.immediate] = run.batch.counters
+    immediate, waiting = counts[True], counts[False]
+    assert immediate.llm_tokens == waiting.llm_tokens > 0, "the same tokens routed"
+    assert waiting.llm_calls < immediate.llm_calls  # (tiny models route in step across rows: a modest cut)
+    assert waiting.llm_rows / waiting.llm_calls > immediate.llm_rows / immediate.llm_calls
+    assert waiting.join_bytes == immediate.join_bytes == 0, "the slots had room: a join copies no cache"
 
-    def batch(budget):
-        seq = Committed.from_prompt(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long),
-                                    torch.arange(3)[None], 8)
-        return Batch(seq, 0, torch.zeros(1, 4), torch.zeros(1, 2), budget)
 
-    with_budget = batch(Budget.start(0.1, 1, 8, torch.device("cpu")))
-    for running, newcomers in ((with_budget, batch(None)), (batch(None), with_budget)):
-        with pytest.raises(ValueError, match="cannot join"):
-            merge(running, None, newcomers, None)  # no steps: it must refuse before touching a cache
+def test_a_join_that_needs_more_columns_grows_every_slot_and_counts_the_copy(model, tok):
+    run = Driver(model, tok, slots=2, policy=WaitPolicy(), capacity=8)
+    run.join("a", 0, max_new_tokens=3, do_sample=False, threshold=0.0)
+    run.run(2)
+    assert run.batch.counters.join_bytes == 0
+    run.join("b", 1, max_new_tokens=12, do_sample=False, threshold=0.0)  # its prompt + answer need > 8 columns
+    assert run.batch.counters.join_bytes > 0
+    run.run()
+    assert run.out["a"] == _alone(model, tok, 0, max_new_tokens=3, do_sample=False, threshold=0.0)
+    assert run.out["b"] == _alone(model, tok, 1, max_new_tokens=12, do_sample=False, threshold=0.0)

@@ -207,7 +207,6 @@ def test_wrong_methods_and_paths_are_openai_errors(served):
 
 
 def _long_stream(url, service, **extra):
-    service.engine.eos_ids = set()  # the long answer runs to max_tokens, whatever the tiny models write
     body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 900, "temperature": 0, "stream": True, **extra}
     return httpx.Client(timeout=120).stream("POST", url + "/v1/completions", json=body)
 
@@ -220,17 +219,19 @@ def _wait_for(condition, seconds=20.0):
 
 
 @pytest.fixture
-def slow_steps(monkeypatch):
-    """Every decoding step takes at least 20 ms, so a long answer is still decoding when the test acts."""
+def slow_steps(monkeypatch, model):
+    """Every decoding step takes at least 20 ms, and no answer ends before its max_tokens (no EOS, whatever the
+    tiny models write), so a long answer is still decoding when the test acts."""
     from r2r_hf.serve import engine
 
-    real = engine.commit
+    real = engine.decode_step
 
     def slow(*args, **kwargs):
         time.sleep(0.02)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "commit", slow)
+    monkeypatch.setattr(engine, "decode_step", slow)
+    monkeypatch.setattr(model.generation_config, "eos_token_id", None)
 
 
 def test_a_full_queue_is_refused_with_retry_after(model, tok, slow_steps):
@@ -242,7 +243,7 @@ def test_a_full_queue_is_refused_with_retry_after(model, tok, slow_steps):
             waiting = threading.Thread(target=httpx.post, args=(url + "/v1/completions",),
                                        kwargs={"json": {"model": "tiny", "prompt": "x", "max_tokens": 2}, "timeout": 60})
             waiting.start()
-            _wait_for(lambda: len(service.engine.waiting) == 1)
+            _wait_for(lambda: len(service.engine.queue) == 1)
             refused = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
             assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["code"] == "queue_full"
@@ -268,15 +269,15 @@ def test_a_client_that_goes_away_stops_costing_compute(model, tok, slow_steps):
 def test_a_batch_that_fails_is_answered_500_and_the_server_goes_on(model, tok, monkeypatch):
     from r2r_hf.serve import engine
 
-    real, failures = engine.catch_up, []
+    real, failures = engine.decode_step, []
 
-    def failing_once(*args):
+    def failing_once(*args, **kwargs):
         if not failures:
             failures.append(1)
             raise RuntimeError("injected fault")
-        return real(*args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "catch_up", failing_once)
+    monkeypatch.setattr(engine, "decode_step", failing_once)
     with serving(model, tok) as (url, _):
         body = {"model": "tiny", "prompt": "water", "max_tokens": 4, "temperature": 0, "threshold": 0.0}
         failed = httpx.post(url + "/v1/completions", json=body, timeout=60)

@@ -101,6 +101,21 @@ finite_non_negative = _bounded("a finite number >= 0", lambda v: 0 <= v < math.i
 dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
 
 
+non_negative_int = whole(0)
+
+
+def min_rows(text: str) -> tuple[int, ...]:
+    """``--llm-min-rows``: one whole number >= 1, or a comma-separated list of them."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or a comma-separated list of them "
+                                         f"(e.g. 1,2,2,3), got {text!r}")
+    return values
+
+
 def widths(text: str) -> list[int]:
     """Comma-separated router block widths, each from 1 to ``MAX_ROUTER_WIDTH``."""
     from ..config import MAX_ROUTER_WIDTH

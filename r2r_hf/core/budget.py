@@ -70,33 +70,53 @@ class Budget:
         zeros = torch.zeros(rows, dtype=torch.long, device=device)
         return cls(share, zeros, zeros.clone(), torch.full((rows, max(columns, 1)), math.nan, device=device))
 
-    def allows(self, scores: torch.Tensor) -> torch.Tensor:
-        """[B] bool: where the LLM may write the next token of a row whose router score is ``scores`` [B]."""
-        t = (self.seen + 1).double()
-        limit = cap(self.share, t)
-        earlier = torch.arange(self.history.shape[1], device=self.history.device) < self.seen[:, None]
-        higher = ((self.history > scores[:, None].to(self.history.dtype)) & earlier).sum(-1)
-        return (self.used.double() < limit) & (higher.double() < limit)
+    def allows(self, scores: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[k] bool: where the LLM may write the next token of rows ``rows`` (all when None) whose router scores
+        are ``scores`` [k]."""
+        share, used, seen, history = self._of(rows)
+        t = (seen + 1).double()
+        limit = cap(share, t)
+        earlier = torch.arange(history.shape[1], device=history.device) < seen[:, None]
+        higher = ((history > scores[:, None].to(history.dtype)) & earlier).sum(-1)
+        return (used.double() < limit) & (higher.double() < limit)
 
-    def spend(self, scores: torch.Tensor, routed: torch.Tensor, running: torch.Tensor) -> None:
-        """Record one step: running rows saw ``scores`` [B] and the LLM wrote where ``routed`` [B].
+    def spend(self, scores: torch.Tensor, routed: torch.Tensor, running: torch.Tensor,
+              rows: torch.Tensor | None = None) -> None:
+        """Record one step of rows ``rows`` (all when None): running ones saw ``scores`` [k] and the LLM writes
+        where ``routed`` [k] (a token that waits for the LLM is spent when it is routed).
 
         ``history`` was sized for every row's longest answer, so no running row is past its end.
         """
-        column = self.seen.clamp(max=self.history.shape[1] - 1)[:, None]
-        kept = self.history.gather(1, column)[:, 0]
-        self.history.scatter_(1, column, torch.where(running, scores.to(self.history.dtype), kept)[:, None])
-        self.used += (routed & running).long()
-        self.seen += running.long()
+        _, used, seen, history = self._of(rows)
+        column = seen.clamp(max=history.shape[1] - 1)[:, None]
+        kept = history.gather(1, column)[:, 0]
+        history.scatter_(1, column, torch.where(running, scores.to(history.dtype), kept)[:, None])
+        used = used + (routed & running).long()
+        seen = seen + running.long()
+        if rows is None:
+            self.history, self.used, self.seen = history, used, seen
+        else:
+            self.history[rows], self.used[rows], self.seen[rows] = history, used, seen
 
-    # -------------------------------------------------- rows joining and leaving (the server)
-    def rows(self, index: torch.Tensor) -> Budget:
-        """The state of rows ``index`` (in that order)."""
-        return Budget(self.share[index], self.used[index], self.seen[index], self.history[index])
+    def _of(self, rows: torch.Tensor | None):
+        if rows is None:
+            return self.share, self.used, self.seen, self.history
+        return self.share[rows], self.used[rows], self.seen[rows], self.history[rows]
 
-    def joined(self, other: Budget) -> Budget:
-        """This batch's rows, then ``other``'s."""
-        width = max(self.history.shape[1], other.history.shape[1])
-        pad = lambda h: torch.nn.functional.pad(h, (0, width - h.shape[1]), value=math.nan)  # noqa: E731
-        return Budget(torch.cat([self.share, other.share]), torch.cat([self.used, other.used]),
-                      torch.cat([self.seen, other.seen]), torch.cat([pad(self.history), pad(other.history)]))
+    # -------------------------------------------------- rows joining and leaving (the server's slots)
+    def place(self, row: int, share: float, columns: int) -> None:
+        """Slot ``row`` starts a new answer of at most ``columns`` tokens with budget ``share`` (inf: none)."""
+        if columns > self.history.shape[1]:
+            pad = columns - self.history.shape[1]
+            self.history = torch.nn.functional.pad(self.history, (0, pad), value=math.nan)
+        self.share[row], self.used[row], self.seen[row] = share, 0, 0
+        self.history[row] = math.nan
+
+    def grow(self, rows: int) -> None:
+        """Room for ``rows`` slots (new ones hold no answer)."""
+        extra = rows - self.share.shape[0]
+        if extra > 0:
+            self.share = torch.cat([self.share, self.share.new_full((extra,), math.inf)])
+            self.used = torch.cat([self.used, self.used.new_zeros(extra)])
+            self.seen = torch.cat([self.seen, self.seen.new_zeros(extra)])
+            self.history = torch.cat([self.history, self.history.new_full((extra, self.history.shape[1]), math.nan)])

@@ -1,120 +1,38 @@
-"""The R2R decoding loop, read top to bottom.
+"""``generate``'s R2R loop: HF's records, streaming and stopping around the one decoding step.
 
-Every step, for the whole batch:
+The step itself (propose, route, catch up, commit, SLM step) is ``step.decode_step``, over a ``RunningBatch``
+(``batch.py``) that the server's engine advances with the same step. Here the batch is the call's
+left-padded rectangle on HF's own caches (eager, static, captured or compiled: ``capture.py``), in which every
+row commits a token at every step, and the LLM runs in the step a row routes (``policy.IMMEDIATE``): HF's
+contracts — ``sequences``, streamers and stopping criteria all see one token per row per step — leave no room
+for a row that waits, so waiting for a shared LLM forward is the server's (``r2r_hf/serve``).
 
-1. ``propose``   the SLM's next token, through HF's logits processors and sampling;
-2. ``route``     the router scores that proposal from the SLM's features;
-3. ``catch up``  where any row routes, the LLM reads every token committed since its
-                 last call in ONE forward and writes that row's token instead;
-4. ``commit``    the chosen token is appended (pad for finished rows);
-5. ``SLM step``  the SLM reads the committed token, whichever model wrote it;
-6. ``record``    the token is recorded, streamed and checked against the stopping criteria.
+Nothing is rolled back: the SLM's cache only ever holds committed tokens and the LLM's cache only grows, so
+both can be static and the fixed-shape calls captured. Sampling keeps HF's random stream: it advances once
+per committed token, because the LLM redraws from the state the SLM's draw started from (``choice.py``).
+Hence never-route equals ``slm.generate`` and always-route equals ``llm.generate``, token for token, under
+the same seed. The host waits on the device once per step: for the routing decision (which also tells
+whether every row finished at the previous step).
 
-Nothing is rolled back: the SLM's cache only ever holds committed tokens and the
-LLM's cache only grows, so both can be static and the fixed-shape calls captured
-(``capture.py``). Sampling keeps HF's random stream: it advances once per committed
-token, because the LLM redraws from the state the SLM's draw started from (``sampling.py``).
-Hence never-route equals ``slm.generate`` and always-route equals ``llm.generate``, token for
-token, under the same seed. The host waits on the device once per step: for the
-routing decision (which also tells whether every row finished at the previous step).
-
-Where a call gives an LLM budget, step 2 routes only where the row's budget allows too
-(``budget.py``: never more than ceil(b * t) of t tokens, spent where the router is surest).
-
-Steps 1-5 are small functions over one explicit ``Batch`` (what the batch decodes over between
-steps) and the batch's ``Routing``; ``r2r_decode`` adds HF's records, streaming and stopping, and
-the server's engine (``r2r_hf/serve``) adds rows joining and leaving between steps.
+Where a call gives an LLM budget, a token routes only where the row's budget allows too (``budget.py``:
+never more than ceil(b * t) of t tokens, spent where the router is surest).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
-from .budget import Budget
+from .batch import RunningBatch
+from .choice import CallChoice
+from .counters import Counters
+from .layouts import RectangleLayout
 from .outputs import R2RGenerateOutput, RoutingAwareStreamer
+from .policy import IMMEDIATE
 from .routing import Routing, call_length
-from .steps import Committed, propose
-
-
-@dataclass
-class Batch:
-    """What a batch decodes over between steps.
-
-    Args:
-        seq: the committed tokens.
-        llm_seen: columns of ``seq`` already in the LLM's cache (one lag shared by the batch).
-        slm_logits: [B, V] the SLM's next-token logits after reading ``seq``.
-        slm_hidden: [B, H] its post-norm hidden state there.
-        budget: the rows' LLM budgets and what they spent (None when the batch has none).
-    """
-
-    seq: Committed
-    llm_seen: int
-    slm_logits: torch.Tensor
-    slm_hidden: torch.Tensor
-    budget: Budget | None = None
-
-
-@dataclass(frozen=True)
-class Proposal:
-    """Steps 1-2 of one step: the SLM's token, its processed scores, the router's scores and decision.
-
-    ``rng`` is where the random stream stood before the SLM's draw (None when greedy).
-    """
-
-    token: torch.Tensor
-    scores: torch.Tensor
-    router_scores: torch.Tensor
-    routed: torch.Tensor
-    rng: object
-
-
-def start(routing: Routing, seq: Committed, new_tokens: int) -> Batch:
-    """The SLM prefills the prompt: the batch is ready for its first proposal (of at most ``new_tokens``)."""
-    logits, hidden = routing.steps.slm_read(seq, 0)
-    budget = None
-    if routing.llm_budget is not None:
-        budget = Budget.start(routing.llm_budget, seq.ids.shape[0], new_tokens, seq.ids.device)
-    return Batch(seq, 0, logits, hidden, budget)
-
-
-def propose_and_route(routing: Routing, batch: Batch, running: torch.Tensor) -> Proposal:
-    """1. The SLM proposes; 2. the router scores the proposal. Routes only running rows, within their budgets."""
-    rng = routing.sampler.state()  # kept so the LLM can redraw in the SLM's place
-    scores, token = propose(batch.slm_logits, batch.seq, routing.processors, routing.vocab_size, routing.sampler)
-    routing.router.step()
-    router_scores = routing.steps.route_scores(batch.slm_logits, batch.slm_hidden, token).to(token.device)
-    routed = (router_scores >= routing.threshold) & running
-    if batch.budget is not None:
-        routed &= batch.budget.allows(router_scores)
-        batch.budget.spend(router_scores, routed, running)
-    return Proposal(token, scores, router_scores, routed, rng)
-
-
-def catch_up(routing: Routing, batch: Batch, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """3. The LLM reads every token since its last call in one chunk and writes the routed rows' token.
-
-    Returns the tokens [B], the writers' processed scores [B, V] and the LLM's raw logits [B, V'].
-    """
-    llm_logits = routing.steps.llm_read(batch.seq, batch.llm_seen)
-    batch.llm_seen = batch.seq.length
-    routing.sampler.restore(proposal.rng)
-    llm_scores, llm_token = propose(llm_logits, batch.seq, routing.processors, routing.vocab_size, routing.sampler)
-    token = torch.where(proposal.routed, llm_token, proposal.token)
-    scores = torch.where(proposal.routed[:, None], llm_scores, proposal.scores)
-    return token, scores, llm_logits
-
-
-def commit(routing: Routing, batch: Batch, token: torch.Tensor, read: bool = True) -> None:
-    """4. Append the chosen tokens; 5. the SLM reads them (launched at once so the device works while the
-    host keeps its records). ``read=False`` when no step follows."""
-    batch.seq.append(token)
-    if read:
-        batch.slm_logits, batch.slm_hidden = routing.steps.slm_read(batch.seq, batch.seq.length - 1)
+from .step import decode_step
+from .steps import Committed
 
 
 def r2r_decode(
@@ -145,65 +63,55 @@ def r2r_decode(
     pad = generation_config._pad_token_tensor
     pad_finished = pad is not None and any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     max_len = call_length(generation_config, prompt_len)
-    vocab, new_max = routing.vocab_size, max_len - prompt_len
+    new_max = max_len - prompt_len
 
-    running = torch.ones(rows, dtype=torch.bool, device=device)
     routed_record = torch.zeros(rows, new_max, dtype=torch.bool, device=device)
     score_record = torch.full((rows, new_max), float("nan"), device=device)
     generated_record = torch.zeros(rows, new_max, dtype=torch.bool, device=device)
     scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
     logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
 
-    batch = start(routing, Committed.from_prompt(input_ids, attention_mask, position_ids, routing.steps.capacity),
-                  new_max)
+    counters = Counters()
+    seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.steps.capacity)
+    layout = RectangleLayout(routing.steps, seq, counters)
+    choice = CallChoice(routing.processors, routing.sampler, routing.vocab_size, seq.view)
+    batch = RunningBatch.for_call(routing.pair, layout, choice, routing.threshold, routing.llm_budget, new_max,
+                                  pad if pad_finished else None, counters)
+    batch.keep_outputs = keep_scores or keep_logits
     step = 0
     while True:
-        # 1-2. Propose and route. The step's one host synchronisation reads the routing decision
-        #      together with whether every row had finished at the previous step.
-        proposal = propose_and_route(routing, batch, running)
-        any_routed, all_finished = torch.stack((proposal.routed.any(), ~running.any())).tolist()
-        if all_finished:
-            routing.sampler.restore(proposal.rng)  # this step's draw is not committed
+        # The step's one host synchronisation also reads whether every row had finished at the previous step.
+        running = batch.running.clone()
+        before = routing.sampler.state()
+        out = decode_step(batch, IMMEDIATE, ended=lambda synced: set(range(rows)) if synced.also[0] else set(),
+                          also=(~running.any(),), read=seq.length + 1 < max_len)
+        if not out.committed:  # every row had finished at the previous step: this step's draw is not committed
+            routing.sampler.restore(before)
             break
-        token, scores = proposal.token, proposal.scores
-        raw = batch.slm_logits[:, :vocab] if keep_logits else None
-
-        # 3. Routed rows: the LLM catches up in one chunk, then writes their token.
-        if any_routed:
-            token, scores, llm_logits = catch_up(routing, batch, proposal)
-            if keep_logits:
-                raw = torch.where(proposal.routed[:, None], llm_logits[:, :vocab].to(raw.device), raw)
-
-        # 4-5. Commit (finished rows get the pad token); the SLM reads the committed token.
-        if pad_finished:
-            token = torch.where(running, token, pad)
-        commit(routing, batch, token, read=batch.seq.length + 1 < max_len)
-
-        # 6. Record, stream, check stopping.
-        routed_record[:, step] = proposal.routed
-        score_record[:, step] = torch.where(running, proposal.router_scores, float("nan"))
+        routed_record[:, step] = out.routed
+        score_record[:, step] = torch.where(running, out.router_scores, float("nan"))
         generated_record[:, step] = running
         if keep_scores:
-            scores_out += (scores,)
+            scores_out += (out.scores,)
         if keep_logits:
-            logits_out += (raw.float(),)
+            logits_out += (out.raw_logits,)
         if streamer is not None:
             if isinstance(streamer, RoutingAwareStreamer):
-                streamer.put_routing(proposal.routed.cpu(),
-                                     torch.where(running, proposal.router_scores, float("nan")).cpu())
-            streamer.put(token.cpu())
-        running = running & ~stopping_criteria(batch.seq.view(), scores_out)
+                streamer.put_routing(out.routed.cpu(), score_record[:, step].cpu())
+            streamer.put(out.token.cpu())
+        batch.running = running & ~stopping_criteria(seq.view(), scores_out)
         step += 1
-        if batch.seq.length >= max_len:
+        if seq.length >= max_len:
             break
 
     if streamer is not None:
         streamer.end()
-    sequences = batch.seq.view().clone()
+    sequences = seq.view().clone()
     if not return_dict:
         return sequences
     generated, routed_out = generated_record[:, :step], routed_record[:, :step]
     llm_tokens = (routed_out & generated).sum(-1)
+    counters.generated, counters.llm_tokens = int(generated.sum()), int(llm_tokens.sum())
     return R2RGenerateOutput(
         sequences=sequences,
         scores=scores_out,
@@ -215,4 +123,5 @@ def r2r_decode(
         threshold=routing.threshold,
         llm_budget=None if routing.llm_budget is None else float(routing.llm_budget),
         llm_tokens=llm_tokens,
+        counters=counters.summary(),
     )

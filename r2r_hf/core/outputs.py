@@ -38,6 +38,8 @@ class R2RGenerateOutput(GenerateDecoderOnlyOutput):
         threshold: the threshold this call used.
         llm_budget: the call's LLM budget (the share of each answer's tokens the LLM may write), or None.
         llm_tokens: long [B]; tokens the LLM wrote in each row (what each row spent).
+        counters: what the call did in units that do not depend on the machine (``core/counters.py``): forwards
+            and host synchronisations per token, rows per LLM forward.
     """
 
     routed: torch.BoolTensor | None = None
@@ -47,3 +49,4 @@ class R2RGenerateOutput(GenerateDecoderOnlyOutput):
     threshold: float | None = None
     llm_budget: float | None = None
     llm_tokens: torch.LongTensor | None = None
+    counters: dict | None = None

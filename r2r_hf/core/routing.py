@@ -1,9 +1,8 @@
 """``Routing``: everything one decoding batch routes with, as one explicit value.
 
-For ``generate`` it is built once per call from the call's own generation config (HF makes a
-per-call copy of it, so concurrent calls never share one) and handed to the loop. Nothing about a
-call lives anywhere else: not on the model, not in a global. The server builds one per batch
-composition, with per-row thresholds, processors and random streams.
+It is built once per call from the call's own generation config (HF makes a per-call copy of it, so
+concurrent calls never share one) and handed to the loop. Nothing about a call lives anywhere else:
+not on the model, not in a global. (The server's rows carry their own settings: ``batch.py``.)
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from .budget import check_budget
 from .capture_store import CaptureStore, choose_steps
 from .engines import Steps
 from .pair import RoutedPair
-from .sampling import RowSampler, Sampler, seeded_generator
+from .sampling import Sampler, seeded_generator
 from .steps import Processors
 
 
@@ -42,21 +41,23 @@ class Routing:
     Args:
         router: scores the SLM's proposals (``router.for_call()``: per-call state is this call's own).
         vocab_size: the vocabulary both models can write; logits are cut to it.
-        threshold: route where ``score >= threshold``: one number, or one per row ([B]).
-        processors: HF's logits processors (or a per-row equivalent), applied to both models' logits.
+        threshold: route where ``score >= threshold``.
+        processors: HF's logits processors, applied to both models' logits.
         sampler: argmax or draws; its random stream advances once per committed token.
         steps: the batch's model calls and caches (eager, compiled or captured; ``capture.py``).
-        llm_budget: the share of each answer's tokens the LLM may write (one number, or one per row; inf: none),
-            or None for no budget at all (``budget.py``).
+        llm_budget: the share of each answer's tokens the LLM may write (inf: none), or None for no budget at all
+            (``budget.py``).
+        pair: the models and this call's router (``RoutedPair.for_call``).
     """
 
     router: nn.Module
     vocab_size: int
-    threshold: float | torch.Tensor
+    threshold: float
     processors: Processors
-    sampler: Sampler | RowSampler
+    sampler: Sampler
     steps: Steps
-    llm_budget: float | torch.Tensor | None = None
+    llm_budget: float | None = None
+    pair: RoutedPair | None = None
 
     @classmethod
     def for_call(
@@ -85,4 +86,4 @@ class Routing:
         pair = pair.for_call()
         needed = call_length(generation_config, input_ids.shape[1])
         steps = choose_steps(pair, generation_config, input_ids.shape[0], needed, store)
-        return cls(pair.router, pair.vocab_size, threshold, processors, sampler, steps, budget)
+        return cls(pair.router, pair.vocab_size, threshold, processors, sampler, steps, budget, pair)

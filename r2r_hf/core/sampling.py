@@ -8,13 +8,11 @@ LLM draws in its place. So never-route equals ``slm.generate`` and always-route 
 ``Sampler`` is one generate call's: one draw for the whole batch, from the global stream (HF's
 behaviour) or from the call's own generator when the call names a ``seed`` (then the draws are the
 same as ``torch.manual_seed(seed)`` would give, and concurrent calls never share a stream).
-``RowSampler`` gives every row its own settings and stream (the server's requests): a row answers
-the same whether it ran alone or beside others.
+Per-row streams (the server's requests) are ``choice.RowChoice``'s: a row answers the same whether it
+ran alone or beside others.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
@@ -47,12 +45,18 @@ def _set_global_state(device: torch.device, state: torch.Tensor) -> None:
         torch.get_device_module(device.type).set_rng_state(state, device.index)
 
 
-def _draw(scores: torch.Tensor, width: int, generator: torch.Generator | None) -> torch.Tensor:
-    # A draw is taken over the writing model's own lm_head width (padding columns at -inf), so the
-    # stream advances by what that model's own ``generate`` would consume.
+def _widened(scores: torch.Tensor, width: int) -> torch.Tensor:
+    """Scores [B, V] over the writing model's own lm_head width (padding columns at -inf).
+
+    A draw is taken over that width, so the stream advances by what that model's own ``generate`` would consume.
+    """
     if width > scores.shape[-1]:
         scores = torch.nn.functional.pad(scores, (0, width - scores.shape[-1]), value=-float("inf"))
-    return torch.multinomial(scores.softmax(-1), num_samples=1, generator=generator).squeeze(1)
+    return scores
+
+
+def _draw(scores: torch.Tensor, width: int, generator: torch.Generator | None) -> torch.Tensor:
+    return torch.multinomial(_widened(scores, width).softmax(-1), num_samples=1, generator=generator).squeeze(1)
 
 
 class Sampler:
@@ -84,29 +88,3 @@ class Sampler:
     def pick(self, scores: torch.Tensor, width: int) -> torch.Tensor:
         """Tokens [B] from processed scores [B, V]; ``width`` is the writing model's lm_head width."""
         return _draw(scores, width, self.generator) if self.do_sample else scores.argmax(-1)
-
-
-class RowSampler:
-    """Per-row token choice: each row greedy or drawing from its own generator.
-
-    Args:
-        generators: one entry per row: a generator (the row samples) or None (the row is greedy).
-    """
-
-    def __init__(self, generators: Sequence[torch.Generator | None]) -> None:
-        self.generators = list(generators)
-
-    def state(self) -> list[torch.Tensor | None]:
-        return [None if g is None else g.get_state() for g in self.generators]
-
-    def restore(self, state: list[torch.Tensor | None]) -> None:
-        for generator, saved in zip(self.generators, state):
-            if generator is not None:
-                generator.set_state(saved)
-
-    def pick(self, scores: torch.Tensor, width: int) -> torch.Tensor:
-        tokens = scores.argmax(-1)
-        for row, generator in enumerate(self.generators):
-            if generator is not None:
-                tokens[row] = _draw(scores[row : row + 1], width, generator)[0]
-        return tokens

@@ -1,10 +1,8 @@
-"""The state one generate call decodes over, and the small steps that are the same on every path.
+"""A generate call's committed tokens in HF's left-padded rectangle, and the KV caches HF would use.
 
-``Committed`` holds the tokens written so far in buffers allocated once per call. ``propose``
-turns a model's logits into its token exactly as HF's ``_sample`` does, so the routed rows and
-the SLM's rows go through the same processors and the same random stream (``sampling.py``).
-The model calls themselves (SLM step, router, LLM catch-up) live in ``engines.py``: eager,
-compiled or captured, with the same signatures.
+``Committed`` holds the tokens written so far in buffers allocated once per call (``layouts.RectangleLayout``
+decodes over it). The model calls themselves (SLM step, router, LLM catch-up) live in ``engines.py``:
+eager, compiled or captured, with the same signatures. How a token is chosen is ``choice.py``.
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
-
-from .sampling import RowSampler, Sampler
 
 # HF's LogitsProcessorList, or any callable of the same shape: (ids [B, L], logits [B, V]) -> scores [B, V].
 Processors = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -75,11 +71,3 @@ def make_cache(model: torch.nn.Module, implementation: str | None, length: int) 
     if implementation == "static":
         return StaticCache(config=model.config, max_cache_len=length)
     return DynamicCache(config=model.config)
-
-
-def propose(
-    logits: torch.Tensor, seq: Committed, processors: Processors, vocab: int, sampler: Sampler | RowSampler
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A model's processed scores over the shared vocabulary, and its token (HF's ``_sample`` step)."""
-    scores = processors(seq.view(), logits[:, :vocab].to(device=seq.ids.device, dtype=torch.float32, copy=True))
-    return scores, sampler.pick(scores, width=logits.shape[-1])

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP app: ``/health``, ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``.
 
-Handlers turn a request into rows (``rows.Sampling``), hand them to the decoding thread
+Handlers turn a request into rows (``answers.choices``), hand them to the decoding thread
 (``engine.Engine``) and turn its events into an answer or Server-Sent Events. Every error is
 OpenAI's error body with a 4xx (the client's doing) or 5xx status; nothing a client sends can end
 the server.
@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..model.loading import context_length
@@ -28,11 +28,11 @@ from .engine import Engine
 from .engine import Request as Work
 from .protocol import APIError, ChatRequest, CompletionRequest, answer, chunk, new_id, routing_stats, usage, \
     validation_error
-from .rows import Sampling
+from .answers import choices
+from .metrics import CONTENT_TYPE
 from .settings import ServeSettings
 
 logger = logging.getLogger(__name__)
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 class Service:
@@ -42,8 +42,6 @@ class Service:
         self.model, self.tokenizer, self.settings, self.name = model, tokenizer, settings, name
         self.context = context_length(model.slm, model.llm)
         self.vocab = model.shared_vocab_size
-        self.default_threshold = settings.threshold if settings.threshold is not None else model.config.threshold
-        self.defaults = model.generation_config
         self.engine = Engine(model, tokenizer, settings)
 
     # ------------------------------------------------------------ requests to rows
@@ -66,34 +64,6 @@ class Service:
             raise APIError(400, f"prompt holds token ids outside the vocabulary [0, {self.vocab}).", param="prompt")
         return ids
 
-    def samplings(self, body: CompletionRequest | ChatRequest, prompt_tokens: int) -> list[Sampling]:
-        chat = isinstance(body, ChatRequest)
-        asked = (body.max_completion_tokens or body.max_tokens) if chat else body.max_tokens
-        room = None if self.context is None else self.context - prompt_tokens
-        if room is not None and room < 1:
-            raise APIError(400, f"The prompt has {prompt_tokens} tokens, the models' context is {self.context}; "
-                                "shorten it.", param="messages" if chat else "prompt", code="context_length_exceeded")
-        default = (self.settings.default_max_tokens or room) if chat else COMPLETION_DEFAULT_MAX_TOKENS
-        max_tokens = asked or default or 256
-        if room is not None and max_tokens > room:
-            if asked:
-                raise APIError(400, f"The prompt has {prompt_tokens} tokens; with max_tokens={asked} it exceeds the "
-                                    f"models' context of {self.context} tokens. Lower max_tokens or shorten the prompt.",
-                               param="max_tokens", code="context_length_exceeded")
-            max_tokens = room
-        # Unset options take the LLM's generation defaults, as generate() does; temperature 0 means greedy.
-        if body.temperature is not None:
-            do_sample, temperature = body.temperature > 0, body.temperature
-        else:
-            do_sample, temperature = bool(self.defaults.do_sample), self.defaults.temperature
-        return [Sampling(max_tokens=max_tokens, do_sample=do_sample, temperature=temperature,
-                         top_p=body.top_p if body.top_p is not None else self.defaults.top_p,
-                         top_k=body.top_k if body.top_k is not None else self.defaults.top_k,
-                         stops=tuple(body.stop), seed=None if body.seed is None else body.seed + i,
-                         threshold=body.threshold if body.threshold is not None else self.default_threshold,
-                         llm_budget=body.llm_budget if body.llm_budget is not None else self.settings.llm_budget)
-                for i in range(body.n)]
-
     def check(self, body: CompletionRequest | ChatRequest) -> None:
         if body.model != self.name:
             raise APIError(404, f"The model {body.model!r} does not exist here; this server serves {self.name!r}.",
@@ -105,17 +75,17 @@ class Service:
         self.check(body)
         chat = isinstance(body, ChatRequest)
         prompts = self.prompts(body)
-        rows_prompts, samplings = [], []
+        rows_prompts, asked = [], []
         for p in prompts:
-            for s in self.samplings(body, len(p)):
+            for c in choices(self, body, p):
                 rows_prompts.append(p)
-                samplings.append(s)
+                asked.append(c)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        work = Work(rows_prompts, samplings, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        work = Work(rows_prompts, asked, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
         self.engine.submit(work)
         rid = new_id("chatcmpl" if chat else "cmpl")
         prompt_tokens = sum(len(p) for p in prompts)
-        routing = {"threshold": samplings[0].threshold, "budget": samplings[0].llm_budget}
+        routing = {"threshold": asked[0].settings.threshold, "budget": asked[0].settings.llm_budget}
         if body.stream:
             stream = self._stream(chat, rid, work, events, prompt_tokens, routing, body.include_usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -228,6 +198,12 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "pid": os.getpid()}
+
+    # Behind the API key when one is set (request counts and latencies are the operator's business; a Prometheus
+    # scrape config sends the key with ``authorization: {credentials: KEY}``).
+    @app.get("/metrics", dependencies=[Depends(authorised)])
+    async def metrics() -> Response:
+        return Response(service_of().engine.metrics.text(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(authorised)])
     async def models() -> dict[str, Any]:

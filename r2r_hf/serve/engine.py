@@ -1,60 +1,82 @@
-"""The server's decoding thread: one running batch that requests join and leave between steps.
+"""The server's decoding thread: a queue of requests and one running batch, advanced one step at a time.
 
-Every step runs the R2R loop's steps (``core.decoding``: propose, route, catch up, commit, SLM step)
-for every row of the batch. Between steps, waiting requests join (``core.batching.merge``: their
-prompts are prefilled and left-aligned to the batch), and finished or abandoned rows leave
-(``core.batching.select``). So a request arriving while long answers decode starts at the next step
-instead of waiting for them ("continuous" batching), and a client that goes away stops costing
-compute at the next step.
+Each turn of the loop: **decide** (``_schedule``: which queued requests join the free slots, which rows leave
+because their client went away; a plain ``Plan``), **do** (leave, join, one ``decode_step`` of the batch,
+the same step ``generate`` runs), **update** the requests (text, end and error events, from the tokens the
+step's one host synchronisation read). A request arriving while long answers decode joins at the next
+step ("continuous" batching); a client that goes away stops costing compute at the next step.
 
-The thread owns the model: HTTP handlers only ``submit`` and ``cancel`` requests and receive events
-through the request's ``emit`` (from this thread): ``("text", choice, piece)``, ``("end", choice,
-finish_reason, generated_tokens, llm_tokens)`` and ``("error", APIError)``. An exception inside a
-step answers the batch's requests with a 500 and the thread keeps serving.
+The batch gives every row a slot of its own (``core/slots.py``): joining prefills the newcomers' prompts into
+free slots, leaving frees the slot, and no running row's cache is copied. Routed rows wait for the LLM until
+``ServeSettings.llm_min_rows`` rows wait or the oldest has waited ``llm_max_wait`` steps (``core/policy.py``),
+so one LLM forward serves several rows; a row's answer never depends on the policy or its neighbours. A model
+whose forward cannot read slots (attention other than sdpa/eager, an architecture that ignores a prepared
+mask) is served one answer at a time on HF's own caches, with the reason logged once.
+
+The thread owns the model: HTTP handlers only ``submit`` and ``cancel`` requests and receive events through
+the request's ``emit`` (from this thread): ``("text", choice, piece)``, ``("end", choice, finish_reason,
+generated_tokens, llm_tokens)`` and ``("error", APIError)``. A row whose draw fails ends that request only; an
+exception inside a step answers the batch's requests with a 500 and the thread keeps serving.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from ..core.batching import grown, merge, select, splice_problem
-from ..core.decoding import Batch, catch_up, commit, propose_and_route, start
+from ..core.batch import Joiner, RunningBatch
+from ..core.choice import CallChoice
+from ..core.counters import Counters
 from ..core.engines import EagerSteps
-from ..core.features import input_device, positions_from_mask
-from ..core.routing import Routing
-from ..core.sampling import RowSampler, seeded_generator
+from ..core.features import input_device
+from ..core.layouts import RectangleLayout
+from ..core.policy import WaitPolicy
+from ..core.sampling import Sampler
+from ..core.slots import slot_problem
+from ..core.step import Synced, decode_step
 from ..core.steps import Committed
+from .metrics import ServeMetrics
 from .protocol import APIError
-from .rows import Row, RowProcessors, Sampling
+from .rows import Choice, Row
 from .settings import ServeSettings
 
 logger = logging.getLogger(__name__)
+START_COLUMNS = 256  # slot columns allocated at first (they grow, doubling, when an answer needs more)
 
 
 class Request:
-    """One HTTP request's work: a prompt and settings per row (choice), and where its events go.
+    """One HTTP request's work: a prompt and a ``Choice`` per row (answer), and where its events go.
 
     Args:
         prompts: token ids per row.
-        samplings: settings per row.
+        choices: what each row asks for (resolved settings and stops).
         emit: called from the engine thread with each event (see the module docstring).
     """
 
-    def __init__(self, prompts: list[list[int]], samplings: list[Sampling], emit: Callable[[tuple], None]) -> None:
-        self.prompts, self.samplings, self.emit = prompts, samplings, emit
+    def __init__(self, prompts: list[list[int]], choices: list[Choice], emit: Callable[[tuple], None]) -> None:
+        self.prompts, self.choices, self.emit = prompts, choices, emit
         self.cancelled = False
+        self.submitted = time.monotonic()
+        self.open = len(prompts)  # rows not ended yet
 
     @property
     def rows(self) -> int:
         return len(self.prompts)
+
+
+@dataclass
+class Plan:
+    """What one turn does before its step: the requests that join, the slots whose rows leave."""
+
+    joining: list[Request] = field(default_factory=list)
+    leaving: list[int] = field(default_factory=list)
 
 
 class Engine:
@@ -63,33 +85,42 @@ class Engine:
     Args:
         model: an ``R2RForCausalLM`` with its pair attached.
         tokenizer: the SLM's tokenizer (decodes the answers).
-        settings: batch size, queue length, batching wait.
+        settings: batch size, queue length, batching wait, the LLM's waiting policy.
     """
 
     def __init__(self, model, tokenizer, settings: ServeSettings) -> None:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
-        problems = [p for p in (splice_problem(model.slm), splice_problem(model.llm)) if p]
-        # Without splicing, new rows start only when the batch is empty (requests still batch when they arrive together).
-        self.continuous = not problems
-        if problems:
-            logger.warning("requests join only an idle batch: %s", problems[0])
-        eos = model.generation_config.eos_token_id
-        self.eos_ids = set([] if eos is None else [eos] if isinstance(eos, int) else eos)
-        self.device = input_device(model.slm)
         self.pair = model.routed_pair().for_call()  # one router state for the server's one running batch
-        self.waiting: collections.deque[Request] = collections.deque()
+        self.device = input_device(model.slm)
+        self.policy = WaitPolicy(settings.llm_min_rows, settings.llm_max_wait)
+        self.counters = Counters()
+        self.metrics = ServeMetrics(self)
+        problem = slot_problem(model.slm) or slot_problem(model.llm)
+        self.slotted = problem is None
+        if problem:
+            logger.warning("answers are decoded one at a time on HF's caches: the models cannot use slots (%s)", problem)
+        self.queue: collections.deque[Request] = collections.deque()
+        self.batch: RunningBatch | None = self._new_batch() if self.slotted else None
+        self.later: collections.deque[tuple[Request, int]] = collections.deque()  # without slots: rows to come
         self.cond = threading.Condition()
-        self.rows: list[Row] = []
-        self.batch: Batch | None = None
-        self.steps: EagerSteps | None = None
-        self.routing: Routing | None = None
         self.stopping = False
-        # Counters (read by tests and /health-style checks): steps decoded, the most rows one step
-        # decoded, and how often rows joined a batch that was already decoding.
-        self.steps_run = self.peak_rows = self.joins_running = 0
+        self.peak_rows = self.joins_running = 0  # the most rows one step decoded; joins into a decoding batch
         self.thread = threading.Thread(target=self._run, name="r2r-engine", daemon=True)
 
+    def _new_batch(self) -> RunningBatch:
+        return RunningBatch.for_slots(self.pair, self.settings.max_batch_size, START_COLUMNS, self.device,
+                                      self.counters)
+
     # ------------------------------------------------------------ the HTTP side
+    @property
+    def rows(self) -> list[Row]:
+        """The answers in the running batch."""
+        return [] if self.batch is None else [self.batch.rows[r].owner for r in self.batch.occupied()]
+
+    @property
+    def steps_run(self) -> int:
+        return self.counters.steps
+
     def start(self) -> None:
         self.thread.start()
 
@@ -103,131 +134,142 @@ class Engine:
     def submit(self, request: Request) -> None:
         """Queue a request; a full queue is refused with 429 and Retry-After."""
         if request.rows > self.settings.max_batch_size:
-            raise APIError(400, f"n={request.rows} answers exceed this server's batch of {self.settings.max_batch_size} "
+            raise APIError(400, f"{request.rows} answers exceed this server's batch of {self.settings.max_batch_size} "
                                 "rows; ask for fewer.", param="n")
         with self.cond:
             if self.stopping:
                 raise APIError(503, "The server is shutting down; retry on another replica.", kind="server_error",
                                headers={"Retry-After": "1"})
-            if len(self.waiting) >= self.settings.max_queue:
+            if len(self.queue) >= self.settings.max_queue:
                 raise APIError(429, f"The server's queue is full ({self.settings.max_queue} requests wait); retry "
                                     "shortly.", kind="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
-            self.waiting.append(request)
+            self.queue.append(request)
+            self.metrics.submitted()
             self.cond.notify_all()
 
     def cancel(self, request: Request) -> None:
-        """The client went away: its rows leave the batch at the next step."""
-        request.cancelled = True
+        """The client went away: a queued request leaves the queue now, its running rows at the next step."""
+        with self.cond:
+            if request.cancelled or not request.open:  # already answered (or failed): nothing to do
+                return
+            request.cancelled = True
+            self.metrics.finished("cancelled")
+            if request in self.queue:
+                self.queue.remove(request)
 
     # ------------------------------------------------------------ the thread
     def _run(self) -> None:
         with torch.inference_mode():
             while True:
-                newcomers = self._admit()
-                if newcomers is None:
+                plan = self._schedule()
+                if plan is None:
                     return
                 try:
-                    if newcomers:
-                        self._join(newcomers)
-                    self._drop_cancelled()
-                    if self.rows:
+                    self._leave(plan.leaving)
+                    if plan.joining:
+                        self._join(plan.joining)
+                    if self.batch is not None and self.batch.occupied():
                         self._step()
                 except Exception as err:  # noqa: BLE001 - one batch fails, the server goes on
                     logger.exception("a decoding step failed")
-                    self._fail_all(newcomers, err)
+                    self._fail_all(plan.joining, err)
 
-    def _admit(self) -> list[Request] | None:
-        """Requests that join now (waiting while idle); None when the engine stops."""
+    def _schedule(self) -> Plan | None:
+        """Decide the turn: who joins (waiting while idle), who leaves; None when the engine stops."""
         s = self.settings
+        batch = self.batch
         with self.cond:
-            while not self.waiting and not self.rows:
+            while not self.queue and not (batch is not None and batch.occupied()):
                 if self.stopping:
                     return None
                 self.cond.wait()
-            if not self.rows and s.batch_wait_ms > 0:  # idle: let requests arriving together start together
+                batch = self.batch
+            running = (batch is not None and bool(batch.occupied())) or bool(self.later)
+            if not running and s.batch_wait_ms > 0:  # idle: let requests arriving together start together
                 deadline = time.monotonic() + s.batch_wait_ms / 1e3
-                while sum(r.rows for r in self.waiting) < s.max_batch_size and time.monotonic() < deadline:
+                while sum(r.rows for r in self.queue) < s.max_batch_size and time.monotonic() < deadline:
                     self.cond.wait(deadline - time.monotonic())
-            room = s.max_batch_size - len(self.rows) if (self.continuous or not self.rows) else 0
-            taken = []
-            while self.waiting and self.waiting[0].rows <= room:
-                request = self.waiting.popleft()
-                if not request.cancelled:
-                    taken.append(request)
-                    room -= request.rows
-            return taken
+            leaving = [] if batch is None else [r for r in batch.occupied() if batch.rows[r].owner.owner.cancelled]
+            room = (batch.free_slots() + len(leaving)) if self.slotted else (0 if running else 1)
+            joining = []
+            while self.queue and self.queue[0].rows <= room:
+                request = self.queue.popleft()
+                joining.append(request)
+                room -= request.rows
+            return Plan(joining, leaving)
 
     def _join(self, requests: list[Request]) -> None:
-        rows = [Row(r, i, s, self.tokenizer, self.eos_ids, self._generator(s)) for r in requests
-                for i, s in enumerate(r.samplings)]
-        prompts = [p for r in requests for p in r.prompts]
-        width = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=self.device)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends in the last column
-            ids[i, width - len(p):] = torch.tensor(p, device=self.device)
-            mask[i, width - len(p):] = 1
-        seq = Committed.from_prompt(ids, mask, positions_from_mask(mask), 2 * width + 16)
-        p = self.pair
-        steps = EagerSteps(p.slm, p.llm, p.router, p.num_topk, None, 0)
-        newcomers = start(self._routing(rows, steps), seq, max(r.sampling.max_tokens for r in rows))
-        if self.batch is None:
-            self.batch, self.steps = newcomers, steps
-        else:
-            self.batch = merge(self.batch, self.steps, newcomers, steps)
+        if not self.slotted:  # one answer at a time on HF's caches
+            self.later.extend((request, i) for request in requests for i in range(request.rows))
+            self.batch = self._rectangle(*self.later.popleft())
+            return
+        joiners = []
+        for request in requests:
+            for i, (prompt, choice) in enumerate(zip(request.prompts, request.choices)):
+                s = choice.settings
+                joiners.append(Joiner(prompt, s.max_new_tokens, s.threshold, s.rule(self.device, _fresh_seed()),
+                                      s.llm_budget, owner=Row(request, i, choice, self.tokenizer)))
+        if self.batch.occupied():
             self.joins_running += 1
-        self.rows += rows
-        self.routing = self._routing(self.rows, self.steps)
+        self.batch.join(joiners)
 
-    def _generator(self, sampling: Sampling) -> torch.Generator | None:
-        """A sampling row's own random stream: its seed's, or a fresh one."""
-        if not sampling.do_sample:
-            return None
-        return seeded_generator(sampling.seed if sampling.seed is not None else _fresh_seed(), self.device)
-
-    def _routing(self, rows: list[Row], steps: EagerSteps) -> Routing:
-        threshold = torch.tensor([r.sampling.threshold for r in rows], device=self.device)
-        # Every row keeps a budget state (inf: none), so rows with and without one share a batch.
-        budget = torch.tensor([math.inf if r.sampling.llm_budget is None else r.sampling.llm_budget for r in rows],
-                              dtype=torch.float64, device=self.device)
-        return Routing(self.pair.router, self.pair.vocab_size, threshold, RowProcessors([r.sampling for r in rows]),
-                       RowSampler([r.generator for r in rows]), steps, budget)
+    def _rectangle(self, request: Request, index: int) -> RunningBatch:
+        """A batch of one answer on HF's caches (models that cannot use slots)."""
+        prompt, choice = request.prompts[index], request.choices[index]
+        s, p = choice.settings, self.pair
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        steps = EagerSteps(p.slm, p.llm, p.router, p.num_topk, None, len(prompt) + s.max_new_tokens + 1)
+        seq = Committed.from_prompt(ids, None, None, steps.capacity)
+        layout = RectangleLayout(steps, seq, self.counters)
+        generator = s.rule(self.device, _fresh_seed()).generator
+        sampler = Sampler(s.do_sample, self.device, generator)
+        batch = RunningBatch.for_call(p, layout, CallChoice(s.processors, sampler, p.vocab_size, seq.view),
+                                      s.threshold, s.llm_budget, s.max_new_tokens, None, self.counters)
+        batch.rows[0].owner = Row(request, index, choice, self.tokenizer)
+        self.counters.joins += 1
+        return batch
 
     def _step(self) -> None:
-        batch, routing = self.batch, self.routing
-        batch.seq = grown(batch.seq, 2 * batch.seq.length + 16) if batch.seq.length + 1 >= batch.seq.ids.shape[1] \
-            else batch.seq
-        running = torch.ones(len(self.rows), dtype=torch.bool, device=self.device)
-        proposal = propose_and_route(routing, batch, running)
-        token = proposal.token
-        if bool(proposal.routed.any()):
-            token, _, _ = catch_up(routing, batch, proposal)
-        commit(routing, batch, token)
-        self.steps_run, self.peak_rows = self.steps_run + 1, max(self.peak_rows, len(self.rows))
-        finished = []
-        for i, (row, tok, routed) in enumerate(zip(self.rows, token.tolist(), proposal.routed.tolist())):
-            piece = row.add(tok, routed)
+        batch = self.batch
+        self.peak_rows = max(self.peak_rows, len(batch.occupied()))
+        ended: set[int] = set()
+        failed = decode_step(batch, self.policy, ended=lambda synced: self._update(synced, ended)).synced.failed
+        for r in failed - ended:  # a row whose scores held no probability: its request ends, no other
+            self._fail(batch.rows[r].owner.owner, APIError(
+                500, "Sampling failed for this answer: its scores held no finite probability (a temperature or "
+                     "processor setting leaves nothing to draw); retry with other settings.", kind="server_error"))
+        self._leave(sorted(ended | failed))
+
+    def _update(self, synced: Synced, ended: set[int]) -> set[int]:
+        """The tokens the previous step committed reach their answers; the rows whose answer ended."""
+        batch = self.batch
+        now = time.monotonic()
+        for r in batch.occupied():
+            token = synced.previous[r]
+            if token < 0:
+                continue
+            row: Row = batch.rows[r].owner
+            piece = row.add(token, synced.previous_by_llm[r])
+            self.metrics.token(row, now)
             if piece:
-                self._emit(row.owner, ("text", row.choice, piece))
+                self._emit(row.owner, ("text", row.index, piece))
             if row.finish is not None:
-                self._emit(row.owner, ("end", row.choice, row.finish, row.generated, row.llm_tokens))
-                finished.append(i)
-        if finished:
-            self._leave(set(finished))
+                self._emit(row.owner, ("end", row.index, row.finish, row.generated, row.llm_tokens))
+                ended.add(r)
+                row.owner.open -= 1
+                if not row.owner.open and not row.owner.cancelled:
+                    self.metrics.finished("completed")
+        return ended
 
-    def _drop_cancelled(self) -> None:
-        gone = {i for i, row in enumerate(self.rows) if row.owner.cancelled}
-        if gone:
-            self._leave(gone)
-
-    def _leave(self, rows: set[int]) -> None:
-        keep = [i for i in range(len(self.rows)) if i not in rows]
-        self.rows = [self.rows[i] for i in keep]
-        if not keep:
-            self.batch = self.steps = self.routing = None
+    def _leave(self, rows: list[int]) -> None:
+        if not rows:
             return
-        self.batch = select(self.batch, self.steps, keep)
-        self.routing = self._routing(self.rows, self.steps)
+        if self.slotted:
+            self.batch.leave(rows)
+            return
+        while self.later and self.later[0][0].cancelled:
+            self.later.popleft()
+        self.batch = self._rectangle(*self.later.popleft()) if self.later else None
 
     def _emit(self, request: Request, event: tuple) -> None:
         try:
@@ -235,15 +277,24 @@ class Engine:
         except RuntimeError:  # the request's event loop is gone: nobody listens any more
             request.cancelled = True
 
+    def _fail(self, request: Request, error: APIError) -> None:
+        if not request.cancelled:
+            self._emit(request, ("error", error))
+            self.metrics.finished("error")
+        request.cancelled = True  # its other rows leave at the next step
+
     def _fail_all(self, newcomers: list[Request], err: Exception) -> None:
         owners = {id(r.owner): r.owner for r in self.rows}
         owners.update({id(r): r for r in newcomers})
+        owners.update({id(r): r for r, _ in self.later})
+        self.later.clear()
         error = APIError(500, f"Decoding this batch failed ({type(err).__name__}: {err}); the server keeps serving, "
                               "retry the request.", kind="server_error")
         for request in owners.values():
-            self._emit(request, ("error", error))
-        self.rows, self.batch, self.steps, self.routing = [], None, None, None
+            self._fail(request, error)
+        self.batch = self._new_batch() if self.slotted else None
 
 
 def _fresh_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
+

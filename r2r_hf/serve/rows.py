@@ -1,79 +1,34 @@
-"""One answer (a row of the batch): its decoding settings, its text so far, when it stops.
+"""One answer (a row of the running batch): what it asked for, its text so far, when it stops.
 
-Requests in one batch may ask for different sampling settings. Rows with equal settings share one
-HF logits-processor list (``RowProcessors`` applies each group to its own rows), every row draws
-from its own random stream (``core.sampling.RowSampler``) and routes at its own threshold, so a row
-answers what it would answer alone.
+A ``Choice`` is one answer a request asks for: its settings, resolved as ``generate`` resolves a call's
+(``model/row_settings.py``: the same precedence, the same HF processors, the same checks), and its stop
+strings. ``Row`` is the answer being written: it decodes the tokens the decoding thread hands it, holds
+back text that could be the start of a stop string, and says why it ended.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
+from ..model.row_settings import RowSettings
 from ..views.text import IncrementalText
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """How one answer is decoded and when it stops.
+class Choice:
+    """One answer of a request.
 
     Args:
-        max_tokens: new tokens at most.
-        temperature, top_p, top_k: HF's warpers (temperature 0 or None with ``do_sample`` False: greedy).
-        do_sample: draw instead of taking the argmax.
+        settings: its resolved decoding settings.
         stops: strings that end the answer (not included in it).
-        seed: the row's random stream (None: a fresh one).
-        threshold: route where the router's score >= threshold.
-        llm_budget: the share of the answer's tokens the LLM may write (None: no budget).
     """
 
-    max_tokens: int
-    do_sample: bool
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    stops: tuple[str, ...]
-    seed: int | None
-    threshold: float
-    llm_budget: float | None = None
+    settings: RowSettings
+    stops: tuple[str, ...] = ()
 
-    def warpers_key(self) -> tuple:
-        return (self.do_sample, self.temperature, self.top_p, self.top_k) if self.do_sample else (False,)
-
-    def processors(self) -> LogitsProcessorList:
-        """HF's sampling warpers for these settings, in the order HF's generate applies them."""
-        found = LogitsProcessorList()
-        if not self.do_sample:
-            return found
-        if self.temperature is not None and self.temperature != 1.0:
-            found.append(TemperatureLogitsWarper(self.temperature))
-        if self.top_k:
-            found.append(TopKLogitsWarper(self.top_k))
-        if self.top_p is not None and self.top_p < 1.0:
-            found.append(TopPLogitsWarper(self.top_p))
-        return found
-
-
-class RowProcessors:
-    """HF processors per row group: (ids [B, L], logits [B, V]) -> scores [B, V], as a LogitsProcessorList is."""
-
-    def __init__(self, settings: list[Sampling]) -> None:
-        groups: dict[tuple, list[int]] = {}
-        for row, s in enumerate(settings):
-            groups.setdefault(s.warpers_key(), []).append(row)
-        self.groups = [(settings[rows[0]].processors(), rows) for rows in groups.values()]
-
-    def __call__(self, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        if len(self.groups) == 1:
-            return self.groups[0][0](ids, logits)
-        out = torch.empty_like(logits)
-        for processors, rows in self.groups:
-            index = torch.tensor(rows, device=logits.device)
-            out[index] = processors(ids[index], logits[index])
-        return out
+    @property
+    def max_tokens(self) -> int:
+        return self.settings.max_new_tokens
 
 
 class Row:
@@ -82,17 +37,14 @@ class Row:
     Text that could be the start of a stop string is held back until it is not (or the answer ends).
 
     Args:
-        owner: the request the row answers (``choice`` is its index there).
-        sampling: its settings.
+        owner: the request the row answers (``index`` is its choice's index there).
+        choice: what it asked for.
         tokenizer: decodes its tokens.
-        eos_ids: token ids that end any answer.
-        generator: the row's random stream (None when it is greedy).
     """
 
-    def __init__(self, owner, choice: int, sampling: Sampling, tokenizer, eos_ids: set[int],
-                 generator: torch.Generator | None = None) -> None:
-        self.owner, self.choice, self.sampling, self.eos_ids = owner, choice, sampling, eos_ids
-        self.generator = generator
+    def __init__(self, owner, index: int, choice: Choice, tokenizer) -> None:
+        self.owner, self.index, self.choice = owner, index, choice
+        self.eos_ids = choice.settings.eos_ids
         self.text = IncrementalText(tokenizer)
         self.sent = 0  # characters of text already handed out
         self.generated = self.llm_tokens = 0
@@ -111,21 +63,21 @@ class Row:
         if stop_at is not None:
             self.finish = "stop"
             return self._release(stop_at)
-        if self.generated >= self.sampling.max_tokens:
+        if self.generated >= self.choice.max_tokens:
             self.finish = "length"
             return self._release(len(full))
         return self._release(len(full) - self._held(full))
 
     def _stop_position(self, full: str) -> int | None:
-        longest = max((len(s) for s in self.sampling.stops), default=0)
-        found = [full.find(s, max(0, self.sent - longest)) for s in self.sampling.stops]
+        longest = max((len(s) for s in self.choice.stops), default=0)
+        found = [full.find(s, max(0, self.sent - longest)) for s in self.choice.stops]
         found = [i for i in found if i >= 0]
         return min(found) if found else None
 
     def _held(self, full: str) -> int:
         """Characters at the end of ``full`` (not yet sent) that begin some stop string."""
         tail = full[self.sent:]
-        return max((n for s in self.sampling.stops for n in range(min(len(s) - 1, len(tail)), 0, -1)
+        return max((n for s in self.choice.stops for n in range(min(len(s) - 1, len(tail)), 0, -1)
                     if s.startswith(tail[-n:])), default=0)
 
     def _release(self, upto: int) -> str:

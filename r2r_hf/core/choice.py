@@ -1,0 +1,156 @@
+"""How each row's token is chosen from a model's logits: HF's processors, then the argmax or a draw.
+
+Both models' tokens go through the same choice, so a row routed to the LLM is processed and drawn exactly as
+the LLM's own ``generate`` would process and draw it (``sampling.py`` keeps the random stream exact).
+
+* ``CallChoice`` is one ``generate`` call's: HF's processor list over the whole left-padded batch (what HF's
+  own loop passes it) and one draw for the batch. Where the LLM writes, the batch's stream is rewound to
+  where the SLM's draw started and the whole batch is drawn again from the LLM's scores, as ``llm.generate``
+  draws; the rows the SLM writes keep the SLM's token.
+* ``RowChoice`` is the server's: each row has its own processors (built from its own generation settings:
+  ``model/settings.py``) that see only that row's tokens, and its own random stream, which advances by that
+  row's draws only. Where the LLM writes a row, only that row's stream is rewound and drawn again. A row
+  answers what it answers alone, whatever its neighbours do, and a row whose scores hold no probability
+  (every score -inf or NaN) is flagged instead of failing the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import Sampler, _widened
+from .steps import Processors
+
+
+def _scores(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Float32 copies of the logits over the shared vocabulary (the processors may write in place)."""
+    return logits[:, :vocab].to(dtype=torch.float32, copy=True)
+
+
+class CallChoice:
+    """One generate call's choice (see the module docstring).
+
+    Args:
+        processors: HF's processor list of the call.
+        sampler: the call's argmax or draw (global stream, or the call's seeded generator).
+        vocab: ids both models can write.
+        ids: gives the [B, L] committed ids HF's processors see.
+    """
+
+    def __init__(self, processors: Processors, sampler: Sampler, vocab: int, ids) -> None:
+        self.processors, self.sampler, self.vocab, self.ids = processors, sampler, vocab, ids
+
+    def state(self, rows: list[int]):
+        return self.sampler.state()
+
+    def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(processed scores [B, V], tokens [B], None) for every row of the batch."""
+        scores = self.processors(self.ids(), _scores(logits, self.vocab).to(self.ids().device))
+        return scores, self.sampler.pick(scores, width=logits.shape[-1]), None
+
+    def redraw(self, logits: torch.Tensor, rows: list[int], writers: list[int], states) -> tuple:
+        """The LLM's choice in the SLM's place: the whole batch drawn again from the state the SLM's draw started
+        at (as ``llm.generate`` draws), of which ``writers`` keep theirs. Outputs are the writers', in order."""
+        if len(rows) != len(self.ids()):
+            raise ValueError("a generate call's LLM reads every row of its batch")
+        self.sampler.restore(states)
+        scores, tokens, _ = self.propose(logits, rows)
+        picked = torch.tensor(writers, device=tokens.device)
+        return scores[picked], tokens[picked], None
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """One row's choice: its HF processors and its random stream (None: greedy)."""
+
+    processors: Processors
+    generator: torch.Generator | None
+    batched: bool  # the processors ignore the ids (warpers only): rows with equal settings run as one batch
+    key: tuple = ()  # rows with the same key and ``batched`` share one processor call
+
+
+class RowChoice:
+    """Per-row choice over slots (see the module docstring).
+
+    Args:
+        vocab: ids both models can write.
+        row_ids: gives one row's [1, L] committed ids.
+        slots: rows the batch can hold.
+        device: where the scores live.
+    """
+
+    def __init__(self, vocab: int, row_ids, slots: int, device: torch.device) -> None:
+        self.vocab, self.row_ids, self.device = vocab, row_ids, device
+        self.rules: list[RowRule | None] = [None] * slots
+        self.bad = torch.zeros(slots, dtype=torch.bool, device=device)  # rows whose scores held no probability
+
+    def grow(self, slots: int) -> None:
+        self.rules += [None] * (slots - len(self.rules))
+        self.bad = torch.cat([self.bad, self.bad.new_zeros(slots - len(self.bad))]) if slots > len(self.bad) else self.bad
+
+    def set(self, row: int, rule: RowRule | None) -> None:
+        self.rules[row] = rule
+        self.bad[row] = False
+
+    def state(self, rows: list[int]) -> dict[int, torch.Tensor]:
+        return {r: self.rules[r].generator.get_state() for r in rows if self.rules[r].generator is not None}
+
+    def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(processed scores [k, V], tokens [k], ok [k]) for ``rows`` from their logits [k, V]."""
+        scores = _scores(logits, self.vocab).to(self.device)
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(rows):
+            rule = self.rules[r]
+            if rule.batched:
+                groups.setdefault(rule.key, []).append(i)
+            else:  # processors that read the ids see this row's own tokens only
+                scores[i : i + 1] = rule.processors(self.row_ids(r), scores[i : i + 1])
+        for members in groups.values():
+            index = torch.tensor(members, device=self.device)
+            rule = self.rules[rows[members[0]]]
+            scores[index] = rule.processors(self.row_ids(rows[members[0]]), scores[index])
+        tokens, ok = scores.argmax(-1), torch.ones(len(rows), dtype=torch.bool, device=self.device)
+        for i, r in enumerate(rows):
+            generator = self.rules[r].generator
+            if generator is not None:
+                tokens[i], ok[i] = _safe_draw(scores[i], logits.shape[-1], generator)
+        return scores, tokens, ok
+
+    def redraw(self, logits: torch.Tensor, rows: list[int], writers: list[int], states) -> tuple:
+        """The LLM's choice for ``writers`` (a subset of ``rows``, whose logits [k, V] these are): each writer's
+        stream rewound to where its SLM draw started, then drawn from the LLM's scores."""
+        at = {r: i for i, r in enumerate(rows)}
+        picked = [at[r] for r in writers]
+        for r in writers:
+            if r in states:
+                self.rules[r].generator.set_state(states[r])
+        return self.propose(logits[torch.tensor(picked, device=logits.device)], writers)
+
+
+def _safe_draw(scores: torch.Tensor, width: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's draw, and whether its scores held a probability; never raises on the device (no host check).
+
+    Where they did not (all -inf, NaN), the draw is taken from a uniform stand-in and the row is flagged:
+    multinomial on NaN would fail the whole batch (on CUDA, with a device-side assert).
+    """
+    probs = _widened(scores[None], width).softmax(-1)
+    ok = torch.isfinite(probs).all() & (probs.sum() > 0)
+    probs = torch.where(ok, torch.nan_to_num(probs, nan=0.0), torch.ones_like(probs))
+    return torch.multinomial(probs, num_samples=1, generator=generator)[0, 0], ok
+
+
+def batched_processors(processors: Sequence) -> bool:
+    """Whether a processor list reads only the scores (HF's sampling warpers), so rows may share one call."""
+    from transformers import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+        TypicalLogitsWarper,
+    )
+
+    pure = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper)
+    return all(type(p) in pure for p in processors)

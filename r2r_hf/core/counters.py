@@ -1,0 +1,71 @@
+"""What a decoding run did, counted in units that do not depend on the machine.
+
+Every running batch keeps one ``Counters`` (``generate`` returns it, the server exports it on ``/metrics``, the
+benchmarks report it): model forwards per generated token say what a GPU would pay in weight reads, rows per
+LLM forward say how well routed rows share one, waits say what sharing cost the routed rows, host
+synchronisations per step say how often the host stalls the device, and the bytes copied say what joins cost.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+def _quantile(values: list[int], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+@dataclass
+class Counters:
+    """Totals of one running batch (every field only grows).
+
+    Args:
+        steps: decoding steps (each proposes for every row that is not waiting).
+        generated: tokens committed to answers (prompts excluded).
+        llm_tokens: of those, tokens the LLM wrote.
+        slm_forwards: SLM forwards (a prefill or catch-up read in several pieces counts each piece).
+        llm_forwards: LLM forwards (the same way).
+        llm_calls: LLM catch-ups (one per step in which the LLM ran).
+        llm_rows: rows that received an LLM token, summed over the catch-ups.
+        host_syncs: times the host waited for the device.
+        waits: for every routed token, the steps its row waited for the LLM (0: the LLM ran at once).
+        joins: rows that joined the batch; join_bytes: KV bytes copied to make room for them.
+        gathered_bytes: KV bytes gathered for forwards over a subset of the rows.
+    """
+
+    steps: int = 0
+    generated: int = 0
+    llm_tokens: int = 0
+    slm_forwards: int = 0
+    llm_forwards: int = 0
+    llm_calls: int = 0
+    llm_rows: int = 0
+    host_syncs: int = 0
+    waits: list[int] = field(default_factory=list)
+    joins: int = 0
+    join_bytes: int = 0
+    gathered_bytes: int = 0
+
+    def summary(self) -> dict[str, float | int | None]:
+        """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet)."""
+        per_token = (lambda n: n / self.generated) if self.generated else (lambda n: None)  # noqa: E731
+        return {
+            "steps": self.steps,
+            "generated": self.generated,
+            "llm_tokens": self.llm_tokens,
+            "llm_forwards_per_token": per_token(self.llm_forwards),
+            "llm_calls_per_token": per_token(self.llm_calls),
+            "slm_forwards_per_token": per_token(self.slm_forwards),
+            "rows_per_llm_call": self.llm_rows / self.llm_calls if self.llm_calls else None,
+            "wait_steps_p50": _quantile(self.waits, 0.5),
+            "wait_steps_p95": _quantile(self.waits, 0.95),
+            "wait_steps_mean": statistics.fmean(self.waits) if self.waits else None,
+            "host_syncs_per_step": self.host_syncs / self.steps if self.steps else None,
+            "joins": self.joins,
+            "join_bytes_per_join": self.join_bytes / self.joins if self.joins else None,
+            "gathered_bytes": self.gathered_bytes,
+        }

@@ -1,0 +1,186 @@
+"""Where a running batch keeps its committed tokens and both models' caches, and how the models read them.
+
+A layout offers the same calls to the decoding step (``step.py``):
+
+* ``append(rows, token)``  commit ``token[r]`` to each row of ``rows``;
+* ``slm_read(rows)``       the SLM reads every committed token of those rows it has not read; its logits and
+                           post-norm hidden state after each row's last token;
+* ``llm_read(rows)``       the LLM does the same (its catch-up); its logits;
+* ``route(logits, hidden, token)``  the router's scores for the SLM's proposals of every row.
+
+``SlotLayout`` gives each row a slot and its own length (``slots.py``): rows join, leave and wait for the LLM
+independently, and the LLM reads only the rows asked for, each from where it last stopped. It is what
+the server runs. ``RectangleLayout`` is HF's: a left-padded rectangle over HF's own caches (eager,
+static, captured or compiled: ``engines.py``, ``capture.py``), in which every row commits a token at every
+step and the LLM reads every row up to the end whenever it runs. ``generate`` runs on it: it is exactly
+what ``slm.generate``/``llm.generate`` compute, with every HF cache and attention implementation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .counters import Counters
+from .engines import Steps, route_scores
+from .features import HiddenStateCapture, input_device
+from .pair import RoutedPair
+from .slots import SlotCache, read_piece
+from .steps import Committed
+
+# Tokens per row one slot forward reads at most: a long prompt is read in pieces of this many (the
+# attention scores of one piece stay small, and a long read is several short forwards).
+PIECE = 256
+
+
+class RectangleLayout:
+    """HF's left-padded rectangle: every row commits at every step (see the module docstring).
+
+    Args:
+        steps: the model calls over HF caches (``Routing.steps``).
+        seq: the committed buffers, holding the prompt.
+        counters: where forwards are counted.
+    """
+
+    def __init__(self, steps: Steps, seq: Committed, counters: Counters) -> None:
+        self.steps, self.seq, self.counters = steps, seq, counters
+        self.slm_seen = 0  # columns the SLM has read
+        self.llm_seen = 0  # columns the LLM has read (one lag: it reads every row to the end)
+        self.rows = seq.ids.shape[0]
+
+    def lengths(self) -> list[int]:
+        return [self.seq.length] * self.rows
+
+    def processor_ids(self, rows: list[int] | None = None) -> torch.Tensor:
+        """What HF's processors see: the whole rectangle (left padding included, as in HF ``generate``)."""
+        return self.seq.view()
+
+    def append(self, rows: list[int], token: torch.Tensor) -> None:
+        if len(rows) != self.rows:
+            raise ValueError("every row of a rectangle commits a token at every step")
+        self.seq.append(token)
+
+    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        start, self.slm_seen = self.slm_seen, self.seq.length
+        self.counters.slm_forwards += 1
+        return self.steps.slm_read(self.seq, start)
+
+    def llm_read(self, rows: list[int]) -> torch.Tensor:
+        """Every row's logits [B, V] (the rectangle catches every row up; ``rows`` are the ones that need them)."""
+        logits = self.steps.llm_read(self.seq, self.llm_seen)
+        self.llm_seen = self.seq.length
+        self.counters.llm_forwards += 1
+        return logits
+
+    def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        return self.steps.route_scores(logits, hidden, token)
+
+    def close(self) -> None:
+        self.steps.close()
+
+
+class SlotLayout:
+    """One slot per row, each at its own length (see the module docstring and ``slots.py``).
+
+    Args:
+        pair: the models and the router.
+        slots: rows at most.
+        capacity: columns per row to start with (``reserve`` grows it).
+        counters: where forwards, joins and copies are counted.
+    """
+
+    def __init__(self, pair: RoutedPair, slots: int, capacity: int, counters: Counters) -> None:
+        self.pair, self.counters = pair, counters
+        self.device = input_device(pair.slm)
+        self.tokens = torch.zeros(slots, capacity, dtype=torch.long, device=self.device)
+        self.slm_cache = SlotCache(pair.slm.config.num_hidden_layers, slots, capacity)
+        self.llm_cache = SlotCache(pair.llm.config.num_hidden_layers, slots, capacity)
+        self.length = [0] * slots  # committed tokens of each row (prompt included)
+        self.slm_seen = [0] * slots  # of those, how many each model has read: a row's own progress
+        self.llm_seen = [0] * slots
+
+    @property
+    def slots(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def lengths(self) -> list[int]:
+        return list(self.length)
+
+    def reserve(self, slots: int, columns: int) -> int:
+        """Room for ``slots`` rows of ``columns`` tokens; the KV bytes copied to make it (0 when it fits)."""
+        slots, columns = max(slots, self.slots), max(columns, self.capacity)
+        if (slots, columns) == (self.slots, self.capacity):
+            return 0
+        columns = max(columns, 2 * self.capacity) if columns > self.capacity else columns  # amortised growth
+        tokens = self.tokens.new_zeros(slots, columns)
+        tokens[: self.slots, : self.capacity] = self.tokens
+        self.tokens = tokens
+        grown = [0] * (slots - len(self.length))
+        self.length, self.slm_seen, self.llm_seen = self.length + grown, self.slm_seen + grown, self.llm_seen + grown
+        return self.slm_cache.grow(slots, columns) + self.llm_cache.grow(slots, columns)
+
+    def place(self, row: int, prompt: list[int]) -> None:
+        """A new answer's prompt in slot ``row`` (which must have room: ``reserve``); neither model read it yet."""
+        self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=self.device)
+        self.length[row], self.slm_seen[row], self.llm_seen[row] = len(prompt), 0, 0
+
+    def free(self, row: int) -> None:
+        self.length[row] = self.slm_seen[row] = self.llm_seen[row] = 0
+
+    def row_ids(self, row: int) -> torch.Tensor:
+        """[1, L] the committed tokens of one row (what its processors see, as they would alone)."""
+        return self.tokens[row : row + 1, : self.length[row]]
+
+    def append(self, rows: list[int], token: torch.Tensor) -> None:
+        if not rows:
+            return
+        index = torch.tensor(rows, device=self.device)
+        columns = torch.tensor([self.length[r] for r in rows], device=self.device)
+        self.tokens[index, columns] = token.to(self.device)[index]
+        for r in rows:
+            self.length[r] += 1
+
+    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[k, V] logits and [k, H] hidden states of the SLM after each row's last committed token."""
+        with HiddenStateCapture(self.pair.slm) as capture:
+            return self._read(self.pair.slm, self.slm_cache, rows, self.slm_seen, capture)
+
+    def llm_read(self, rows: list[int]) -> torch.Tensor:
+        """[k, V] logits of the LLM after each row's last committed token (it reads what it has not)."""
+        return self._read(self.pair.llm, self.llm_cache, rows, self.llm_seen, None)[0]
+
+    def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        p = self.pair
+        return route_scores(p.slm, p.router, p.num_topk, logits, hidden, token)
+
+    def _read(self, model, cache: SlotCache, rows: list[int], seen: list[int], capture: HiddenStateCapture | None):
+        logits: list[torch.Tensor | None] = [None] * len(rows)
+        hidden: list[torch.Tensor | None] = [None] * len(rows)
+        left = {i: self.length[r] - seen[r] for i, r in enumerate(rows)}
+        if any(n < 1 for n in left.values()):
+            raise ValueError("a row is read only when it holds a token the model has not read")
+        before = cache.gathered_bytes
+        while left:
+            part = sorted(left)
+            counts = [min(left[i], PIECE) for i in part]
+            out = read_piece(model, cache, self.tokens, [rows[i] for i in part], [seen[rows[i]] for i in part], counts)
+            if model is self.pair.slm:
+                self.counters.slm_forwards += 1
+            else:
+                self.counters.llm_forwards += 1
+            for j, (i, n) in enumerate(zip(part, counts)):
+                seen[rows[i]] += n
+                left[i] -= n
+                if not left[i]:
+                    del left[i]
+                    logits[i] = out[j]
+                    if capture is not None:
+                        hidden[i] = capture.hidden[j, -1]
+        self.counters.gathered_bytes += cache.gathered_bytes - before
+        return torch.stack(logits), (torch.stack(hidden) if capture is not None else None)
+
+    def close(self) -> None:
+        pass

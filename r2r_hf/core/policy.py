@@ -1,0 +1,72 @@
+"""When the LLM runs: at once for every routed row, or once several routed rows wait for it.
+
+One LLM forward costs about the same for 1 or 16 rows on a GPU (it reads the weights), and 10-20x an SLM
+step. In a batch whose LLM runs whenever any row routes, it runs on 1 - (1 - p)^B of the steps (57 % at B = 8,
+p = 0.1), so R2R's advantage fades as users arrive. Letting a routed row wait (no SLM step, no token for it
+until the LLM runs) while the others go on lets one LLM forward serve several rows, as the official R2R
+server does with ``llm_min_batch_size``.
+
+The LLM runs when (a) at least ``m`` rows wait, ``m`` read from ``min_rows`` by the number of running rows
+(one number, or one per count like the official list; the last entry covers larger counts), or (b) the
+oldest waiting row has waited ``max_wait`` steps, or (c) no row can go on without it (every running row
+waits). ``m = 1`` is the rectangle's behaviour: the LLM runs in the step a row routes.
+
+Waiting never changes a row's answer: its prefix is the same when the LLM runs later, and so are its
+processors and its random stream (``choice.py``). It only delays that row's tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def check_min_rows(value: object) -> tuple[int, ...]:
+    """``min_rows`` as a tuple of whole numbers >= 1 (one number, or a list by running rows)."""
+    values = (value,) if isinstance(value, int) and not isinstance(value, bool) else tuple(value) if isinstance(
+        value, (list, tuple)) else None
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError(f"llm_min_rows must be a whole number >= 1 or a list of them (one per count of running "
+                         f"rows), got {value!r}.")
+    return values
+
+
+def check_max_wait(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"llm_max_wait must be a whole number of steps >= 0, got {value!r}.")
+    return value
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """When a batch's LLM runs (see the module docstring).
+
+    Args:
+        min_rows: ``m``, one number or one per count of running rows (index: running rows - 1).
+        max_wait: steps a routed row may wait at most (0: the LLM runs at once, whatever ``min_rows`` says).
+    """
+
+    min_rows: tuple[int, ...] = (1,)
+    max_wait: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "min_rows", check_min_rows(self.min_rows))
+        check_max_wait(self.max_wait)
+
+    @property
+    def immediate(self) -> bool:
+        """The LLM always runs in the step a row routes (no row ever waits)."""
+        return self.max_wait == 0 or max(self.min_rows) == 1
+
+    def wanted(self, running: int) -> int:
+        """``m`` for a batch of ``running`` rows."""
+        return self.min_rows[min(max(running, 1), len(self.min_rows)) - 1]
+
+    def runs(self, waiting: int, running: int, oldest_wait: int, stalled: bool) -> bool:
+        """Whether the LLM runs this step, given the rows waiting, the rows running, how long the oldest waiting
+        row has waited (0: it routed this step) and whether no other row can go on (``stalled``)."""
+        if not waiting:
+            return False
+        return self.immediate or stalled or waiting >= self.wanted(running) or oldest_wait >= self.max_wait
+
+
+IMMEDIATE = WaitPolicy()

@@ -1,0 +1,201 @@
+"""Slots: one KV row per answer, each answer at its own length (no left padding, no splicing, no holes).
+
+HF's caches keep one write position for the whole batch, so every row must end at the same column:
+a row that joins late is padded on the left, and a row that waits for the LLM would need a hole. A
+``SlotCache`` keeps, per layer, keys and values for ``slots`` rows of ``capacity`` columns, where
+column ``c`` of a row holds that row's token at position ``c``. Each forward names the rows it
+reads and where each one starts, so rows advance independently:
+
+* a forward reads a piece of new tokens per row, **right-aligned**: row ``r``'s ``n_r`` tokens fill
+  the last ``n_r`` columns of the ``[k, g]`` piece, so every row's last token is the piece's last
+  column and the model's own ``logits_to_keep=1`` head (with whatever the architecture does after
+  ``lm_head``) gives each row's next-token logits;
+* the padding before them is written to one spare column past the capacity that nothing attends
+  to, and its queries attend to column 0 only (finite values: no NaN can leak into real rows);
+* a row's real token ``j`` sits at position ``start_r + j``: it attends to columns ``[0, start_r + j]``
+  of its own row (one 4-D mask per forward, built on the device; sliding-window layers get a second).
+
+Rows that are all the slots, or a contiguous range of them, read their keys and values in place; any
+other subset is gathered (a copy of those rows' columns in use, counted by ``gathered_bytes``).
+
+Only the ``sdpa`` and ``eager`` attention paths take a prepared 4-D mask; ``slot_problem`` says why a
+model cannot use slots (then the caller falls back to HF's own caches).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..compat import cache_argument
+
+SLOT_ATTENTION = ("sdpa", "eager")
+
+
+class SlotCache:
+    """Keys and values of ``slots`` rows x ``capacity`` columns per layer, allocated on the first write.
+
+    HF's attention calls ``update(keys, values, layer_idx, ...)`` and attends over what it returns;
+    ``plan`` says, before each forward, which rows it reads and where each new token goes.
+
+    Args:
+        layers: the model's decoder layers.
+        slots: rows.
+        capacity: columns per row (positions 0 .. capacity - 1); ``grow`` makes more.
+    """
+
+    is_compileable = False  # not HF's static cache: generate never sees it
+
+    def __init__(self, layers: int, slots: int, capacity: int) -> None:
+        self.slots, self.capacity = slots, capacity
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.rows: torch.Tensor | None = None  # [k] rows of this forward
+        self.span: slice | None = None  # the same rows as a slice of the slots, when they are contiguous
+        self.columns: torch.Tensor | None = None  # [k, g] the column each new token is written to
+        self.used = 0  # columns the forward attends over
+        self.gathered_bytes = 0
+
+    @property
+    def trash(self) -> int:
+        """The spare column padding is written to (past every position)."""
+        return self.capacity
+
+    def plan(self, rows: list[int], columns: torch.Tensor, used: int) -> None:
+        """The next forward reads ``rows``; its new tokens go to ``columns`` [k, g]; it attends ``used`` columns."""
+        first = rows[0]
+        self.span = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
+        self.rows = torch.tensor(rows, device=columns.device)
+        self.columns, self.used = columns, used
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the forward's new keys and values [k, heads, g, dim]; return its rows' [k, heads, used, dim]."""
+        out = []
+        for store, new in ((self.keys, key_states), (self.values, value_states)):
+            buffer = store[layer_idx]
+            if buffer is None:
+                buffer = new.new_zeros(self.slots, new.shape[1], self.capacity + 1, new.shape[3])
+                store[layer_idx] = buffer
+            rows, columns = self.rows.to(buffer.device), self.columns.to(buffer.device)
+            buffer[rows[:, None], :, columns] = new.transpose(1, 2)  # [k, g, heads, dim]: a row's new tokens
+            if self.span is not None:
+                out.append(buffer[self.span, :, : self.used])
+            else:
+                out.append(buffer[:, :, : self.used].index_select(0, rows))
+                self.gathered_bytes += out[-1].numel() * out[-1].element_size()
+        return out[0], out[1]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.used
+
+    def grow(self, slots: int, capacity: int) -> int:
+        """At least ``slots`` rows of ``capacity`` columns (rows keep their tokens); the bytes copied."""
+        slots, capacity = max(slots, self.slots), max(capacity, self.capacity)
+        if (slots, capacity) == (self.slots, self.capacity):
+            return 0
+        copied = 0
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                if old is None:
+                    continue
+                new = old.new_zeros(slots, old.shape[1], capacity + 1, old.shape[3])
+                new[: self.slots, :, : self.capacity] = old[:, :, : self.capacity]
+                store[i] = new
+                copied += old[:, :, : self.capacity].numel() * old.element_size()
+        self.slots, self.capacity = slots, capacity
+        return copied
+
+    def row_bytes(self, columns: int) -> int:
+        """Bytes one row's first ``columns`` columns hold over every layer (0 before the first write)."""
+        return sum(b[0, :, :columns].numel() * b.element_size() for store in (self.keys, self.values)
+                   for b in store if b is not None)
+
+
+# ----------------------------------------------------------------- one forward
+def piece_layout(starts: torch.Tensor, counts: torch.Tensor, width: int, trash: int):
+    """Where a piece's tokens come from and go: (source/target column [k, g], real [k, g], position [k, g]).
+
+    Row i's ``counts[i]`` new tokens are at columns ``starts[i] ..`` of its row, right-aligned in the piece.
+    """
+    offset = torch.arange(width, device=starts.device) - (width - counts)[:, None]  # < 0: padding
+    real = offset >= 0
+    column = starts[:, None] + offset
+    return torch.where(real, column, trash), real, torch.where(real, column, 0)
+
+
+def piece_masks(model: torch.nn.Module, real: torch.Tensor, position: torch.Tensor, used: int):
+    """The forward's attention mask: a real token sees its row's columns up to its position.
+
+    One 4-D mask; for a model with sliding-window layers, a mapping per layer type (what HF's decoders take
+    in place of the masks they would build; a decoder without such layers takes the tensor only).
+    """
+    columns = torch.arange(used, device=position.device)
+    allowed = torch.where(real[..., None], columns <= position[..., None], columns == 0)  # [k, g, used]
+    masks = {"full_attention": allowed}
+    window = getattr(model.config, "sliding_window", None)
+    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()) and window:
+        masks["sliding_attention"] = allowed & ((columns > position[..., None] - window) | ~real[..., None])
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    dtype = model.dtype
+    for kind, mask in masks.items():
+        mask = mask[:, None]  # [k, 1, g, used]
+        if attention == "eager":  # HF's eager attention adds the mask to its scores
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+        masks[kind] = mask
+    return masks if len(masks) > 1 else masks["full_attention"]
+
+
+def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, rows: list[int], starts: list[int],
+               counts: list[int]) -> torch.Tensor:
+    """``model`` reads ``counts[i]`` tokens of row ``rows[i]`` from column ``starts[i]`` of ``tokens`` [S, C]
+    into ``cache``; the logits [k, V] after each row's last one (a lm_head hook sees the hidden state)."""
+    width = max(counts)
+    device = tokens.device
+    start = torch.tensor(starts, device=device)
+    count = torch.tensor(counts, device=device)
+    column, real, position = piece_layout(start, count, width, cache.trash)
+    used = max(s + n for s, n in zip(starts, counts))
+    ids = tokens.index_select(0, torch.tensor(rows, device=device)).gather(1, position)
+    cache.plan(rows, column, used)
+    embed_device = model.get_input_embeddings().weight.device
+    masks = piece_masks(model, real.to(embed_device), position.to(embed_device), used)
+    out = model(input_ids=ids.to(embed_device), attention_mask=masks, position_ids=position.to(embed_device),
+                **cache_argument(cache), use_cache=True, logits_to_keep=1, return_dict=True)
+    return out.logits[:, -1]
+
+
+def slot_problem(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot decode in slots, or None when it can (checked once per model, on its own weights).
+
+    Beyond the attention path, the check reads a short sequence in two slots and in pieces and compares the
+    logits with one plain forward: an architecture that ignores a prepared mask or the cache fails it.
+    """
+    known = getattr(model, "_r2r_slot_problem", False)
+    if known is not False:
+        return known
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    if attention not in SLOT_ATTENTION:
+        problem = f"its attention is {attention!r} (slots need {' or '.join(SLOT_ATTENTION)} attention)"
+    else:
+        problem = _self_check(model)
+    object.__setattr__(model, "_r2r_slot_problem", problem)
+    return problem
+
+
+def _self_check(model: torch.nn.Module) -> str | None:
+    device = model.get_input_embeddings().weight.device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.arange(7, device=device)[None] * 37 % vocab
+    with torch.inference_mode():
+        want = model(input_ids=ids, use_cache=False).logits[0, -1].float()
+        tokens = torch.stack([ids[0].flip(0), ids[0]])  # slot 0 holds other tokens, read beside slot 1
+        cache = SlotCache(model.config.num_hidden_layers, 2, 8)
+        try:
+            read_piece(model, cache, tokens, [0, 1], [0, 0], [3, 4])
+            got = read_piece(model, cache, tokens, [1], [4], [3])[0].float()
+        except Exception as err:  # noqa: BLE001 - any failure means: not this way
+            return f"its forward does not accept a per-row cache and mask ({type(err).__name__}: {err})"
+    scale = want.abs().max().clamp(min=1e-6)
+    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
+    if not bool(((got - want).abs().max() / scale) <= tolerance):
+        return "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask)"
+    return None
