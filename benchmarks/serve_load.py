@@ -1,15 +1,19 @@
-"""Load on `r2r-hf serve` over loopback: tokens/s, latency and time to first token at several concurrencies.
+"""Load on `r2r-hf serve` over loopback: tokens/s, latencies and the decoding counters at several concurrencies.
 
     python -m benchmarks.serve_load                      # the real pair (benchmarks/models.py), CPU, 1 thread
     python -m benchmarks.serve_load --requests 8 --max-tokens 16 --concurrency 1,4   # quicker
 
-Each configuration is a fresh server process (``--threads 1``) on 127.0.0.1; the load generator (the
-official openai client, streaming) runs in this process and sends a fixed number of chat requests
-at a fixed concurrency, then stops. Configurations: ``batched`` (the router's threshold, batches
-of up to 8 answers), ``batch1`` (the same with ``--max-batch-size 1``) and ``llm`` (the LLM writes
-every token: the same server at threshold 0, so the SLM's steps still run; that is "serving the LLM
-alone in the same server"). Results go to benchmarks/results/serve_load.json, rewritten after each
-measurement, and ``--table`` prints the markdown table of docs/performance.md.
+Each (configuration, concurrency) is a fresh server process (``--threads 1``, up to 16 answers in its batch) on
+127.0.0.1; the load generator (the official openai client, streaming) runs in this process and sends a fixed
+number of chat requests at a fixed concurrency, then stops. Configurations, all at the shipped router's
+threshold unless said: ``wait`` (routed answers wait for a shared LLM forward: m = running answers / 3, at
+most 16 steps, the GPU default), ``m1`` (the LLM runs in the step an answer routes: the CPU default), ``llm``
+(threshold 0: the LLM writes every token, the SLM's steps still run: the LLM alone in the same server) and
+``slm`` (threshold 2: no token routes). Per run: tokens/s, time to first token, inter-token latency (the gaps
+between an answer's stream chunks), and the counters of ``/metrics`` (model forwards per token, rows per LLM
+forward, steps a routed answer waited). Each server writes a trace (``R2R_SERVE_TRACE``) that
+``benchmarks/serve_model.py`` replays with forward costs. Results go to benchmarks/results/serve_load.json,
+rewritten after each run; ``--table`` prints the markdown table of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ import openai
 from benchmarks.models import fetch
 
 ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
-CONFIGS = {"batched": ["--max-batch-size", "8"], "batch1": ["--max-batch-size", "1"],
-           "llm": ["--max-batch-size", "8", "--threshold", "0"]}
+WAIT = ",".join(str(max(1, round(rows / 3))) for rows in range(1, 17))  # core/policy.py's GPU default
+CONFIGS = {"wait": ["--llm-min-rows", WAIT, "--llm-max-wait", "16"], "m1": ["--llm-min-rows", "1", "--llm-max-wait", "0"],
+           "llm": ["--threshold", "0", "--llm-min-rows", "1", "--llm-max-wait", "0"],
+           "slm": ["--threshold", "2", "--llm-min-rows", "1", "--llm-max-wait", "0"]}
 
 
 def prompts(n: int) -> list[str]:
@@ -49,12 +55,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(slm: str, llm: str, flags: list[str], dtype: str) -> tuple[subprocess.Popen, str]:
+def start(slm: str, llm: str, flags: list[str], dtype: str, trace: Path | None = None) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     command = [sys.executable, "-m", "r2r_hf.cli", "--quiet", "serve", ROUTER, "--slm", slm, "--llm", llm,
-               "--dtype", dtype, "--threads", "1", "--port", str(port), "--model-name", "r2r", *flags]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
+               "--dtype", dtype, "--threads", "1", "--port", str(port), "--model-name", "r2r", "--max-batch-size",
+               "16", *flags]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"R2R_SERVE_TRACE": str(trace)} if trace else {})}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
     import httpx
 
     url = f"http://127.0.0.1:{port}"
@@ -81,16 +89,19 @@ def stop(process: subprocess.Popen) -> None:
 
 async def one(client: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> dict:
     start = time.perf_counter()
-    first, tokens, llm = None, 0, 0
+    first, tokens, llm, arrivals = None, 0, 0, []
     stream = await client.chat.completions.create(
         model="r2r", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
         stream=True, stream_options={"include_usage": True})
     async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter() - start
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.perf_counter())
+            if first is None:
+                first = arrivals[-1] - start
         if chunk.usage is not None:
             tokens, llm = chunk.usage.completion_tokens, chunk.model_extra["r2r"]["llm_tokens"]
-    return {"latency": time.perf_counter() - start, "ttft": first, "tokens": tokens, "llm_tokens": llm}
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    return {"latency": time.perf_counter() - start, "ttft": first, "tokens": tokens, "llm_tokens": llm, "gaps": gaps}
 
 
 async def load(url: str, texts: list[str], concurrency: int, max_tokens: int) -> dict:
@@ -111,11 +122,46 @@ async def load(url: str, texts: list[str], concurrency: int, max_tokens: int) ->
     ttft = sorted(d["ttft"] for d in done if d["ttft"] is not None)
     # Time per output token after the first: the decoding rate a user sees once the answer has started.
     tpot = sorted((d["latency"] - d["ttft"]) / (d["tokens"] - 1) for d in done if d["ttft"] is not None and d["tokens"] > 1)
+    gaps = sorted(g for d in done for g in d["gaps"])  # inter-token latency: between an answer's stream chunks
     return {"concurrency": concurrency, "requests": len(done), "wall_s": wall, "completion_tokens": tokens,
             "tokens_per_s": tokens / wall, "llm_token_rate": sum(d["llm_tokens"] for d in done) / max(tokens, 1),
             "latency_p50_s": statistics.median(latency), "latency_p95_s": _p95(latency),
             "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": _p95(ttft),
-            "tpot_p50_ms": 1000 * statistics.median(tpot) if tpot else None}
+            "tpot_p50_ms": 1000 * statistics.median(tpot) if tpot else None,
+            "itl_p50_ms": 1000 * statistics.median(gaps) if gaps else None,
+            "itl_p95_ms": 1000 * _p95(gaps) if gaps else None}
+
+
+def counters(url: str) -> dict[str, float]:
+    """The server's decoding counters (``/metrics``), by name."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for sample in family.samples:
+            if not sample.labels or set(sample.labels) == {"le"}:
+                out[sample.name + (f"[{sample.labels['le']}]" if sample.labels else "")] = sample.value
+    return out
+
+
+def per_run(before: dict, after: dict) -> dict:
+    """The run's counters (the warm-up's subtracted) as the ratios docs/performance.md reports."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    tokens = d.get("r2r_generated_tokens_total", 0) or 1
+    calls = d.get("r2r_llm_calls_total", 0)
+    waits = d.get("r2r_llm_wait_steps_count", 0)
+    buckets = sorted(((float(k.split("[")[1][:-1]), v) for k, v in d.items() if k.startswith("r2r_llm_wait_steps_bucket")))
+
+    def wait_quantile(q: float) -> float | None:  # the smallest bucket bound holding q of the waits
+        return next((bound for bound, count in buckets if count >= q * waits), None) if waits else None
+
+    return {"llm_forwards_per_token": d.get("r2r_llm_forwards_total", 0) / tokens,
+            "llm_calls_per_token": calls / tokens, "slm_forwards_per_token": d.get("r2r_slm_forwards_total", 0) / tokens,
+            "rows_per_llm_call": d.get("r2r_llm_call_rows_total", 0) / calls if calls else None,
+            "wait_steps_p50_at_most": wait_quantile(0.5), "wait_steps_p95_at_most": wait_quantile(0.95),
+            "host_syncs_per_step": d.get("r2r_host_syncs_total", 0) / max(d.get("r2r_steps_total", 0), 1),
+            "join_kv_bytes_per_join": d.get("r2r_join_kv_bytes_total", 0) / max(d.get("r2r_joins_total", 0), 1)}
 
 
 def _p95(values: list[float]) -> float:
@@ -123,14 +169,17 @@ def _p95(values: list[float]) -> float:
 
 
 def table(results: dict) -> str:
-    rows = ["| server | concurrency | tokens/s | LLM token rate | latency p50 / p95 (s) | TTFT p50 / p95 (s) | "
-            "ms per token after the first (p50) |", "|---|---|---|---|---|---|---|"]
+    rows = ["| server | concurrency | tokens/s | LLM token rate | TTFT p50 / p95 (s) | inter-token p50 / p95 (ms) | "
+            "LLM forwards / token | rows / LLM forward | wait steps p50 / p95 (at most) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, runs in results["runs"].items():
-        for r in runs:
-            rows.append(f"| {name} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['llm_token_rate']:.1%} | "
-                        f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | {r['ttft_p50_s']:.2f} / "
-                        f"{r['ttft_p95_s']:.2f} | {r['tpot_p50_ms']:.0f} |" if r.get("tpot_p50_ms") else
-                        f"{r['ttft_p95_s']:.2f} | - |")
+        for r in sorted(runs, key=lambda r: r["concurrency"]):
+            c = r.get("counters", {})
+            rows_per = "-" if c.get("rows_per_llm_call") is None else f"{c['rows_per_llm_call']:.2f}"
+            rows.append(f"| {name} | {r['concurrency']} | {r['tokens_per_s']:.2f} | {r['llm_token_rate']:.1%} | "
+                        f"{r['ttft_p50_s']:.1f} / {r['ttft_p95_s']:.1f} | {r.get('itl_p50_ms') or 0:.0f} / "
+                        f"{r.get('itl_p95_ms') or 0:.0f} | {c.get('llm_forwards_per_token', 0):.3f} | {rows_per} | "
+                        f"{c.get('wait_steps_p50_at_most')} / {c.get('wait_steps_p95_at_most')} |")
     return "\n".join(rows)
 
 
@@ -138,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=16, help="requests per run")
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--concurrency", default="1,4,8,16")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--dtype", default=None, help="default: bfloat16, or float32 on a CPU where bf16 is slow")
     parser.add_argument("--out", default="benchmarks/results/serve_load.json")
@@ -148,10 +197,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.table:
         print(table(json.loads(Path(args.out).read_text())))
         return {}
-    if args.dtype is None:
-        from r2r_hf.model.loading import bf16_is_slow_here
+    if args.dtype is None:  # what --dtype auto measures on this CPU (r2r_hf/model/loading.py), named for the record
+        from r2r_hf.model.loading import cpu_dtype_choice
 
-        args.dtype = "float32" if bf16_is_slow_here() else "bfloat16"
+        args.dtype = str(cpu_dtype_choice().dtype).replace("torch.", "")
     slm, llm = fetch("slm", quiet=True), fetch("llm", quiet=True)
     texts = prompts(args.requests)
     results = {"conditions": {
@@ -167,21 +216,36 @@ def main(argv: list[str] | None = None) -> dict:
         earlier = json.loads(Path(args.out).read_text())
         if earlier["conditions"] == results["conditions"]:
             results["runs"] = earlier["runs"]
+    traces = Path(args.out).parent / f"{Path(args.out).stem}_traces"  # serve_load.json: serve_load_traces/
+    traces.mkdir(parents=True, exist_ok=True)
     for name in args.configs.split(","):
-        process, url = start(slm, llm, CONFIGS[name], args.dtype)
-        try:
-            asyncio.run(load(url, texts[:2], 2, 4))  # warm-up, not measured
-            for concurrency in (int(c) for c in args.concurrency.split(",")):
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            trace = traces / f"{name}-c{concurrency}.jsonl"
+            trace.unlink(missing_ok=True)
+            process, url = start(slm, llm, CONFIGS[name], args.dtype, trace=trace)
+            try:
+                asyncio.run(load(url, texts[:2], 2, 4))  # warm-up, not measured (its answers lead the trace)
+                before = counters(url)
+                warm = len(trace.read_text().splitlines()) if trace.exists() else 0
                 run = asyncio.run(load(url, texts, concurrency, args.max_tokens))
-                results["runs"].setdefault(name, [])
-                results["runs"][name] = [r for r in results["runs"][name] if r["concurrency"] != concurrency] + [run]
-                print(json.dumps({"server": name, **run}), flush=True)
-                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.out).write_text(json.dumps(results, indent=1))
-        finally:
-            stop(process)
+                run["counters"] = per_run(before, counters(url))
+                run["policy"] = _policy_of(CONFIGS[name])
+            finally:
+                stop(process)
+            lines = trace.read_text().splitlines()[warm:]  # the measured run's turns and answers only
+            trace.write_text("\n".join(lines) + "\n")
+            results["runs"].setdefault(name, [])
+            results["runs"][name] = [r for r in results["runs"][name] if r["concurrency"] != concurrency] + [run]
+            print(json.dumps({"server": name, **run}), flush=True)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(results, indent=1))
     print(table(results))
     return results
+
+
+def _policy_of(flags: list[str]) -> dict:
+    value = dict(zip(flags[::2], flags[1::2]))
+    return {"min_rows": [int(v) for v in value["--llm-min-rows"].split(",")], "max_wait": int(value["--llm-max-wait"])}
 
 
 if __name__ == "__main__":

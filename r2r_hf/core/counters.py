@@ -49,6 +49,16 @@ class Counters:
     joins: int = 0
     join_bytes: int = 0
     gathered_bytes: int = 0
+    shapes: list[tuple[str, int, int]] | None = None  # when traced: (model, rows, tokens per row) of each forward
+
+    def forward(self, role: str, rows: int, tokens: int) -> None:
+        """Count one forward of ``role`` ("slm" or "llm") over ``rows`` rows of ``tokens`` tokens."""
+        if role == "slm":
+            self.slm_forwards += 1
+        else:
+            self.llm_forwards += 1
+        if self.shapes is not None:
+            self.shapes.append((role, rows, tokens))
 
     def summary(self) -> dict[str, float | int | None]:
         """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet)."""

@@ -61,14 +61,14 @@ class RectangleLayout:
 
     def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         start, self.slm_seen = self.slm_seen, self.seq.length
-        self.counters.slm_forwards += 1
+        self.counters.forward("slm", self.rows, self.seq.length - start)
         return self.steps.slm_read(self.seq, start)
 
     def llm_read(self, rows: list[int]) -> torch.Tensor:
         """Every row's logits [B, V] (the rectangle catches every row up; ``rows`` are the ones that need them)."""
+        self.counters.forward("llm", self.rows, self.seq.length - self.llm_seen)
         logits = self.steps.llm_read(self.seq, self.llm_seen)
         self.llm_seen = self.seq.length
-        self.counters.llm_forwards += 1
         return logits
 
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
@@ -167,10 +167,7 @@ class SlotLayout:
             part = sorted(left)
             counts = [min(left[i], PIECE) for i in part]
             out = read_piece(model, cache, self.tokens, [rows[i] for i in part], [seen[rows[i]] for i in part], counts)
-            if model is self.pair.slm:
-                self.counters.slm_forwards += 1
-            else:
-                self.counters.llm_forwards += 1
+            self.counters.forward("slm" if model is self.pair.slm else "llm", len(part), max(counts))
             for j, (i, n) in enumerate(zip(part, counts)):
                 seen[rows[i]] += n
                 left[i] -= n

@@ -70,3 +70,18 @@ class WaitPolicy:
 
 
 IMMEDIATE = WaitPolicy()
+
+
+def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
+    """The server's policy when its flags name none, by where the models run (chosen from measurements).
+
+    On a GPU a forward reads the weights whatever its rows, so one LLM forward for several routed rows saves
+    whole forwards: the cost-model replay of served answers (``benchmarks/serve_model.py``, H200 component
+    costs) is best near m = running rows / 3 with a wait of at most 16 steps (at p = 0.1 and 8 rows: 2.2x the
+    LLM alone where m = 1 gives 1.4x; at 16 rows 1.7x against 1.1x). On a CPU a forward's cost grows with its
+    rows x tokens (this machine's grid: ``benchmarks/forward_costs.py``) and an SLM step costs a third of an LLM
+    forward, so a waiting row loses more than the shared forward saves: m = 1 (the LLM runs at once).
+    """
+    if device_type == "cpu":
+        return IMMEDIATE
+    return WaitPolicy(tuple(max(1, round(rows / 3)) for rows in range(1, max_rows + 1)), 16)

@@ -37,7 +37,7 @@ from ..core.counters import Counters
 from ..core.engines import EagerSteps
 from ..core.features import input_device
 from ..core.layouts import RectangleLayout
-from ..core.policy import WaitPolicy
+from ..core.policy import WaitPolicy, default_policy
 from ..core.sampling import Sampler
 from ..core.slots import slot_problem
 from ..core.step import Synced, decode_step
@@ -46,6 +46,7 @@ from .metrics import ServeMetrics
 from .protocol import APIError
 from .rows import Choice, Row
 from .settings import ServeSettings
+from .trace import Trace
 
 logger = logging.getLogger(__name__)
 START_COLUMNS = 256  # slot columns allocated at first (they grow, doubling, when an answer needs more)
@@ -92,9 +93,10 @@ class Engine:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.pair = model.routed_pair().for_call()  # one router state for the server's one running batch
         self.device = input_device(model.slm)
-        self.policy = WaitPolicy(settings.llm_min_rows, settings.llm_max_wait)
+        self.policy = _policy(settings, self.device)
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
+        self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
         problem = slot_problem(model.slm) or slot_problem(model.llm)
         self.slotted = problem is None
         if problem:
@@ -164,6 +166,7 @@ class Engine:
                 plan = self._schedule()
                 if plan is None:
                     return
+                started = time.monotonic()
                 try:
                     self._leave(plan.leaving)
                     if plan.joining:
@@ -173,6 +176,8 @@ class Engine:
                 except Exception as err:  # noqa: BLE001 - one batch fails, the server goes on
                     logger.exception("a decoding step failed")
                     self._fail_all(plan.joining, err)
+                if self.trace is not None:
+                    self.trace.turn(started, time.monotonic(), len(self.rows))
 
     def _schedule(self) -> Plan | None:
         """Decide the turn: who joins (waiting while idle), who leaves; None when the engine stops."""
@@ -256,6 +261,8 @@ class Engine:
             if row.finish is not None:
                 self._emit(row.owner, ("end", row.index, row.finish, row.generated, row.llm_tokens))
                 ended.add(r)
+                if self.trace is not None:
+                    self.trace.answer(row)
                 row.owner.open -= 1
                 if not row.owner.open and not row.owner.cancelled:
                     self.metrics.finished("completed")
@@ -293,6 +300,15 @@ class Engine:
         for request in owners.values():
             self._fail(request, error)
         self.batch = self._new_batch() if self.slotted else None
+
+
+def _policy(settings: ServeSettings, device: torch.device) -> WaitPolicy:
+    """The flags' policy; what they leave unset comes from the device's default (``policy.default_policy``)."""
+    if settings.llm_min_rows is None and settings.llm_max_wait is None:
+        return default_policy(device.type, settings.max_batch_size)
+    default = default_policy("cuda", settings.max_batch_size)  # what waiting means where it pays
+    return WaitPolicy(settings.llm_min_rows or default.min_rows,
+                      default.max_wait if settings.llm_max_wait is None else settings.llm_max_wait)
 
 
 def _fresh_seed() -> int:

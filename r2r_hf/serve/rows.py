@@ -48,12 +48,14 @@ class Row:
         self.text = IncrementalText(tokenizer)
         self.sent = 0  # characters of text already handed out
         self.generated = self.llm_tokens = 0
+        self.routed: list[bool] = []  # who wrote each token (the LLM: True), for traces
         self.finish: str | None = None
 
     def add(self, token: int, routed: bool) -> str:
         """Take the row's next token; returns the text that may be sent now (possibly empty)."""
         self.generated += 1
         self.llm_tokens += int(routed)
+        self.routed.append(routed)
         if token in self.eos_ids:
             self.finish = "stop"
             return self._release(len(self.text.text))

@@ -28,7 +28,8 @@ class ServeSettings:
         drain_seconds: on SIGTERM, how long in-flight requests may take to finish before the server exits.
         llm_min_rows: the LLM runs once this many routed answers wait for it (``core/policy.py``): one number, or
             one per count of running answers (the last covers larger counts); 1 runs it in the step an answer routes.
-        llm_max_wait: or once the oldest waiting answer has waited this many steps (0: never wait).
+            None: ``policy.default_policy`` for the models' device (a GPU waits, a CPU does not).
+        llm_max_wait: or once the oldest waiting answer has waited this many steps (0: never wait; None: by device).
     """
 
     # Parsed on the command line by their annotation's type; __post_init__ says what is wrong with a value.
@@ -44,10 +45,12 @@ class ServeSettings:
                                              "tokens", parse="fraction")
     default_max_tokens: int | None = setting(None, "chat max_tokens when none is given")
     drain_seconds: float = setting(30.0, "SIGTERM: seconds to finish in-flight requests")
-    llm_min_rows: tuple[int, ...] = setting((1,), "routed answers wait until this many wait for one LLM forward: one "
-                                                  "number, or a comma-separated list by running answers (1: never wait)",
-                                            parse="min_rows")
-    llm_max_wait: int = setting(0, "a routed answer waits at most this many steps for the LLM", parse="non_negative_int")
+    llm_min_rows: tuple[int, ...] | None = setting(None, "routed answers wait until this many wait for one LLM forward: "
+                                                         "one number, or a comma-separated list by running answers "
+                                                         "(1: never wait; default: by device, see the README)",
+                                                   parse="min_rows")
+    llm_max_wait: int | None = setting(None, "a routed answer waits at most this many steps for the LLM (default: by "
+                                             "device)", parse="non_negative_int")
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_queue"):
@@ -65,8 +68,10 @@ class ServeSettings:
             check_budget(self.llm_budget)
         from ..core.policy import check_max_wait, check_min_rows  # stdlib only, like this module
 
-        self.llm_min_rows = check_min_rows(self.llm_min_rows)
-        check_max_wait(self.llm_max_wait)
+        if self.llm_min_rows is not None:
+            self.llm_min_rows = check_min_rows(self.llm_min_rows)
+        if self.llm_max_wait is not None:
+            check_max_wait(self.llm_max_wait)
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
 
