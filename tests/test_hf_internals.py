@@ -84,3 +84,44 @@ def test_the_forward_takes_its_cache_under_the_name_compat_uses():
 
     for model in (make_tiny_slm(), make_tiny_llm()):
         assert CACHE_ARGUMENT in inspect.signature(model.forward).parameters, type(model).__name__
+
+
+def test_a_served_answer_gets_the_processors_generate_builds(model, tok):
+    """``model/row_settings.py`` calls ``_prepare_generation_config``, ``_prepare_special_tokens`` and
+    ``_get_logits_processor`` as generate does: a served answer's processors must be generate's."""
+    import torch
+
+    from r2r_hf.model.row_settings import resolve_row
+
+    for name in ("_prepare_special_tokens", "_get_logits_processor"):
+        assert callable(getattr(GenerationMixin, name, None)), f"GenerationMixin.{name} moved"
+    params = list(inspect.signature(GenerationMixin._get_logits_processor).parameters)
+    assert params[:4] == ["self", "generation_config", "input_ids_seq_length", "encoder_input_ids"]
+    assert {"device", "model_kwargs"} <= set(params)
+    prompt = tok("the old man")["input_ids"]
+    options = dict(max_new_tokens=4, do_sample=True, temperature=0.7, top_k=5, repetition_penalty=1.2, min_new_tokens=2)
+    served = resolve_row(model, prompt, **options)
+    seen = {}
+
+    def spy(self, input_ids, logits_processor, *args, **kwargs):
+        seen["processors"] = logits_processor
+        return input_ids
+
+    original = R2RForCausalLM._sample
+    R2RForCausalLM._sample = spy
+    try:
+        model.generate(torch.tensor([prompt]), **options)
+    finally:
+        R2RForCausalLM._sample = original
+    described = lambda processors: [(type(p).__name__, repr(sorted(vars(p).items()))) for p in processors]  # noqa: E731
+    assert described(served.processors) == described(seen["processors"])
+
+
+def test_decoders_take_a_prepared_mask_and_a_slot_cache(slm, llm):
+    """Slots (``core/slots.py``) hand the decoder a 4-D mask and a cache of their own; the self-check reads a
+    sequence in two slots and in pieces and compares the logits with a plain forward."""
+    from r2r_hf.core.slots import slot_problem
+
+    for model in (slm, llm):
+        object.__setattr__(model, "_r2r_slot_problem", False)  # check anew, not a cached verdict
+        assert slot_problem(model) is None, type(model).__name__

@@ -111,10 +111,15 @@ def resolve_row(model, prompt: list[int], **options: Any) -> RowSettings:
     seed = getattr(generation_config, "seed", None)
     seed = None if seed is None else check_seed(seed)
     max_new = int(generation_config.max_new_tokens)
-    generation_config.max_length = len(prompt) + max_new  # what generate derives from max_new_tokens
     device = model.device
-    model._prepare_special_tokens(generation_config, True, device)  # private HF hooks (test_hf_internals)
     prompt_ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    # Private HF hooks, called as generate calls them (tests/test_hf_internals.py guards them): the lengths
+    # (max_length and min_length from the new-token counts), the special tokens, then the processors.
+    has_default_min = options.get("min_length") is None and model.generation_config.min_length is None
+    generation_config = model._prepare_generated_length(
+        generation_config=generation_config, has_default_max_length=False, has_default_min_length=has_default_min,
+        model_input_name="input_ids", inputs_tensor=prompt_ids, input_ids_length=len(prompt))
+    model._prepare_special_tokens(generation_config, True, device)
     processors = model._get_logits_processor(generation_config, input_ids_seq_length=len(prompt),
                                              encoder_input_ids=prompt_ids, device=device, model_kwargs={})
     eos = generation_config.eos_token_id

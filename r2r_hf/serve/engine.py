@@ -258,14 +258,14 @@ class Engine:
             self.metrics.token(row, now)
             if piece:
                 self._emit(row.owner, ("text", row.index, piece))
-            if row.finish is not None:
-                self._emit(row.owner, ("end", row.index, row.finish, row.generated, row.llm_tokens))
+            if row.finish is not None:  # counted before the client hears of it (it may scrape /metrics next)
                 ended.add(r)
                 if self.trace is not None:
                     self.trace.answer(row)
                 row.owner.open -= 1
                 if not row.owner.open and not row.owner.cancelled:
                     self.metrics.finished("completed")
+                self._emit(row.owner, ("end", row.index, row.finish, row.generated, row.llm_tokens))
         return ended
 
     def _leave(self, rows: list[int]) -> None:

@@ -1,0 +1,49 @@
+"""The server's cost model (benchmarks/serve_model.py) replays the engine's schedule: the same steps, the same LLM
+forwards and the same rows per forward as the real running batch, under every waiting policy."""
+
+import pytest
+
+from benchmarks.serve_model import Costs, llm_alone, simulate, synthetic
+from r2r_hf.core.policy import WaitPolicy
+from test_batching import PROMPTS, Driver, _threshold
+
+FLAT = Costs(slm=(0.01, 0.0, 0.0), llm=(0.1, 0.0, 0.0), router=(0.001, 0.0), step=0.0)
+
+
+def test_an_answer_that_never_routes_costs_its_prefill_and_one_step_per_token():
+    got = simulate([(10, [False] * 20)], 1, WaitPolicy(), FLAT)
+    # the prefill, then 20 steps that commit a token each and one that only reads the last: router + SLM read
+    want = 0.01 + 20 * (0.001 + 0.01) + 0.0
+    assert got["wall_s"] == pytest.approx(want) and got["llm_forwards_per_token"] == 0
+
+
+def test_the_llm_alone_reads_every_token_once_per_step():
+    answers = [(10, [False] * 8)] * 4
+    assert llm_alone(answers, 4, FLAT) == pytest.approx(32 / (8 * 0.1))
+
+
+@pytest.mark.parametrize("policy", [WaitPolicy(), WaitPolicy((2,), 4), WaitPolicy((4,), 64)],
+                         ids=["m1", "m2-w4", "m4-w64"])
+def test_the_replay_schedules_as_the_running_batch_does(model, tok, policy):
+    tau = _threshold(model, tok, 0.7)
+    run = Driver(model, tok, slots=6, policy=policy)
+    for i in range(6):
+        run.join(i, i, max_new_tokens=12, do_sample=False, threshold=tau)
+    run.run()
+    counters = run.batch.counters
+    answers = [(len(tok(PROMPTS[i])["input_ids"]), [by_llm for _, by_llm in run.out[i]]) for i in range(6)]
+    got = simulate(answers, 6, policy, FLAT, slots=6)
+    assert got["steps"] == counters.steps
+    assert got["llm_forwards_per_token"] * counters.generated == pytest.approx(counters.llm_calls)
+    assert got["rows_per_llm_call"] == pytest.approx(counters.llm_rows / counters.llm_calls)
+
+
+def test_waiting_pays_where_a_forward_reads_weights_and_a_synthetic_share_routes_as_asked():
+    answers = synthetic([(100, [False] * 256)] * 32, 0.1, seed=1)
+    share = sum(sum(r) for _, r in answers) / sum(len(r) for _, r in answers)
+    assert abs(share - 0.1) < 0.02
+    gpu = Costs(slm=(2.5e-3, 0.0, 6e-6), llm=(19e-3, 0.0, 1.3e-4), router=(2e-4, 0.0), step=1e-4)
+    at_once = simulate(answers, 8, WaitPolicy(), gpu)
+    waiting = simulate(answers, 8, WaitPolicy((3,), 16), gpu)
+    assert waiting["llm_forwards_per_token"] < 0.5 * at_once["llm_forwards_per_token"]
+    assert waiting["tokens_per_s"] > 1.3 * at_once["tokens_per_s"]
