@@ -61,9 +61,22 @@ CAPTURED = [("graphs", "single"), ("graphs", "batch"), pytest.param("compile", "
 PATHS = [("eager", "single"), ("eager", "batch"), *CAPTURED]
 
 
-def _median_threshold(model, enc):
+def _thresholds(model, enc, n: int = 1) -> list[float]:
+    """``n`` thresholds for mixed routing, each halfway across one of the ``n`` widest gaps between neighbouring
+    scores (of the never-route probe's middle 20-80 %). Not a score itself, as a median is: routing is
+    ``score >= threshold``, and a score that rounds one ulp lower on a GPU's kernels would route otherwise."""
     probe = model.generate(**enc, **GREEDY, threshold=INF, return_dict_in_generate=True)
-    return probe.router_scores[probe.generated_mask].median().item()
+    scores = probe.router_scores[probe.generated_mask].float().sort().values
+    low, high = int(0.2 * (len(scores) - 1)), int(0.8 * (len(scores) - 1))
+    gaps = scores[low + 1 : high + 1] - scores[low:high]
+    widest = gaps.topk(n).indices
+    assert (gaps[widest] > 0).all(), "the probe's scores leave room between them"
+    return sorted(((scores[low + i] + scores[low + i + 1]) / 2).item() for i in widest.tolist())
+
+
+def _middle_threshold(model, enc) -> float:
+    """One threshold in the middle of the scores, between two of them (``_thresholds``)."""
+    return _thresholds(model, enc)[0]
 
 
 def _same(a, b):
@@ -113,7 +126,7 @@ def test_mixed_routing_equals_eager_and_a_cache_free_recompute(pair, tok, path, 
         request.getfixturevalue("graphs")
     else:
         extra["compile_config"] = COMPILE
-    threshold = _median_threshold(model, enc)
+    threshold = _middle_threshold(model, enc)
     eager = model.generate(**enc, **GREEDY, **FULL, threshold=threshold)
     fast = model.generate(**enc, **GREEDY, **FULL, **extra, threshold=threshold)
     assert model.capture_store.state is not None and ("slm", 1) in model.capture_store.state.reads
@@ -136,7 +149,7 @@ def test_long_reads_are_captured_piece_by_piece(pair, tok, graphs):
     model, _, _ = pair
     enc = {k: v.to(DEVICE) for k, v in tok([" ".join(["the old man said that he was"] * 12)], return_tensors="pt").items()}
     assert enc["input_ids"].shape[1] > BUCKETS[-1], "the prompt is longer than every bucket"
-    threshold = _median_threshold(model, enc)
+    threshold = _middle_threshold(model, enc)
     eager = model.generate(**enc, **GREEDY, **FULL, threshold=threshold)
     model.capture_store.clear()
     captured = model.generate(**enc, **GREEDY, **FULL, threshold=threshold, cache_implementation="static")
@@ -237,11 +250,11 @@ def test_only_sdpa_or_eager_attention_and_static_rope_are_captured(change, reaso
 
 # ------------------------------------------------------------------ concurrent calls
 def test_concurrent_calls_on_the_fast_path_equal_the_serial_ones(pair, tok, graphs):
-    from test_concurrency import _in_threads, _score_quantiles
+    from test_concurrency import _in_threads
 
     model, _, _ = pair
     enc = _encode(tok, "batch")
-    thresholds = _score_quantiles(model, enc, 6)
+    thresholds = _thresholds(model, enc, 6)
     kwargs = dict(GREEDY, return_dict_in_generate=True, cache_implementation="static")
 
     def call(threshold):
