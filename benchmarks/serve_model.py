@@ -93,11 +93,13 @@ class _Row:
     llm_seen: int = 0
     written: int = 0  # answer tokens committed
     waiting_since: int | None = None
+    slm_left: int = 0  # prompt tokens each model has still to read (chunked prefill)
+    llm_left: int = 0
     times: list[float] = field(default_factory=list)  # when each token reached the host
 
 
 def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: WaitPolicy, costs: Costs,
-             slots: int = 16, catch_up_all: bool = False) -> dict:
+             slots: int = 16, catch_up_all: bool = False, chunk: int = 256) -> dict:
     """Serve ``answers`` (prompt length, routed flag per token) in order, ``concurrency`` at a time (closed loop:
     a request is sent when an earlier one ends), through the engine's schedule; tokens/s, latencies, counters.
 
@@ -112,18 +114,25 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
     llm_forwards = llm_calls = llm_rows = slm_forwards = 0
     waits: list[int] = []
     while queue or rows:
-        # Decide: queued requests join free slots; the SLM prefills them in one read (pieces of PIECE tokens).
-        joining = []
+        # Decide: queued requests join free slots; then one chunk of every joining prompt is read by both models
+        # (the LLM all but the last token: the engine's chunked prefill), before the others' step.
         while queue and in_flight < concurrency and len(rows) < slots:
             prompt, routed = answers[queue.pop(0)]
             slot = min(set(range(slots)) - set(rows))
-            rows[slot] = _Row(prompt, routed, length=prompt)
-            joining.append(prompt)
+            rows[slot] = _Row(prompt, routed, length=prompt, slm_left=prompt, llm_left=prompt - 1)
             in_flight += 1
-        for start in range(0, max(joining, default=0), PIECE):
-            alive = [p for p in joining if p > start]
-            clock += costs.forward("slm", len(alive), min(PIECE, max(alive) - start))
-            slm_forwards += 1
+        for side in ("slm", "llm"):
+            left = [r for r in rows.values() if getattr(r, f"{side}_left") > 0]
+            if left:
+                width = min(chunk, max(getattr(r, f"{side}_left") for r in left))
+                clock += costs.forward(side, len(left), width)
+                slm_forwards += side == "slm"
+                llm_forwards += side == "llm"
+                for r in left:
+                    setattr(r, f"{side}_left", max(0, getattr(r, f"{side}_left") - chunk))
+                    if side == "llm" and not r.llm_left:
+                        r.llm_seen = r.prompt - 1
+        busy = any(not row.slm_left for row in rows.values())  # a step is taken (decoding() in the engine)
         # The step's host sync: the previous step's tokens reach the host; finished rows leave.
         for r in pending:
             row = rows[r]
@@ -132,7 +141,8 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
                 done.append(rows.pop(r))
                 in_flight -= 1
         pending = []
-        proposing = [r for r, row in rows.items() if row.waiting_since is None and row.written < len(row.routed)]
+        proposing = [r for r, row in rows.items() if row.waiting_since is None and row.written < len(row.routed)
+                     and not row.slm_left]
         slm_writers = []
         for r in proposing:
             row = rows[r]
@@ -145,7 +155,8 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
         cost = costs.step + (costs.router[0] + costs.router[1] * len(proposing) if proposing else 0.0)
         llm_writers = waiting if policy.runs(len(waiting), len(rows), oldest, stalled=not slm_writers) else []
         if llm_writers:  # the catch-up: each writer from where the LLM last read it, pieces of PIECE tokens
-            read = [r for r in rows if rows[r].length > rows[r].llm_seen] if catch_up_all else llm_writers
+            read = [r for r in rows if rows[r].length > rows[r].llm_seen and not rows[r].slm_left] if catch_up_all \
+                else llm_writers
             left = [rows[r].length - rows[r].llm_seen for r in read]
             while left:
                 cost += costs.forward("llm", len(left), min(PIECE, max(left)))
@@ -166,12 +177,14 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
             rows[r].length += 1
             rows[r].written += 1
             pending.append(r)
-        clock += cost
-        step_no += 1
+        if busy:  # the engine steps only when a row decodes (not while every row is prefilling)
+            clock += cost
+            step_no += 1
     tokens = sum(len(row.routed) for row in done)
     gaps = [b - a for row in done for a, b in zip(row.times, row.times[1:])]
     return {"concurrency": concurrency, "tokens_per_s": tokens / clock, "wall_s": clock, "steps": step_no,
             "llm_forwards_per_token": llm_forwards / tokens, "slm_forwards_per_token": slm_forwards / tokens,
+            "llm_calls": llm_calls, "llm_forwards": llm_forwards, "slm_forwards": slm_forwards,
             "rows_per_llm_call": llm_rows / llm_calls if llm_calls else None,
             "wait_p50": _quantile(waits, 0.5), "wait_p95": _quantile(waits, 0.95),
             "itl_p50_ms": 1000 * _quantile(gaps, 0.5), "itl_p95_ms": 1000 * _quantile(gaps, 0.95),

@@ -32,17 +32,18 @@ def _threshold(model, tok, quantile: float) -> float:
 class Driver:
     """The server's loop by hand: ``join`` rows, ``run`` steps; each row's (token, by LLM) pairs as they arrive."""
 
-    def __init__(self, model, tok, slots: int, policy: WaitPolicy, capacity: int = 64):
-        self.model, self.tok, self.policy = model, tok, policy
+    def __init__(self, model, tok, slots: int, policy: WaitPolicy, capacity: int = 64, prefill: int | None = None):
+        self.model, self.tok, self.policy, self.prefill = model, tok, policy, prefill
         self.batch = RunningBatch.for_slots(model.routed_pair().for_call(), slots, capacity, torch.device("cpu"))
         self.out, self.limit, self.eos = {}, {}, {}
 
     def join(self, name, prompt, **options):
-        ids = self.tok(PROMPTS[prompt])["input_ids"]
+        ids = self.tok(PROMPTS[prompt] if isinstance(prompt, int) else prompt)["input_ids"]
         settings = resolve_row(self.model, ids, **options)
         self.out[name], self.limit[name], self.eos[name] = [], settings.max_new_tokens, settings.eos_ids
         rule = settings.rule(torch.device("cpu"), fresh_seed=0)
-        self.batch.join([Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name)])
+        self.batch.join([Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name)],
+                        prefill=self.prefill)
 
     def _update(self, synced):
         ended = set()
@@ -61,13 +62,16 @@ class Driver:
         done = 0
         while self.batch.occupied() and (steps is None or done < steps):
             self.ended = set()
-            decode_step(self.batch, self.policy, ended=self._update)
+            if self.prefill:
+                self.batch.prefill(self.prefill)
+            if self.batch.decoding():
+                decode_step(self.batch, self.policy, ended=self._update)
             self.batch.leave(sorted(self.ended))
             done += 1
 
 
 def _alone(model, tok, prompt, **options):
-    enc = tok([PROMPTS[prompt]], return_tensors="pt")
+    enc = tok([PROMPTS[prompt] if isinstance(prompt, int) else prompt], return_tensors="pt")
     seed = options.pop("seed", None)
     out = model.generate(**enc, **options, **({} if seed is None else {"seed": seed}), return_dict_in_generate=True)
     tokens = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
@@ -147,3 +151,23 @@ def test_a_join_that_needs_more_columns_grows_every_slot_and_counts_the_copy(mod
     run.run()
     assert run.out["a"] == _alone(model, tok, 0, max_new_tokens=3, do_sample=False, threshold=0.0)
     assert run.out["b"] == _alone(model, tok, 1, max_new_tokens=12, do_sample=False, threshold=0.0)
+
+
+def test_a_long_prompt_is_read_a_chunk_per_step_while_the_others_decode(model, tok):
+    """Chunked prefill: a joining prompt of 60+ tokens is read 8 tokens per turn by each model, and every turn
+    the running rows still take their step; every answer equals generate alone."""
+    long_prompt = " ".join(PROMPTS) + " " + " ".join(PROMPTS[::-1])
+    assert len(tok(long_prompt)["input_ids"]) > 60
+    run = Driver(model, tok, slots=3, policy=WaitPolicy(), capacity=160, prefill=8)
+    run.batch.counters.shapes = []
+    run.join("a", 0, max_new_tokens=20, do_sample=False, threshold=0.0)
+    run.run(2)
+    run.join("long", long_prompt, max_new_tokens=6, do_sample=False, threshold=0.0)
+    steps, decoded = run.batch.counters.steps, len(run.out["a"])
+    run.run(4)
+    assert run.batch.counters.steps == steps + 4 and len(run.out["a"]) == decoded + 4, "the others kept decoding"
+    assert run.batch.rows[1].prefilling, "the long prompt is still being read"
+    run.run()
+    assert max(g for role, k, g in run.batch.counters.shapes) <= 8, "no forward read more than a chunk"
+    assert run.out["a"] == _alone(model, tok, 0, max_new_tokens=20, do_sample=False, threshold=0.0)
+    assert run.out["long"] == _alone(model, tok, long_prompt, max_new_tokens=6, do_sample=False, threshold=0.0)

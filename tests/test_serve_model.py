@@ -12,21 +12,21 @@ FLAT = Costs(slm=(0.01, 0.0, 0.0), llm=(0.1, 0.0, 0.0), router=(0.001, 0.0), ste
 
 def test_an_answer_that_never_routes_costs_its_prefill_and_one_step_per_token():
     got = simulate([(10, [False] * 20)], 1, WaitPolicy(), FLAT)
-    # the prefill, then 20 steps that commit a token each and one that only reads the last: router + SLM read
-    want = 0.01 + 20 * (0.001 + 0.01) + 0.0
-    assert got["wall_s"] == pytest.approx(want) and got["llm_forwards_per_token"] == 0
+    # the prefill (SLM and LLM, chunked), then 20 steps that commit a token each and one that only reads the last
+    want = 0.01 + 0.1 + 20 * (0.001 + 0.01) + 0.0
+    assert got["wall_s"] == pytest.approx(want) and got["llm_forwards"] == 1 and got["llm_calls"] == 0
 
 
-def test_the_llm_alone_reads_every_token_once_per_step():
+def test_the_llm_alone_reads_the_prompts_then_every_token_once_per_step():
     answers = [(10, [False] * 8)] * 4
-    assert llm_alone(answers, 4, FLAT) == pytest.approx(32 / (8 * 0.1))
+    assert llm_alone(answers, 4, FLAT) == pytest.approx(32 / (9 * 0.1))  # one prefill forward, 8 steps
 
 
 @pytest.mark.parametrize("policy", [WaitPolicy(), WaitPolicy((2,), 4), WaitPolicy((4,), 64)],
                          ids=["m1", "m2-w4", "m4-w64"])
 def test_the_replay_schedules_as_the_running_batch_does(model, tok, policy):
     tau = _threshold(model, tok, 0.7)
-    run = Driver(model, tok, slots=6, policy=policy)
+    run = Driver(model, tok, slots=6, policy=policy, prefill=256)
     for i in range(6):
         run.join(i, i, max_new_tokens=12, do_sample=False, threshold=tau)
     run.run()
@@ -34,7 +34,8 @@ def test_the_replay_schedules_as_the_running_batch_does(model, tok, policy):
     answers = [(len(tok(PROMPTS[i])["input_ids"]), [by_llm for _, by_llm in run.out[i]]) for i in range(6)]
     got = simulate(answers, 6, policy, FLAT, slots=6)
     assert got["steps"] == counters.steps
-    assert got["llm_forwards_per_token"] * counters.generated == pytest.approx(counters.llm_calls)
+    assert (got["llm_calls"], got["llm_forwards"], got["slm_forwards"]) == \
+        (counters.llm_calls, counters.llm_forwards, counters.slm_forwards)
     assert got["rows_per_llm_call"] == pytest.approx(counters.llm_rows / counters.llm_calls)
 
 

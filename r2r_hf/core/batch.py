@@ -37,6 +37,7 @@ class RowState:
         rng: its random stream before the SLM draw that routed it (the LLM draws from there).
         by_llm: whether the token it committed last came from the LLM (its value reaches the host next step).
         draining: it committed its last token; it proposes no more and leaves once the host has read it.
+        prefilling: its prompt is still being read (a piece per turn: ``RunningBatch.prefill``).
     """
 
     owner: Any = None
@@ -45,6 +46,7 @@ class RowState:
     rng: Any = None
     by_llm: bool = False
     draining: bool = False
+    prefilling: bool = False
 
 
 @dataclass
@@ -107,9 +109,16 @@ class RunningBatch:
         return [r for r, row in enumerate(self.rows) if row is not None]
 
     def proposing(self) -> list[int]:
-        """Rows that propose this step: in the batch, not waiting for the LLM, not draining."""
+        """Rows that propose this step: in the batch, prompt read, not waiting for the LLM, not draining."""
         return [r for r, row in enumerate(self.rows) if row is not None and row.waiting_since is None
-                and not row.draining]
+                and not row.draining and not row.prefilling]
+
+    def decoding(self) -> bool:
+        """Whether a step has anything to do (a row proposes, waits for the LLM or has a token to hand over)."""
+        return any(row is not None and not row.prefilling for row in self.rows)
+
+    def prefilling(self) -> list[int]:
+        return [r for r, row in enumerate(self.rows) if row is not None and row.prefilling]
 
     def waiting(self) -> list[int]:
         return [r for r, row in enumerate(self.rows) if row is not None and row.waiting_since is not None]
@@ -117,8 +126,10 @@ class RunningBatch:
     def free_slots(self) -> int:
         return sum(row is None for row in self.rows)
 
-    def join(self, joiners: list[Joiner]) -> list[int]:
-        """Put each joiner in a free slot (the lowest first) and let the SLM read their prompts in one forward.
+    def join(self, joiners: list[Joiner], prefill: int | None = None) -> list[int]:
+        """Put each joiner in a free slot (the lowest first); the SLM reads their prompts in one forward, or, with
+        ``prefill``, both models read at most that many prompt tokens per ``prefill`` call (chunked prefill: a long
+        prompt does not hold up the running rows' next token for its whole read).
 
         No running row's cache moves, unless a prompt needs more columns than the slots have (then every
         slot grows: the bytes copied are counted in ``counters.join_bytes``). Returns the slots taken.
@@ -138,14 +149,33 @@ class RunningBatch:
             self.budget.place(slot, share, joiner.max_new)
             self.running[slot] = True
             self.last_token[slot] = -1
-        logits, hidden = layout.slm_read(free)
+        self.counters.joins += len(joiners)
+        if prefill is None:
+            self._ready(free, *layout.slm_read(free))
+        else:
+            for slot in free:
+                self.rows[slot].prefilling = True
+        return free
+
+    def prefill(self, limit: int) -> list[int]:
+        """Both models read at most ``limit`` more prompt tokens of each prefilling row; the rows now ready."""
+        rows = self.prefilling()
+        if not rows:
+            return []
+        done, logits, hidden = self.layout.prefill(rows, limit)
+        if done:
+            self._ready(done, logits, hidden)
+        return done
+
+    def _ready(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Rows whose prompt the SLM has read: their first proposal comes from ``logits`` and ``hidden``."""
         if self.slm_logits is None:
             self.slm_logits = logits.new_zeros(len(self.rows), logits.shape[-1])
             self.slm_hidden = hidden.new_zeros(len(self.rows), hidden.shape[-1])
-        index = torch.tensor(free, device=self.slm_logits.device)
+        index = torch.tensor(rows, device=self.slm_logits.device)
         self.slm_logits[index], self.slm_hidden[index] = logits, hidden.to(self.slm_hidden.device)
-        self.counters.joins += len(joiners)
-        return free
+        for r in rows:
+            self.rows[r].prefilling = False
 
     def leave(self, rows: list[int]) -> None:
         """Free the slots of ``rows`` (nothing is copied: a later row writes over them)."""

@@ -22,7 +22,7 @@ import torch
 
 from .counters import Counters
 from .engines import Steps, route_scores
-from .features import HiddenStateCapture, input_device
+from .features import input_device
 from .pair import RoutedPair
 from .slots import SlotCache, read_piece
 from .steps import Committed
@@ -145,39 +145,59 @@ class SlotLayout:
 
     def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """[k, V] logits and [k, H] hidden states of the SLM after each row's last committed token."""
-        with HiddenStateCapture(self.pair.slm) as capture:
-            return self._read(self.pair.slm, self.slm_cache, rows, self.slm_seen, capture)
+        _, logits, hidden = self._read("slm", rows)
+        return logits, hidden
 
     def llm_read(self, rows: list[int]) -> torch.Tensor:
         """[k, V] logits of the LLM after each row's last committed token (it reads what it has not)."""
-        return self._read(self.pair.llm, self.llm_cache, rows, self.llm_seen, None)[0]
+        return self._read("llm", rows)[1]
+
+    def prefill(self, rows: list[int], limit: int) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+        """Both models read at most ``limit`` more prompt tokens of each row (a long prompt is read over several
+        turns, between the others' steps); the rows whose prompt is now read, with the SLM's logits and hidden
+        states after it. The LLM reads the prompt here too, all but its last token (its first catch-up reads at
+        least that one, and its logits there are the LLM's first token), so that catch-up is short."""
+        llm_rows = [r for r in rows if self.llm_seen[r] < self.length[r] - 1]
+        if llm_rows:
+            self._read("llm", llm_rows, limit, short=1)
+        done, logits, hidden = self._read("slm", rows, limit)
+        return done, logits, hidden
 
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         p = self.pair
         return route_scores(p.slm, p.router, p.num_topk, logits, hidden, token)
 
-    def _read(self, model, cache: SlotCache, rows: list[int], seen: list[int], capture: HiddenStateCapture | None):
-        logits: list[torch.Tensor | None] = [None] * len(rows)
-        hidden: list[torch.Tensor | None] = [None] * len(rows)
-        left = {i: self.length[r] - seen[r] for i, r in enumerate(rows)}
-        if any(n < 1 for n in left.values()):
+    def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0):
+        """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them) in pieces of
+        ``PIECE``; returns the rows read to their end, with the logits (and, for the SLM, the hidden states) after
+        their last token."""
+        model, cache = (self.pair.slm, self.slm_cache) if role == "slm" else (self.pair.llm, self.llm_cache)
+        seen = self.slm_seen if role == "slm" else self.llm_seen
+        want = {i: self.length[r] - short - seen[r] for i, r in enumerate(rows)}
+        if any(n < 1 for n in want.values()):
             raise ValueError("a row is read only when it holds a token the model has not read")
+        left = {i: n if limit is None else min(n, limit) for i, n in want.items()}
+        outputs: dict[int, tuple] = {}
         before = cache.gathered_bytes
         while left:
             part = sorted(left)
             counts = [min(left[i], PIECE) for i in part]
-            out = read_piece(model, cache, self.tokens, [rows[i] for i in part], [seen[rows[i]] for i in part], counts)
-            self.counters.forward("slm" if model is self.pair.slm else "llm", len(part), max(counts))
+            logits, hidden = read_piece(model, cache, self.tokens, [rows[i] for i in part],
+                                        [seen[rows[i]] for i in part], counts, hidden=role == "slm")
+            self.counters.forward(role, len(part), max(counts))
             for j, (i, n) in enumerate(zip(part, counts)):
                 seen[rows[i]] += n
                 left[i] -= n
                 if not left[i]:
                     del left[i]
-                    logits[i] = out[j]
-                    if capture is not None:
-                        hidden[i] = capture.hidden[j, -1]
+                    outputs[i] = (logits[j], None if hidden is None else hidden[j])
         self.counters.gathered_bytes += cache.gathered_bytes - before
-        return torch.stack(logits), (torch.stack(hidden) if capture is not None else None)
+        done = [i for i in sorted(outputs) if seen[rows[i]] == self.length[rows[i]]]
+        if not done:
+            return [], None, None
+        stacked = torch.stack([outputs[i][0] for i in done])
+        hidden = torch.stack([outputs[i][1] for i in done]) if role == "slm" else None
+        return [rows[i] for i in done], stacked, hidden
 
     def close(self) -> None:
         pass

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..compat import cache_argument
+from .features import HiddenStateCapture
 
 SLOT_ATTENTION = ("sdpa", "eager")
 
@@ -60,11 +61,14 @@ class SlotCache:
         """The spare column padding is written to (past every position)."""
         return self.capacity
 
-    def plan(self, rows: list[int], columns: torch.Tensor, used: int) -> None:
-        """The next forward reads ``rows``; its new tokens go to ``columns`` [k, g]; it attends ``used`` columns."""
+    def plan(self, rows: list[int], columns: torch.Tensor, used: int, index: torch.Tensor | None = None) -> None:
+        """The next forward reads ``rows``; its new tokens go to ``columns`` [k, g]; it attends ``used`` columns.
+
+        ``index``: ``rows`` as a device tensor already (a captured read plans before capture: no copy inside it).
+        """
         first = rows[0]
         self.span = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
-        self.rows = torch.tensor(rows, device=columns.device)
+        self.rows = index if index is not None else torch.tensor(rows, device=columns.device)
         self.columns, self.used = columns, used
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -144,23 +148,44 @@ def piece_masks(model: torch.nn.Module, real: torch.Tensor, position: torch.Tens
     return masks if len(masks) > 1 else masks["full_attention"]
 
 
-def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, rows: list[int], starts: list[int],
-               counts: list[int]) -> torch.Tensor:
-    """``model`` reads ``counts[i]`` tokens of row ``rows[i]`` from column ``starts[i]`` of ``tokens`` [S, C]
-    into ``cache``; the logits [k, V] after each row's last one (a lm_head hook sees the hidden state)."""
-    width = max(counts)
+def piece_inputs(tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int,
+                 trash: int) -> dict[str, torch.Tensor]:
+    """The device tensors of one piece: ids, positions, cache columns and which entries are real [k, width]."""
     device = tokens.device
     start = torch.tensor(starts, device=device)
     count = torch.tensor(counts, device=device)
-    column, real, position = piece_layout(start, count, width, cache.trash)
-    used = max(s + n for s, n in zip(starts, counts))
+    column, real, position = piece_layout(start, count, width, trash)
     ids = tokens.index_select(0, torch.tensor(rows, device=device)).gather(1, position)
-    cache.plan(rows, column, used)
+    return {"ids": ids, "position": position, "column": column, "real": real}
+
+
+def forward_piece(model: torch.nn.Module, cache: SlotCache, ids: torch.Tensor, position: torch.Tensor,
+                  column: torch.Tensor, real: torch.Tensor, used: int, hidden: bool) -> tuple[torch.Tensor, ...]:
+    """``model`` reads one planned piece (``cache.plan`` was called): logits [k, V] after each row's last token,
+    and with ``hidden`` the post-norm hidden state [k, H] there (``output_hidden_states``: a hook would not
+    survive compilation). A pure function of its tensors: it can be captured."""
     embed_device = model.get_input_embeddings().weight.device
     masks = piece_masks(model, real.to(embed_device), position.to(embed_device), used)
     out = model(input_ids=ids.to(embed_device), attention_mask=masks, position_ids=position.to(embed_device),
-                **cache_argument(cache), use_cache=True, logits_to_keep=1, return_dict=True)
-    return out.logits[:, -1]
+                **cache_argument(cache), use_cache=True, logits_to_keep=1, output_hidden_states=hidden,
+                return_dict=True)
+    if not hidden:
+        return (out.logits[:, -1],)
+    return out.logits[:, -1], out.hidden_states[-1][:, -1]
+
+
+def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, rows: list[int], starts: list[int],
+               counts: list[int], hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``model`` reads ``counts[i]`` tokens of row ``rows[i]`` from column ``starts[i]`` of ``tokens`` [S, C]
+    into ``cache`` (eagerly); the logits [k, V] after each row's last one, and its hidden state [k, H] or None."""
+    inputs = piece_inputs(tokens, rows, starts, counts, max(counts), cache.trash)
+    used = max(s + n for s, n in zip(starts, counts))
+    cache.plan(rows, inputs["column"], used)
+    if not hidden:
+        return forward_piece(model, cache, **inputs, used=used, hidden=False)[0], None
+    with HiddenStateCapture(model) as capture:  # eagerly, the lm_head's input: no layer's states kept
+        logits = forward_piece(model, cache, **inputs, used=used, hidden=False)[0]
+        return logits, capture.hidden[:, -1]
 
 
 def slot_problem(model: torch.nn.Module) -> str | None:

@@ -171,7 +171,9 @@ class Engine:
                     self._leave(plan.leaving)
                     if plan.joining:
                         self._join(plan.joining)
-                    if self.batch is not None and self.batch.occupied():
+                    if self.slotted and self.batch.prefilling():  # one piece of each prompt per turn
+                        self.batch.prefill(self.settings.prefill_chunk)
+                    if self.batch is not None and self.batch.decoding():
                         self._step()
                 except Exception as err:  # noqa: BLE001 - one batch fails, the server goes on
                     logger.exception("a decoding step failed")
@@ -216,7 +218,7 @@ class Engine:
                                       s.llm_budget, owner=Row(request, i, choice, self.tokenizer)))
         if self.batch.occupied():
             self.joins_running += 1
-        self.batch.join(joiners)
+        self.batch.join(joiners, prefill=self.settings.prefill_chunk)
 
     def _rectangle(self, request: Request, index: int) -> RunningBatch:
         """A batch of one answer on HF's caches (models that cannot use slots)."""

@@ -26,6 +26,9 @@ class ServeSettings:
         default_max_tokens: ``max_tokens`` of chat requests that name none (None: the rest of the context);
             completion requests default to 16, as OpenAI's do.
         drain_seconds: on SIGTERM, how long in-flight requests may take to finish before the server exits.
+        prefill_chunk: a joining answer's prompt is read (by both models) at most this many tokens per turn of the
+            decoding loop, so a long prompt adds one chunk's time to the running answers' next token, not its whole
+            read (each turn reads one chunk of every joining prompt, then decodes one step of the others).
         llm_min_rows: the LLM runs once this many routed answers wait for it (``core/policy.py``): one number, or
             one per count of running answers (the last covers larger counts); 1 runs it in the step an answer routes.
             None: ``policy.default_policy`` for the models' device (a GPU waits, a CPU does not).
@@ -45,6 +48,8 @@ class ServeSettings:
                                              "tokens", parse="fraction")
     default_max_tokens: int | None = setting(None, "chat max_tokens when none is given")
     drain_seconds: float = setting(30.0, "SIGTERM: seconds to finish in-flight requests")
+    prefill_chunk: int = setting(256, "a joining prompt is read this many tokens per step, between the running answers' "
+                                      "steps", parse="positive_int")
     llm_min_rows: tuple[int, ...] | None = setting(None, "routed answers wait until this many wait for one LLM forward: "
                                                          "one number, or a comma-separated list by running answers "
                                                          "(1: never wait; default: by device, see the README)",
