@@ -104,6 +104,16 @@ dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
 non_negative_int = whole(0)
 
 
+CAPTURE_MODES = ("auto", "graphs", "compile", "off")
+
+
+def capture_mode(text: str) -> str:
+    """``--capture``: how the server runs its steps."""
+    if text not in CAPTURE_MODES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(CAPTURE_MODES)}, got {text!r}")
+    return text
+
+
 def min_rows(text: str) -> tuple[int, ...]:
     """``--llm-min-rows``: one whole number >= 1, or a comma-separated list of them."""
     try:

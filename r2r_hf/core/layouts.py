@@ -18,13 +18,18 @@ what ``slm.generate``/``llm.generate`` compute, with every HF cache and attentio
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
 
 from .counters import Counters
 from .engines import Steps, route_scores
 from .features import input_device
 from .pair import RoutedPair
-from .slots import SlotCache, read_piece
+from .graphs import Step
+from .slot_capture import CapturedReads, CapturedRouter
+from .slots import SlotCache, forward_piece, piece_inputs, read_piece
 from .steps import Committed
 
 # Tokens per row one slot forward reads at most: a long prompt is read in pieces of this many (the
@@ -97,6 +102,8 @@ class SlotLayout:
         self.length = [0] * slots  # committed tokens of each row (prompt included)
         self.slm_seen = [0] * slots  # of those, how many each model has read: a row's own progress
         self.llm_seen = [0] * slots
+        self.captured: dict[str, CapturedReads] | None = None  # per model, once ``capture`` ran: static slots
+        self.router_step: CapturedRouter | None = None
 
     @property
     def slots(self) -> int:
@@ -114,6 +121,9 @@ class SlotLayout:
         slots, columns = max(slots, self.slots), max(columns, self.capacity)
         if (slots, columns) == (self.slots, self.capacity):
             return 0
+        if self.captured is not None:  # captured steps point at these buffers: they never move
+            raise ValueError(f"An answer needs {columns} tokens of context; this server's static slots hold "
+                             f"{self.capacity} (--max-context). Shorten the prompt or max_tokens.")
         columns = max(columns, 2 * self.capacity) if columns > self.capacity else columns  # amortised growth
         tokens = self.tokens.new_zeros(slots, columns)
         tokens[: self.slots, : self.capacity] = self.tokens
@@ -165,7 +175,32 @@ class SlotLayout:
 
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         p = self.pair
+        if self.router_step is not None and getattr(p.router, "capturable", True):
+            return self.router_step(logits, hidden, token)
         return route_scores(p.slm, p.router, p.num_topk, logits, hidden, token)
+
+    def capture(self, capture: Callable[[Step, dict], Step], warm: bool = True) -> dict:
+        """From now on every read replays a captured step (``slot_capture.py``): the slots become static (their
+        current size), every bucket is captured now with ``warm``; what it took."""
+        p = self.pair
+        for model, cache in ((p.slm, self.slm_cache), (p.llm, self.llm_cache)):  # allocate outside any capture
+            inputs = piece_inputs(self.tokens, list(range(self.slots)), [0] * self.slots, [0] * self.slots, 1,
+                                  cache.trash)
+            cache.plan(list(range(self.slots)), inputs["column"], 1)
+            forward_piece(model, cache, **inputs, used=1, hidden=False)
+        self.captured = {"slm": CapturedReads(p.slm, self.slm_cache, capture, hidden=True),
+                         "llm": CapturedReads(p.llm, self.llm_cache, capture, hidden=False)}
+        self.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, self.slots)
+        report = {"slots": self.slots, "columns": self.capacity, "steps": 0, "seconds": 0.0}
+        if warm:
+            start = time.perf_counter()
+            report["steps"] = sum(c.warm(self.tokens) for c in self.captured.values())
+            head = p.slm.get_output_embeddings().weight
+            if getattr(p.router, "capturable", True):
+                report["steps"] += self.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
+                                                         head.dtype)
+            report["seconds"] = time.perf_counter() - start
+        return report
 
     def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0):
         """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them) in pieces of
@@ -179,11 +214,16 @@ class SlotLayout:
         left = {i: n if limit is None else min(n, limit) for i, n in want.items()}
         outputs: dict[int, tuple] = {}
         before = cache.gathered_bytes
+        captured = None if self.captured is None else self.captured[role]
+        piece = PIECE if captured is None else captured.piece
         while left:
             part = sorted(left)
-            counts = [min(left[i], PIECE) for i in part]
-            logits, hidden = read_piece(model, cache, self.tokens, [rows[i] for i in part],
-                                        [seen[rows[i]] for i in part], counts, hidden=role == "slm")
+            counts = [min(left[i], piece) for i in part]
+            starts, who = [seen[rows[i]] for i in part], [rows[i] for i in part]
+            if captured is None:
+                logits, hidden = read_piece(model, cache, self.tokens, who, starts, counts, hidden=role == "slm")
+            else:
+                logits, hidden = captured.read(self.tokens, who, starts, counts)
             self.counters.forward(role, len(part), max(counts))
             for j, (i, n) in enumerate(zip(part, counts)):
                 seen[rows[i]] += n

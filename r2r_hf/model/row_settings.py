@@ -115,9 +115,11 @@ def resolve_row(model, prompt: list[int], **options: Any) -> RowSettings:
     prompt_ids = torch.tensor([prompt], dtype=torch.long, device=device)
     # Private HF hooks, called as generate calls them (tests/test_hf_internals.py guards them): the lengths
     # (max_length and min_length from the new-token counts), the special tokens, then the processors.
-    has_default_min = options.get("min_length") is None and model.generation_config.min_length is None
+    has_default = {name: options.get(name) is None and getattr(model.generation_config, name) is None
+                   for name in ("max_length", "min_length")}  # as generate computes them
     generation_config = model._prepare_generated_length(
-        generation_config=generation_config, has_default_max_length=False, has_default_min_length=has_default_min,
+        generation_config=generation_config, has_default_max_length=has_default["max_length"],
+        has_default_min_length=has_default["min_length"],
         model_input_name="input_ids", inputs_tensor=prompt_ids, input_ids_length=len(prompt))
     model._prepare_special_tokens(generation_config, True, device)
     processors = model._get_logits_processor(generation_config, input_ids_seq_length=len(prompt),

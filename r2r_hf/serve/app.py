@@ -43,6 +43,8 @@ class Service:
         self.context = context_length(model.slm, model.llm)
         self.vocab = model.shared_vocab_size
         self.engine = Engine(model, tokenizer, settings)
+        if self.engine.max_context is not None:  # static (captured) slots hold this many tokens per answer
+            self.context = min(self.context or self.engine.max_context, self.engine.max_context)
 
     # ------------------------------------------------------------ requests to rows
     def prompts(self, body: CompletionRequest | ChatRequest) -> list[list[int]]:
@@ -197,7 +199,9 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "pid": os.getpid()}
+        # The server listens only once start-up (and, on the captured path, every capture) is done.
+        report = service_of().engine.capture_report
+        return {"status": "ok", "pid": os.getpid(), "path": report["path"], "why": report.get("why")}
 
     # Behind the API key when one is set (request counts and latencies are the operator's business; a Prometheus
     # scrape config sends the key with ``authorization: {credentials: KEY}``).

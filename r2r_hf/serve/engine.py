@@ -39,12 +39,14 @@ from ..core.features import input_device
 from ..core.layouts import RectangleLayout
 from ..core.policy import WaitPolicy, default_policy
 from ..core.sampling import Sampler
+from ..core.slot_capture import graph_memory
 from ..core.slots import slot_problem
 from ..core.step import Synced, decode_step
 from ..core.steps import Committed
 from .metrics import ServeMetrics
 from .protocol import APIError
 from .rows import Choice, Row
+from .capture import capture_plan
 from .settings import ServeSettings
 from .trace import Trace
 
@@ -97,11 +99,13 @@ class Engine:
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
+        self._said: set[str] = set()
         problem = slot_problem(model.slm) or slot_problem(model.llm)
         self.slotted = problem is None
         if problem:
             logger.warning("answers are decoded one at a time on HF's caches: the models cannot use slots (%s)", problem)
         self.queue: collections.deque[Request] = collections.deque()
+        self.capture_report: dict = {"path": "eager", "why": problem or None}
         self.batch: RunningBatch | None = self._new_batch() if self.slotted else None
         self.later: collections.deque[tuple[Request, int]] = collections.deque()  # without slots: rows to come
         self.cond = threading.Condition()
@@ -110,8 +114,31 @@ class Engine:
         self.thread = threading.Thread(target=self._run, name="r2r-engine", daemon=True)
 
     def _new_batch(self) -> RunningBatch:
-        return RunningBatch.for_slots(self.pair, self.settings.max_batch_size, START_COLUMNS, self.device,
-                                      self.counters)
+        """An empty batch of slots: static and captured where ``capture.plan`` allows, else growing and eager."""
+        capturer, why, columns = capture_plan(self.model, self.settings, self.device)
+        batch = RunningBatch.for_slots(self.pair, self.settings.max_batch_size, columns or START_COLUMNS,
+                                       self.device, self.counters)
+        if capturer is None:
+            if why and why not in self._said:
+                self._said.add(why)
+                logger.warning("the server's steps run eagerly: %s", why)
+            self.capture_report = {"path": "eager", "why": why}
+        else:
+            memory = graph_memory(self.device)
+            before = memory()
+            with torch.inference_mode():  # as the decoding thread replays them
+                report = batch.layout.capture(capturer, warm=self.settings.capture != "compile")
+            self.capture_report = {"path": self.settings.capture if self.settings.capture != "auto" else "graphs",
+                                   **report, "graph_memory_bytes": memory() - before}
+            logger.info("captured %d steps in %.1f s (%d slots x %d tokens, %.0f MB)", report["steps"],
+                        report["seconds"], report["slots"], report["columns"], (memory() - before) / 2**20)
+        return batch
+
+    @property
+    def max_context(self) -> int | None:
+        """Tokens per answer the slots hold when they are static (captured), else None (they grow)."""
+        layout = None if self.batch is None else getattr(self.batch, "layout", None)
+        return layout.capacity - 1 if getattr(layout, "captured", None) is not None else None
 
     # ------------------------------------------------------------ the HTTP side
     @property
@@ -301,7 +328,10 @@ class Engine:
                               "retry the request.", kind="server_error")
         for request in owners.values():
             self._fail(request, error)
-        self.batch = self._new_batch() if self.slotted else None
+        if self.slotted:  # every slot freed (a captured batch keeps its static slots and graphs)
+            self.batch.leave(self.batch.occupied())
+        else:
+            self.batch = None
 
 
 def _policy(settings: ServeSettings, device: torch.device) -> WaitPolicy:

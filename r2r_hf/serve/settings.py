@@ -26,6 +26,12 @@ class ServeSettings:
         default_max_tokens: ``max_tokens`` of chat requests that name none (None: the rest of the context);
             completion requests default to 16, as OpenAI's do.
         drain_seconds: on SIGTERM, how long in-flight requests may take to finish before the server exits.
+        capture: how the decoding steps run: ``auto`` captures every step (slot reads per rows and tokens bucket,
+            the router) as CUDA graphs where the model's capture store captures (CUDA) and the guards allow, and runs
+            eagerly otherwise, saying why once; ``graphs`` the same but refuses to start eagerly; ``compile``
+            through ``torch.compile``; ``off`` eager.
+        max_context: with captured steps the slots are static (allocated at start, never moved): each holds this
+            many tokens (prompt + answer); longer requests get a 400.
         prefill_chunk: a joining answer's prompt is read (by both models) at most this many tokens per turn of the
             decoding loop, so a long prompt adds one chunk's time to the running answers' next token, not its whole
             read (each turn reads one chunk of every joining prompt, then decodes one step of the others).
@@ -48,6 +54,10 @@ class ServeSettings:
                                              "tokens", parse="fraction")
     default_max_tokens: int | None = setting(None, "chat max_tokens when none is given")
     drain_seconds: float = setting(30.0, "SIGTERM: seconds to finish in-flight requests")
+    capture: str = setting("auto", "auto: CUDA graphs of every step where the models can be captured (a GPU), else "
+                                    "eager; graphs, compile (torch.compile) or off", parse="capture_mode")
+    max_context: int | None = setting(None, "tokens per answer (prompt + answer) the static slots of the captured path "
+                                            "hold (default: the pair's context, at most 4096)", parse="positive_int")
     prefill_chunk: int = setting(256, "a joining prompt is read this many tokens per step, between the running answers' "
                                       "steps", parse="positive_int")
     llm_min_rows: tuple[int, ...] | None = setting(None, "routed answers wait until this many wait for one LLM forward: "

@@ -1,0 +1,134 @@
+"""The server's fast path: slot reads and the router captured once per shape bucket and replayed.
+
+On a GPU an eager step is launch-bound (an eager 1.5B step 18.5 ms against ~1 ms of weight reads). A slot read
+(``slots.py``) becomes a fixed-shape step once its shapes are fixed: the slots it reads are the first ``k``
+of a rows bucket (1, 2, 4, 8, 16 ... up to the batch: a read pads to the bucket holding its highest slot, and
+the slots it does not read get no tokens: their padding goes to the spare column), its width is a tokens
+bucket (``capture.BUCKETS``: 1 ... 64), and it attends the slots' whole capacity (the caches are static). So
+every read of the decoding loop — the SLM's step, a prompt's chunk, the LLM's catch-up — is a few replays of
+captured steps, and so is the router on the proposals (per rows bucket). vLLM and SGLang capture per batch
+size the same way.
+
+Everything is captured at start-up (``warm``: the time and, on CUDA, the graph memory are reported), with
+inputs that write nothing (every row padding), so capturing leaves the slots as they were. How a step is
+captured is the model's ``CaptureStore``'s (CUDA graphs; the CPU emulation in tests) or ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from .capture import BUCKETS, bucket_for
+from .engines import route_scores
+from .graphs import Step
+from .slots import SlotCache, forward_piece, piece_inputs
+
+
+def row_buckets(slots: int) -> tuple[int, ...]:
+    """1, 2, 4, ... and ``slots`` itself: the row counts a captured read pads to."""
+    out, k = [], 1
+    while k < slots:
+        out.append(k)
+        k *= 2
+    return tuple(out + [slots])
+
+
+class CapturedReads:
+    """One model's slot reads, captured per (rows bucket, tokens bucket) over a static ``SlotCache``.
+
+    Args:
+        model: the SLM or the LLM.
+        cache: its slot cache (allocated, static: its capacity never grows).
+        capture: turns a step and example inputs into a captured step.
+        hidden: also return the post-norm hidden state (the SLM's, for the router).
+    """
+
+    def __init__(self, model: torch.nn.Module, cache: SlotCache, capture: Callable[[Step, dict], Step],
+                 hidden: bool) -> None:
+        self.model, self.cache, self.capture, self.hidden = model, cache, capture, hidden
+        self.rows = row_buckets(cache.slots)
+        self.steps: dict[tuple[int, int], Step] = {}
+        device = model.get_input_embeddings().weight.device
+        self.index = {k: torch.arange(k, device=device) for k in self.rows}
+
+    @property
+    def piece(self) -> int:
+        """The widest piece one replay reads."""
+        return BUCKETS[-1]
+
+    def _fn(self, rows: int) -> Step:
+        cache, model, hidden, index = self.cache, self.model, self.hidden, self.index[rows]
+
+        def read(ids, position, column, real):
+            cache.plan(list(range(rows)), column, cache.capacity, index=index)
+            return forward_piece(model, cache, ids, position, column, real, cache.capacity, hidden)
+
+        return read
+
+    def step(self, rows: int, width: int, example: dict[str, torch.Tensor]) -> Step:
+        if (rows, width) not in self.steps:
+            self.steps[rows, width] = self.capture(self._fn(rows), example)
+        return self.steps[rows, width]
+
+    def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int]):
+        """Like ``slots.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or None."""
+        k = next(b for b in self.rows if b > max(rows))
+        width = bucket_for(max(counts))
+        full_starts, full_counts = [0] * k, [0] * k
+        for r, s, n in zip(rows, starts, counts):
+            full_starts[r], full_counts[r] = s, n
+        inputs = piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash)
+        out = self.step(k, width, inputs)(**inputs)
+        picked = torch.tensor(rows, device=out[0].device)
+        return out[0][picked], (out[1][picked] if self.hidden else None)
+
+    def warm(self, tokens: torch.Tensor) -> int:
+        """Capture every (rows, tokens) bucket with inputs that write nothing; the number captured."""
+        for k in self.rows:
+            for width in BUCKETS:
+                inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
+                self.step(k, width, inputs)
+        return len(self.steps)
+
+
+class CapturedRouter:
+    """The router on the proposals, captured per rows bucket (inputs padded with zeros)."""
+
+    def __init__(self, slm, router, num_topk: int, capture: Callable[[Step, dict], Step], slots: int) -> None:
+        self.slm, self.router, self.num_topk, self.capture = slm, router, num_topk, capture
+        self.rows = row_buckets(slots)
+        self.steps: dict[int, Step] = {}
+
+    def __call__(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        k = next(b for b in self.rows if b >= len(token))
+        pad = k - len(token)
+        inputs = {"logits": torch.nn.functional.pad(logits, (0, 0, 0, pad)),
+                  "hidden": torch.nn.functional.pad(hidden, (0, 0, 0, pad)),
+                  "token": torch.nn.functional.pad(token, (0, pad))}
+        if k not in self.steps:
+            slm, router, num_topk = self.slm, self.router, self.num_topk
+            self.steps[k] = self.capture(lambda logits, hidden, token: (
+                route_scores(slm, router, num_topk, logits, hidden, token),), inputs)
+        return self.steps[k](**inputs)[0][: len(token)]
+
+    def warm(self, vocab: int, width: int, device: torch.device, dtype: torch.dtype) -> int:
+        for k in self.rows:
+            self(torch.zeros(k, vocab, dtype=dtype, device=device), torch.zeros(k, width, dtype=dtype, device=device),
+                 torch.zeros(k, dtype=torch.long, device=device))
+        return len(self.steps)
+
+
+def graph_memory(device: torch.device) -> Callable[[], int]:
+    """A function that gives the device memory allocated so far (0 where torch does not count it)."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.memory_allocated(device)
+    return lambda: 0
+
+
+def timed(fn: Callable[[], int]) -> tuple[int, float]:
+    start = time.perf_counter()
+    count = fn()
+    return count, time.perf_counter() - start

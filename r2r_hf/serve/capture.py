@@ -1,0 +1,43 @@
+"""Whether the server's steps are captured, and how: the guards of ``generate``'s captured path, for slots.
+
+``auto`` captures where the model's ``CaptureStore`` captures (CUDA graphs on CUDA; the CPU emulation in tests)
+and every guard allows: the attention, the rotary embedding, the cache layers and the devices must be what a
+fixed-shape step needs (``core.capture.capturable``), and a stateful router runs eagerly anyway. Where a guard
+refuses, the server runs eagerly and says why once; ``graphs`` refuses to start instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import CompileConfig
+
+from ..core.capture import capturable, compiled
+from ..core.features import output_device
+from ..model.loading import context_length
+
+# Static slots hold this many tokens per answer unless --max-context says otherwise (the pair's context can be
+# 32K or more, and every slot of both models is allocated at start).
+DEFAULT_MAX_CONTEXT = 4096
+
+
+def capture_plan(model, settings, device: torch.device):
+    """(capturer or None, why not or None, columns per slot or None) for the server's batch."""
+    mode = settings.capture
+    if mode == "off":
+        return None, "--capture off", None
+    why = capturable(model.slm) or capturable(model.llm)
+    if why is None and output_device(model.llm) != output_device(model.slm):
+        why = "the LLM is on another device than the SLM"
+    store = model.capture_store
+    if why is None and mode != "compile" and not store.captures_on(device):
+        why = f"the models run on {device.type} (CUDA graphs capture on CUDA; --capture compile uses torch.compile)"
+    if why is not None:
+        if mode == "graphs":
+            raise ValueError(f"--capture graphs cannot capture these models: {why}. Use --capture auto or off.")
+        return None, why, None
+    context = context_length(model.slm, model.llm) or DEFAULT_MAX_CONTEXT
+    columns = (settings.max_context or min(context, DEFAULT_MAX_CONTEXT)) + 1
+    if mode == "compile":
+        return compiled(CompileConfig(fullgraph=False, dynamic=False, mode="default")), None, columns
+    step, pool = store.graph_step, store.graph_step.new_pool(device)
+    return (lambda fn, example: step(fn, example, pool)), None, columns

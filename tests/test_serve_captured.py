@@ -1,0 +1,93 @@
+"""The server on the captured path (issue 31): static slots, every step captured per rows and tokens bucket.
+
+On this CPU the captures are the emulated CUDA graphs of ``r2r_hf.testing.graphs`` (a replay overwrites the
+outputs of the others sharing its pool, a host synchronisation inside a step fails, a replay that takes another
+path than its capture fails), and ``torch.compile`` where marked. Answers must equal ``generate`` alone (fp32)
+with rows joining and leaving, greedy and seeded, under both waiting policies; joins copy no cache.
+"""
+
+import concurrent.futures
+
+import httpx
+import openai
+import pytest
+
+from r2r_hf.testing.graphs import emulated_store
+from serving import serving
+
+PROMPTS = ["the old man said that he was", "water", "write a new line", "the first time you see", "def print",
+           "he was a good man and"]
+
+
+def _threshold(model, tok) -> float:
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    probe = model.generate(**enc, max_new_tokens=12, do_sample=False, threshold=float("inf"), return_dict_in_generate=True)
+    scores = probe.router_scores[probe.generated_mask].sort().values
+    gaps = scores[1:] - scores[:-1]
+    lo, hi = len(gaps) // 2, 9 * len(gaps) // 10
+    i = lo + int(gaps[lo:hi].argmax())
+    return float((scores[i] + scores[i + 1]) / 2)
+
+
+def _generate(model, tok, prompt, max_tokens, **options):
+    enc = tok(prompt, return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=max_tokens, return_dict_in_generate=True, **options)
+    return tok.decode(out.sequences[0, enc["input_ids"].shape[1]:], skip_special_tokens=True), int(out.llm_tokens[0])
+
+
+def _serve_and_compare(model, tok, **settings):
+    tau = _threshold(model, tok)
+    jobs = [(PROMPTS[i], 6 + 2 * i, i % 2 == 1, 7 + i) for i in range(len(PROMPTS))]
+    with serving(model, tok, max_batch_size=4, **settings) as (url, service):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+        def ask(job):
+            prompt, n, sampled, seed = job
+            out = client.completions.create(model="tiny", prompt=prompt, max_tokens=n, temperature=1.0 if sampled else 0,
+                                            seed=seed, extra_body={"threshold": tau})
+            return out.choices[0].text, out.model_extra["r2r"]["llm_tokens"]
+
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:  # 6 requests, 4 slots: joins and leaves
+            got = list(pool.map(ask, jobs))
+        report, counters = service.engine.capture_report, service.engine.counters
+    for (prompt, n, sampled, seed), answer in zip(jobs, got):
+        options = {"do_sample": sampled, "threshold": tau, **({"temperature": 1.0, "seed": seed} if sampled else {})}
+        assert answer == _generate(model, tok, prompt, n, **options), prompt
+    assert sum(llm for _, llm in got) > 0, "the LLM wrote some tokens"
+    assert counters.join_bytes == 0, "static slots: no join copies a cache"
+    return report, counters
+
+
+@pytest.mark.parametrize("policy", [{"llm_min_rows": (1,), "llm_max_wait": 0}, {"llm_min_rows": (2,), "llm_max_wait": 4}],
+                         ids=["m1", "m2-w4"])
+def test_served_answers_on_emulated_graphs_equal_generate_alone(model, tok, monkeypatch, policy):
+    monkeypatch.setattr(model, "capture_store", emulated_store())
+    report, counters = _serve_and_compare(model, tok, max_context=96, **policy)
+    assert report["path"] == "graphs" and report["columns"] == 97
+    assert report["steps"] == 2 * 3 * 7 + 3, "the SLM and LLM reads per rows (1, 2, 4) x tokens bucket, the router"
+
+
+@pytest.mark.compile
+def test_served_answers_through_torch_compile_equal_generate_alone(model, tok):
+    report, _ = _serve_and_compare(model, tok, capture="compile", max_context=64)
+    assert report["path"] == "compile"
+
+
+def test_a_request_longer_than_the_static_slots_is_refused(model, tok, monkeypatch):
+    monkeypatch.setattr(model, "capture_store", emulated_store())
+    with serving(model, tok, max_batch_size=2, max_context=40) as (url, _):
+        body = {"model": "tiny", "prompt": "water " * 10, "max_tokens": 20}  # 31 prompt tokens
+        reply = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        ok = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 5}, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
+    assert ok.status_code == 200
+
+
+def test_where_nothing_captures_the_server_says_why_and_graphs_refuses_to_start(model, tok, caplog):
+    with caplog.at_level("WARNING"), serving(model, tok, max_batch_size=2) as (_, service):
+        assert service.engine.capture_report["path"] == "eager"
+        assert "run on cpu" in service.engine.capture_report["why"]
+    assert any("run eagerly" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="--capture graphs cannot capture"):
+        with serving(model, tok, capture="graphs"):
+            pass
