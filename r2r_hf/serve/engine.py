@@ -43,10 +43,10 @@ from ..core.slot_capture import graph_memory
 from ..core.slots import slot_problem
 from ..core.step import Synced, decode_step
 from ..core.steps import Committed
-from .metrics import ServeMetrics
-from .protocol import APIError
-from .rows import Choice, Row
 from .capture import capture_plan
+from .errors import APIError
+from .metrics import ServeMetrics
+from .rows import Choice, Row
 from .settings import ServeSettings
 from .trace import Trace
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .errors import APIError
+
 # OpenAI options R2R cannot honour, with the value that means "off".
 UNSUPPORTED = {
     "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0),
@@ -23,19 +25,6 @@ UNSUPPORTED = {
 }
 MAX_N = 16  # choices per request (each is a row of the batch)
 MAX_STOPS = 4  # OpenAI's limit
-
-
-class APIError(Exception):
-    """An error the client caused (4xx) or the server met (5xx), as OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class _Common(BaseModel):
