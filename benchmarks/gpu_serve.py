@@ -1,0 +1,219 @@
+"""The device check's serving phase: the server's engine in-process (no HTTP) under load, on random-weight shapes.
+
+    python -m benchmarks.gpu_serve --out DIR             # on the GPU (1.5B + 32B shapes, bf16)
+    python -m benchmarks.gpu_serve --out DIR --dry-run   # the same steps on a CPU: tiny shapes, emulated graphs
+
+The device image has no fastapi/uvicorn, and HTTP is not what is measured: the engine (``r2r_hf/serve/engine.py``,
+the decoding thread ``r2r-hf serve`` runs) gets requests directly, ``concurrency`` at a time (closed loop), and
+the load reports tokens/s, the inter-token latency (between an answer's tokens as the engine hands them out),
+the capture time, the graph memory and the decoding counters. Routing is forced per row at a share ``p`` by a
+router that pays the real router's cost and routes where a hash of the proposal's hidden state falls below
+``p`` (per row, whatever its neighbours; bf16 rounding may move which tokens route, not how many). Servers, each
+fresh: the captured path with the GPU's waiting default and with ``m = 1``, the eager path, and the LLM alone
+the same way (threshold 0: every token the LLM's). Last, as a peer where the image's transformers has it, HF's
+own continuous batching of the LLM alone (``generate_batch``, paged attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.speed_parts import random_model
+from r2r_hf import R2RForCausalLM
+from r2r_hf.router import Router
+
+
+class HashRouter(Router):
+    """Pays ``inner``'s cost, then scores each proposal by a hash of its hidden state (uniform in [0, 1)).
+
+    With threshold ``1 - p`` a row routes a share ``p`` of its tokens. A pure tensor function: it is captured.
+    """
+
+    def __init__(self, inner: Router) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def scores(self, topk_logits, token_embedding, hidden):
+        real = self.inner.scores(topk_logits, token_embedding, hidden)
+        mixed = (hidden.float() * torch.arange(1, hidden.shape[-1] + 1, device=hidden.device)).sum(-1)
+        return torch.frac(mixed.abs() * 7.919) + 0 * real
+
+
+class Letters:
+    """A stand-in tokenizer for random weights: one letter per token, so every token hands out text."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(65 + int(t) % 26) for t in ids)
+
+
+def _request(prompt, settings, emit):
+    from r2r_hf.serve.engine import Request
+    from r2r_hf.serve.rows import Choice
+
+    return Request([prompt], [Choice(settings)], emit)
+
+
+def load(engine, model, prompts: list[list[int]], concurrency: int, max_tokens: int, threshold: float,
+         timeout: float) -> dict:
+    """Send ``prompts`` to ``engine``, ``concurrency`` at a time; tokens/s, inter-token latency, counters."""
+    from r2r_hf.model.row_settings import resolve_row
+
+    gate, done, lock = threading.Semaphore(concurrency), threading.Event(), threading.Lock()
+    gaps: list[float] = []
+    left = [len(prompts)]
+    tokens = [0]
+    start = time.perf_counter()
+
+    def sink():
+        last = [None]
+
+        def emit(event):
+            now = time.perf_counter()
+            if event[0] == "text":
+                if last[0] is not None:
+                    with lock:
+                        gaps.append(now - last[0])
+                last[0] = now
+            if event[0] in ("end", "error"):
+                with lock:
+                    tokens[0] += event[3] if event[0] == "end" else 0
+                    left[0] -= 1
+                    if not left[0]:
+                        done.set()
+                gate.release()
+        return emit
+
+    before = dict(engine.counters.summary())
+    for prompt in prompts:
+        gate.acquire()
+        settings = resolve_row(model, prompt, max_new_tokens=max_tokens, do_sample=False, threshold=threshold)
+        engine.submit(_request(prompt, settings, sink()))
+    if not done.wait(timeout):
+        raise TimeoutError(f"the load did not finish in {timeout:.0f} s")
+    wall = time.perf_counter() - start
+    gaps.sort()
+    summary = engine.counters.summary()
+    return {"concurrency": concurrency, "requests": len(prompts), "tokens": tokens[0], "wall_s": wall,
+            "tokens_per_s": tokens[0] / wall,
+            "itl_p50_ms": 1000 * statistics.median(gaps) if gaps else None,
+            "itl_p95_ms": 1000 * gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))] if gaps else None,
+            "llm_token_rate": (summary["llm_tokens"] - before["llm_tokens"]) / max(tokens[0], 1),
+            "counters_total": summary}
+
+
+def serving_phase(model, device: torch.device, share: float, concurrencies: tuple[int, ...], max_tokens: int,
+                  prompt_tokens: int, put, deadline: float, peer: bool = True) -> None:
+    """Every server of the module docstring at every concurrency; ``put(name, value)`` records each result."""
+    from r2r_hf.core.policy import default_policy
+    from r2r_hf.serve.engine import Engine
+    from r2r_hf.serve.settings import ServeSettings
+
+    vocab = model.shared_vocab_size
+    generator = torch.Generator().manual_seed(0)
+    slots = max(concurrencies)
+    wait = default_policy("cuda", slots)
+    servers = {
+        "captured, waiting": dict(capture="auto", llm_min_rows=wait.min_rows, llm_max_wait=wait.max_wait),
+        "captured, m = 1": dict(capture="auto", llm_min_rows=(1,), llm_max_wait=0),
+        "eager, m = 1": dict(capture="off", llm_min_rows=(1,), llm_max_wait=0),
+        "LLM alone, captured": dict(capture="auto", llm_min_rows=(1,), llm_max_wait=0, alone=True),
+    }
+    for name, options in servers.items():
+        alone = options.pop("alone", False)
+        if time.monotonic() > deadline:
+            put(name, {"skipped": "the phase's deadline passed"})
+            continue
+        settings = ServeSettings(max_batch_size=slots, max_queue=1024, batch_wait_ms=0,
+                                 max_context=prompt_tokens + max_tokens + 8, **options)
+        started = time.perf_counter()
+        engine = Engine(model, Letters(), settings)
+        result = {"start_s": time.perf_counter() - started, "capture": engine.capture_report, "runs": []}
+        engine.start()
+        try:
+            for c in concurrencies:
+                prompts = [torch.randint(100, vocab - 100, (prompt_tokens,), generator=generator).tolist()
+                           for _ in range(max(2 * c, 4))]
+                threshold = 0.0 if alone else 1.0 - share
+                result["runs"].append(load(engine, model, prompts, c, max_tokens, threshold,
+                                           timeout=max(deadline - time.monotonic(), 5)))
+                put(name, result)
+        finally:
+            engine.stop(30)
+    if peer and hasattr(model.llm, "generate_batch"):  # the peer: HF's continuous batching of the LLM alone
+        put("hf generate_batch, LLM alone", hf_continuous_batching(model.llm, concurrencies, max_tokens, prompt_tokens,
+                                                                  vocab, deadline))
+
+
+def hf_continuous_batching(llm, concurrencies, max_tokens: int, prompt_tokens: int, vocab: int, deadline: float):
+    """Tokens/s of ``llm.generate_batch`` (transformers' continuous batching, paged attention) at each concurrency."""
+    from transformers import GenerationConfig
+
+    out = []
+    for c in concurrencies:
+        if time.monotonic() > deadline:
+            out.append({"concurrency": c, "skipped": "the phase's deadline passed"})
+            continue
+        prompts = [torch.randint(100, vocab - 100, (prompt_tokens,)).tolist() for _ in range(max(2 * c, 4))]
+        config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1, max_batch_tokens=c * 64)
+        start = time.perf_counter()
+        try:
+            results = llm.generate_batch(prompts, generation_config=config, progress_bar=False)
+        except Exception as err:  # noqa: BLE001 - a private-ish API: record why it did not run
+            out.append({"concurrency": c, "error": f"{type(err).__name__}: {err}"[:300]})
+            continue
+        wall = time.perf_counter() - start
+        tokens = sum(len(r.generated_tokens) for r in results.values())
+        out.append({"concurrency": c, "tokens_per_s": tokens / wall, "wall_s": wall, "tokens": tokens})
+    return out
+
+
+def build(dry_run: bool, device: str, dtype: torch.dtype) -> R2RForCausalLM:
+    slm_name, llm_name = ("tiny", "tiny-llm") if dry_run else ("qwen2.5-1.5b", "qwen2.5-32b")
+    slm, llm = random_model(slm_name, dtype, device, seed=0), random_model(llm_name, dtype, device, seed=1)
+    for m in (slm, llm):
+        m.generation_config.eos_token_id = None  # answers run to max_tokens
+        m.generation_config.pad_token_id = 0
+    model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=[1024] * 6 if not dry_run else [32, 32])
+    model.router = HashRouter(model.router)
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=".")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on this CPU, emulated graphs")
+    parser.add_argument("--share", type=float, default=0.1)
+    parser.add_argument("--budget-s", type=float, default=150.0)
+    parser.add_argument("--no-peer", action="store_true", help="leave out HF's generate_batch")
+    args = parser.parse_args(argv)
+    device = "cpu" if args.dry_run else "cuda"
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    model = build(args.dry_run, device, dtype)
+    if args.dry_run:
+        from r2r_hf.testing.graphs import emulated_store
+
+        model.capture_store = emulated_store()
+    out: dict = {"share": args.share, "device": device, "servers": {}}
+    path = Path(args.out) / "gpu_serve.json"
+
+    def put(name, value):
+        out["servers"][name] = value
+        path.write_text(json.dumps(out, indent=1, default=str))
+
+    with torch.inference_mode():
+        serving_phase(model, torch.device(device), args.share, (1, 2) if args.dry_run else (1, 8, 16),
+                      4 if args.dry_run else 128, 16 if args.dry_run else 64, put,
+                      time.monotonic() + args.budget_s, peer=not args.no_peer)
+    return out
+
+
+if __name__ == "__main__":
+    main()
