@@ -1,0 +1,22 @@
+"""The kernel counter of benchmarks/kernel_counts.py: it counts work, not views, and the server's slot read launches
+fewer kernels than generate's HF-static-cache read (one prepared mask for every layer, not one per layer)."""
+
+import torch
+
+from benchmarks.kernel_counts import Kernels, generate_read, slot_read
+from benchmarks.speed_parts import random_model
+
+
+def test_views_are_free_and_work_is_counted():
+    x = torch.ones(4, 4, device="meta")
+    with Kernels() as kernels:
+        x.view(16).reshape(2, 8).t()
+        (x + 1).sum()
+    assert dict(kernels.counts) == {"add": 1, "sum": 1}
+
+
+def test_the_slot_read_launches_fewer_kernels_than_generates_read():
+    model = random_model("tiny", torch.bfloat16, "meta", seed=0)
+    model.config._attn_implementation = "sdpa"
+    ours, theirs = sum(slot_read(model, 1, 1, 32, True).values()), sum(generate_read(model, 1, 1, 32, True).values())
+    assert 0 < ours < theirs
