@@ -188,3 +188,24 @@ def test_metrics_are_prometheus_text_that_adds_up(model, tok):
     assert waits["r2r_llm_wait_steps_count"] == value("r2r_llm_tokens")
     for name in ("r2r_llm_forwards", "r2r_slm_forwards", "r2r_host_syncs", "r2r_join_kv_bytes", "r2r_llm_call_rows"):
         assert name in families
+
+
+def test_a_model_that_cannot_use_slots_is_served_one_answer_at_a_time_on_hfs_caches(model, tok, monkeypatch, caplog):
+    from r2r_hf.serve import engine
+
+    monkeypatch.setattr(engine, "slot_problem", lambda m: "its attention is 'flash_attention_2' (for this test)")
+    tau = _threshold(model, tok)
+    with caplog.at_level("WARNING"), serving(model, tok, max_batch_size=4) as (url, service):
+        assert not service.engine.slotted
+        client = _client(url)
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(lambda p: _ask(client, p, 7, temperature=0, threshold=tau), PROMPTS[:3]))
+        several = client.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=5, temperature=1.0, seed=4,
+                                            n=2, extra_body={"threshold": tau})
+        assert service.engine.peak_rows == 1
+    assert any("one at a time" in r.getMessage() for r in caplog.records)
+    for prompt, answer in zip(PROMPTS[:3], got):
+        assert answer == _generate(model, tok, prompt, 7, do_sample=False, threshold=tau)
+    for i, choice in enumerate(several.choices):
+        want = _generate(model, tok, PROMPTS[3], 5, do_sample=True, temperature=1.0, seed=4 + i, threshold=tau)[0]
+        assert choice.text == want

@@ -224,12 +224,13 @@ class Engine:
                 while sum(r.rows for r in self.queue) < s.max_batch_size and time.monotonic() < deadline:
                     self.cond.wait(deadline - time.monotonic())
             leaving = [] if batch is None else [r for r in batch.occupied() if batch.rows[r].owner.owner.cancelled]
-            room = (batch.free_slots() + len(leaving)) if self.slotted else (0 if running else 1)
+            # Without slots an idle engine takes one request, whatever its rows (they run one after another).
+            room = (batch.free_slots() + len(leaving)) if self.slotted else (0 if running else self.settings.max_batch_size)
             joining = []
             while self.queue and self.queue[0].rows <= room:
                 request = self.queue.popleft()
                 joining.append(request)
-                room -= request.rows
+                room = room - request.rows if self.slotted else 0
             return Plan(joining, leaving)
 
     def _join(self, requests: list[Request]) -> None:
