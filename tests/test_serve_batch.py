@@ -209,3 +209,36 @@ def test_a_model_that_cannot_use_slots_is_served_one_answer_at_a_time_on_hfs_cac
     for i, choice in enumerate(several.choices):
         want = _generate(model, tok, PROMPTS[3], 5, do_sample=True, temperature=1.0, seed=4 + i, threshold=tau)[0]
         assert choice.text == want
+
+
+def test_a_drain_that_runs_out_ends_each_open_answer_with_an_error_event(model, tok, monkeypatch):
+    """Issue 34, item 15: when --drain-seconds ran out, streams were cut mid-body with no error and no [DONE]."""
+    import time as clock
+
+    from r2r_hf.model.row_settings import resolve_row
+    from r2r_hf.serve import engine as engine_module
+    from r2r_hf.serve.engine import Engine, Request
+    from r2r_hf.serve.protocol import APIError
+    from r2r_hf.serve.rows import Choice
+    from r2r_hf.serve.settings import ServeSettings
+
+    real = engine_module.decode_step
+    monkeypatch.setattr(engine_module, "decode_step", lambda *a, **k: (clock.sleep(0.02), real(*a, **k))[1])
+    monkeypatch.setattr(model.generation_config, "eos_token_id", None)
+    engine = Engine(model, tok, ServeSettings(max_batch_size=2, batch_wait_ms=0))
+    prompt = tok(PROMPTS[0])["input_ids"]
+    events = {"short": [], "long": []}
+    engine.start()
+    for name, tokens in (("short", 3), ("long", 400)):
+        settings = resolve_row(model, prompt, max_new_tokens=tokens, do_sample=False)
+        engine.submit(Request([prompt], [Choice(settings)], events[name].append))
+    clock.sleep(0.5)
+    engine.drain(0.3)
+    with pytest.raises(APIError, match="shutting down"):
+        engine.submit(Request([prompt], [Choice(settings)], lambda e: None))
+    engine.thread.join(30)
+    assert not engine.thread.is_alive()
+    assert events["short"][-1][0] == "end", "an answer that finished in time ends normally"
+    last = events["long"][-1]
+    assert last[0] == "error" and last[1].status == 503 and "shutting down" in last[1].message
+    assert any(e[0] == "text" for e in events["long"]), "it was streaming when the drain ran out"

@@ -110,6 +110,7 @@ class Engine:
         self.later: collections.deque[tuple[Request, int]] = collections.deque()  # without slots: rows to come
         self.cond = threading.Condition()
         self.stopping = False
+        self.abort_at: float | None = None  # when a drain ends the answers still open
         self.peak_rows = self.joins_running = 0  # the most rows one step decoded; joins into a decoding batch
         self.thread = threading.Thread(target=self._run, name="r2r-engine", daemon=True)
 
@@ -153,12 +154,19 @@ class Engine:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Finish the rows in flight, then end the thread."""
+    def drain(self, seconds: float) -> None:
+        """Stop taking requests; the answers in flight (and queued) get ``seconds`` to finish, then each still
+        open ends with an error event ("the server is shutting down") rather than being cut mid-stream."""
         with self.cond:
             self.stopping = True
+            if self.abort_at is None:
+                self.abort_at = time.monotonic() + seconds
             self.cond.notify_all()
-        self.thread.join(timeout)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """``drain(timeout)`` (unless a drain already began), then wait for the thread to end."""
+        self.drain(timeout if timeout is not None else float("inf"))
+        self.thread.join(None if timeout is None else timeout + 30)
 
     def submit(self, request: Request) -> None:
         """Queue a request; a full queue is refused with 429 and Retry-After."""
@@ -192,6 +200,9 @@ class Engine:
             while True:
                 plan = self._schedule()
                 if plan is None:
+                    return
+                if self.abort_at is not None and time.monotonic() >= self.abort_at:
+                    self._shut(plan.joining)
                     return
                 started = time.monotonic()
                 try:
@@ -319,6 +330,17 @@ class Engine:
             self._emit(request, ("error", error))
             self.metrics.finished("error")
         request.cancelled = True  # its other rows leave at the next step
+
+    def _shut(self, newcomers: list[Request]) -> None:
+        """The drain ran out: every open answer ends with an error event (a stream then ends with [DONE])."""
+        with self.cond:
+            queued, self.queue = list(self.queue), collections.deque()
+        owners = {id(r.owner): r.owner for r in self.rows}
+        owners.update({id(r): r for r in [*newcomers, *queued, *(r for r, _ in self.later)]})
+        error = APIError(503, "The server is shutting down; retry the request on another replica.", kind="server_error",
+                         headers={"Retry-After": "1"})
+        for request in owners.values():
+            self._fail(request, error)
 
     def _fail_all(self, newcomers: list[Request], err: Exception) -> None:
         owners = {id(r.owner): r.owner for r in self.rows}
