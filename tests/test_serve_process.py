@@ -123,3 +123,25 @@ def test_the_readmes_curl_lines_work_against_the_server(router_dir, pair_dir):
         assert events[-1] == "[DONE]" and "r2r" in json.loads(events[-2])
     finally:
         stop(process)
+
+
+def test_when_the_drain_runs_out_a_stream_ends_with_an_error_event_and_done(router_dir, pair_dir):
+    """Issue 34, item 15: streams used to be cut mid-body (no error, no finish_reason, no [DONE]) and the log got
+    a CancelledError traceback."""
+    process, url = start_server(router_dir, pair_dir, "--drain-seconds", "0")
+    try:
+        body = {"model": os.path.basename(str(router_dir)), "prompt": "the old man said", "max_tokens": 1000,
+                "temperature": 0, "threshold": 2.0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as answer:
+            lines = answer.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            process.send_signal(signal.SIGTERM)  # mid-answer, with no time to finish
+            rest = [line for line in lines if line.startswith("data:")]
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2][len("data:"):])["error"]
+        assert "shutting down" in error["message"] and error["type"] == "server_error"
+        assert stop(process) in (0, -signal.SIGTERM)
+        assert "CancelledError" not in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)

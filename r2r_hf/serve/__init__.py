@@ -17,6 +17,7 @@ from .settings import ServeSettings
 
 __all__ = ["ServeSettings", "build_app", "load_for_serving", "require_extra", "run_server", "served_name"]
 
+DRAIN_GRACE_S = 5.0  # after the engine's drain ends the open answers, the seconds uvicorn gives them to flush
 EXTRAS = {"serve": ("fastapi", "uvicorn"), "ray": ("fastapi", "uvicorn", "ray.serve")}
 
 
@@ -108,6 +109,16 @@ def run_server(model, tokenizer, settings: ServeSettings, name: str) -> None:
     import uvicorn
 
     app = build_app(model, tokenizer, settings, name)
+    engine = app.state.service.engine
+
+    class Draining(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # The engine's drain starts with the signal: answers in flight get drain_seconds, then each still open
+            # ends with an error event and [DONE]; uvicorn's own deadline comes a little later, so it never has to
+            # cut a stream mid-body.
+            engine.drain(settings.drain_seconds)
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=settings.drain_seconds)
-    uvicorn.Server(config).run()
+                            timeout_graceful_shutdown=settings.drain_seconds + DRAIN_GRACE_S)
+    Draining(config).run()
