@@ -162,7 +162,8 @@ BAD = [
     ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 100_000}, 400, "max_tokens"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "temperature": -1}, 400, "temperature"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "top_p": 0}, 400, "top_p"),
-    ("/v1/completions", {"model": "tiny", "prompt": "x", "threshold": -0.5}, 400, "threshold"),
+    # A negative threshold routes everything, as in generate (core/routing.check_threshold): no longer refused.
+    ("/v1/completions", {"model": "tiny", "prompt": "x", "threshold": float("nan")}, 400, "threshold"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "threshold": "low"}, 400, "threshold"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 0}, 400, "n"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "n": 12}, 400, "n"),

@@ -99,6 +99,7 @@ def _bounded(expected: str, accept) -> type:
 learning_rate = _bounded("a learning rate in (0, 1] (the paper's is 5e-5)", lambda v: 0 < v <= 1)
 finite_non_negative = _bounded("a finite number >= 0", lambda v: 0 <= v < math.inf)
 dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
+positive_seconds = _bounded("a finite number of seconds > 0", lambda v: 0 < v < math.inf)
 
 
 non_negative_int = whole(0)
@@ -192,7 +193,8 @@ def _parser_of(f) -> object:
 def add_settings_flags(p: argparse.ArgumentParser, settings: type, skip: tuple[str, ...] = ()) -> None:
     """One flag per field of a settings dataclass, with its default and help text (``r2r_hf.fields.setting``).
 
-    A field without a default is a required flag; fields declared ``cli=False`` or named in ``skip`` get none.
+    A field without a default is a required flag; a ``bool`` field (default False) is a switch; fields declared
+    ``cli=False`` or named in ``skip`` get none.
     """
     import dataclasses
 
@@ -200,6 +202,9 @@ def add_settings_flags(p: argparse.ArgumentParser, settings: type, skip: tuple[s
 
     for f in dataclasses.fields(settings):
         if f.name in skip or not f.metadata.get("cli", True):
+            continue
+        if str(f.type) == "bool":
+            p.add_argument(flag_of(f), dest=f.name, action="store_true", help=f.metadata.get("help", ""))
             continue
         required = f.default is dataclasses.MISSING
         default = None if required else f.default

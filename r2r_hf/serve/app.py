@@ -24,11 +24,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..model.loading import context_length
+from ..version import __version__
 from .engine import Engine
 from .engine import Request as Work
 from .protocol import APIError, ChatRequest, CompletionRequest, answer, chunk, new_id, routing_stats, usage, \
     validation_error
 from .answers import choices
+from .limits import BodyLimit
 from .metrics import CONTENT_TYPE
 from .settings import ServeSettings
 
@@ -48,18 +50,23 @@ class Service:
 
     # ------------------------------------------------------------ requests to rows
     def prompts(self, body: CompletionRequest | ChatRequest) -> list[list[int]]:
+        """Each prompt's token ids (a chat's as its template renders it). Slow for a long prompt: ``respond`` runs it
+        off the event loop, so the other clients' answers go on meanwhile."""
         if isinstance(body, ChatRequest):
             if not getattr(self.tokenizer, "chat_template", None):
                 raise APIError(400, "This model's tokenizer has no chat template; use /v1/completions.", param="messages")
+            from jinja2.exceptions import TemplateError, TemplateSyntaxError  # what apply_chat_template renders with
+
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            try:
+                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except TemplateSyntaxError:  # a broken template is the server's fault: a 500
+                raise
+            except TemplateError as err:  # the template's raise_exception: it refuses this conversation
+                raise APIError(400, f"This model's chat template refuses these messages ({err}); change them as it "
+                                    "asks.", param="messages") from None
             return [self.tokenizer(text, add_special_tokens=False)["input_ids"]]
-        prompt = body.prompt
-        if isinstance(prompt, str):
-            prompt = [prompt]
-        if prompt and all(isinstance(p, int) for p in prompt):
-            prompt = [prompt]
-        ids = [self.tokenizer(p)["input_ids"] if isinstance(p, str) else list(p) for p in prompt]
+        ids = [self.tokenizer(p)["input_ids"] if isinstance(p, str) else list(p) for p in _prompt_list(body.prompt)]
         if not ids or any(not p for p in ids):
             raise APIError(400, "The prompt is empty; send at least one token of text.", param="prompt")
         if any(t < 0 or t >= self.vocab for p in ids for t in p):
@@ -67,16 +74,25 @@ class Service:
         return ids
 
     def check(self, body: CompletionRequest | ChatRequest) -> None:
+        """What can be refused before the prompt is tokenised: the model, unsupported options, too many rows."""
         if body.model != self.name:
-            raise APIError(404, f"The model {body.model!r} does not exist here; this server serves {self.name!r}.",
-                           param="model", code="model_not_found")
+            raise _no_model(body.model, self.name)
         body.refuse_unsupported()
+        prompts = 1 if isinstance(body, ChatRequest) else len(_prompt_list(body.prompt))
+        batch = self.settings.max_batch_size
+        if prompts * body.n > batch:  # each prompt gives n rows of the batch
+            if body.n > batch or prompts == 1:
+                raise APIError(400, f"n={body.n} answers exceed this server's batch of {batch} rows; ask for at most "
+                                    f"{batch}.", param="n")
+            raise APIError(400, f"{prompts} prompts x n={body.n} = {prompts * body.n} answers exceed this server's "
+                                f"batch of {batch} rows; send at most {batch // body.n} per request.",
+                           param="prompt")
 
     # ------------------------------------------------------------ answering
     async def respond(self, body: CompletionRequest | ChatRequest, request: Request):
         self.check(body)
         chat = isinstance(body, ChatRequest)
-        prompts = self.prompts(body)
+        prompts = await asyncio.to_thread(self.prompts, body)  # tokenising a long prompt must not stall the loop
         rows_prompts, asked = [], []
         for p in prompts:
             for c in choices(self, body, p):
@@ -152,6 +168,28 @@ class Service:
                 self.engine.cancel(work)
 
 
+def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A completion request's prompts: one text or token list, or a list of them."""
+    if isinstance(prompt, str) or (prompt and all(isinstance(p, int) for p in prompt)):
+        return [prompt]
+    return list(prompt)
+
+
+def _no_model(asked: str, served: str) -> APIError:
+    return APIError(404, f"The model {asked!r} does not exist here; this server serves {served!r}.", param="model",
+                    code="model_not_found")
+
+
+def _model_card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "r2r_hf"}
+
+
+def _json_body(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this content type as JSON (``application/json``, ``*/*+json``)."""
+    subtype = (content_type or "").split(";")[0].strip().lower().partition("/")[2]
+    return subtype == "json" or subtype.endswith("+json")
+
+
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
@@ -165,6 +203,8 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
 
     ``build_app`` passes its one service; a Ray Serve replica passes the one it loaded (``ray_serve.py``).
     """
+    app.version = __version__  # /openapi.json's
+    app.add_middleware(BodyLimit, limit=lambda: service_of().settings.max_body_bytes)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError):
@@ -172,6 +212,12 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError):
+        content_type = request.headers.get("content-type")
+        if request.method == "POST" and not _json_body(content_type):
+            # Refused, not read as JSON: a browser sends text/plain to any address without a CORS preflight, so a
+            # web page the operator visits could otherwise drive a loopback server (FastAPI's strict_content_type).
+            return _error_response(APIError(415, f"The body was sent as {content_type or 'no content type'!r}, not "
+                                                 "JSON; send it with the header 'Content-Type: application/json'."))
         return _error_response(validation_error(err.errors()))
 
     @app.exception_handler(StarletteHTTPException)
@@ -211,8 +257,13 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
 
     @app.get("/v1/models", dependencies=[Depends(authorised)])
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": service_of().name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "r2r_hf"}]}
+        return {"object": "list", "data": [_model_card(service_of().name)]}
+
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(authorised)])  # a Hub id holds a slash
+    async def retrieve_model(model: str) -> dict[str, Any]:
+        if model != service_of().name:
+            raise _no_model(model, service_of().name)
+        return _model_card(model)
 
     @app.post("/v1/completions", dependencies=[Depends(authorised)])
     async def completions(body: CompletionRequest, request: Request):

@@ -9,11 +9,12 @@ fields (what the openai client sends through ``extra_body``): ``threshold``, ``l
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from .errors import APIError
 
@@ -25,6 +26,7 @@ UNSUPPORTED = {
 }
 MAX_N = 16  # choices per request (each is a row of the batch)
 MAX_STOPS = 4  # OpenAI's limit
+RANGES = {"temperature": "between 0 and 2", "top_p": "above 0 and at most 1"}
 
 
 class _Common(BaseModel):
@@ -38,10 +40,20 @@ class _Common(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
     stop: str | list[str] | None = Field(None, validate_default=True)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    # No ranges here: the core's checks (check_seed, check_threshold, check_budget) are the only ones, applied
+    # where the answer is resolved (answers.py), so the server and generate refuse the same values.
+    seed: int | None = None
     max_tokens: int | None = Field(None, ge=1)
-    threshold: float | None = Field(None, ge=0)
-    llm_budget: float | None = Field(None, ge=0, le=1)
+    threshold: float | None = None
+    llm_budget: float | None = None
+
+    @field_validator("temperature", "top_p", mode="before")
+    @classmethod
+    def _not_nan(cls, value: Any, info: ValidationInfo) -> Any:
+        # NaN fails every range check, so pydantic's own message ("less than or equal to 2") would mislead.
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"NaN is not a number; send {info.field_name} as a number {RANGES[info.field_name]}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -75,12 +87,28 @@ class CompletionRequest(_Common):
 
     prompt: str | list[str] | list[int] | list[list[int]]
 
+    @field_validator("prompt")
+    @classmethod
+    def _text(cls, value: str | list[str] | list[int] | list[list[int]]) -> Any:
+        for text in [value] if isinstance(value, str) else value:
+            if isinstance(text, str):
+                _refuse_surrogates(text)
+        return value
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value: str | list[dict[str, Any]] | None) -> Any:
+        for text in [value] if isinstance(value, str) else [part.get("text") for part in value or []]:
+            if isinstance(text, str):
+                _refuse_surrogates(text)
+        return value
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -101,6 +129,15 @@ class ChatRequest(_Common):
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
+def _refuse_surrogates(text: str) -> None:
+    """Refuse a lone UTF-16 surrogate (valid JSON, ``"\\ud800"``, but no text: the tokenizer cannot encode it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"character {err.start} is a lone UTF-16 surrogate ({text[err.start]!a}), which is not text; "
+                         "send valid Unicode") from None
+
+
 def validation_error(errors: list[dict[str, Any]]) -> APIError:
     """pydantic's first complaint as one OpenAI-style 400."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
@@ -108,7 +145,7 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
         return APIError(400, f"The request body is not valid JSON ({first.get('ctx', {}).get('error', 'cannot parse')}).")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
-    message = first.get("msg", "invalid value")
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")  # pydantic's prefix says nothing
     return APIError(400, f"{param}: {message}" if param else message, param=param)
 
 
@@ -118,9 +155,13 @@ def new_id(prefix: str) -> str:
 
 
 def routing_stats(llm_tokens: int, generated: int, threshold: float, budget: float | None = None) -> dict[str, Any]:
-    """The ``r2r`` object of an answer: who wrote how many of its tokens."""
+    """The ``r2r`` object of an answer: who wrote how many of its tokens.
+
+    A threshold that is not finite (``inf``: never route) is the string ``"inf"`` (``"-inf"``): JSON has no infinity.
+    """
     stats = {"llm_tokens": llm_tokens, "generated_tokens": generated,
-             "llm_token_rate": llm_tokens / generated if generated else 0.0, "threshold": threshold}
+             "llm_token_rate": llm_tokens / generated if generated else 0.0,
+             "threshold": threshold if math.isfinite(threshold) else str(threshold)}
     if budget is not None:
         stats["llm_budget"] = budget
     return stats

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass, fields
 
 from ..fields import setting
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` answers this machine only: a loopback address, or a name that resolves to loopback only.
+
+    A name that does not resolve counts as not loopback (binding it fails later, in one sentence of its own).
+    """
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if host == "localhost":
+            return True
+        try:
+            found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        except OSError:
+            return False
+        return bool(found) and all(is_loopback(a.split("%")[0]) for a in found)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is loopback; Python < 3.13 says no
+    return (mapped or address).is_loopback
 
 
 @dataclass
@@ -12,10 +33,15 @@ class ServeSettings:
     """How ``r2r-hf serve`` listens, batches and answers.
 
     Args:
-        host: address to bind. 127.0.0.1 answers this machine only; 0.0.0.0 every network it is on.
-        port: TCP port.
+        host: address to bind. 127.0.0.1 answers this machine only; 0.0.0.0 every network it is on, which needs
+            an ``api_key`` or ``allow_unauthenticated``.
+        port: TCP port (0: a free one, announced once bound).
         api_key: clients must send ``Authorization: Bearer <api_key>``; None lets anyone who reaches the
-            address call.
+            address call. An empty or blank key is refused (an unset variable in a script would otherwise turn
+            authentication off), and so is one with surrounding whitespace (HTTP strips it from the header, so no
+            client could send it).
+        allow_unauthenticated: serve on an address other than loopback without an ``api_key``. Off by default: an
+            open server on a network is refused at start-up rather than announced in a log line nobody reads.
         model_name: the id ``/v1/models`` lists and requests must name (default: the router's name).
         max_batch_size: rows (answers) decoded together at most; new rows join a running batch between steps.
         batch_wait_ms: when the server is idle, how long the first request waits for others to arrive and
@@ -39,12 +65,19 @@ class ServeSettings:
             one per count of running answers (the last covers larger counts); 1 runs it in the step an answer routes.
             None: ``policy.default_policy`` for the models' device (a GPU waits, a CPU does not).
         llm_max_wait: or once the oldest waiting answer has waited this many steps (0: never wait; None: by device).
+        max_body_bytes: a request body larger than this is answered 413 before it is read or parsed. The default
+            (2 MiB, as TGI's 2 MB) holds a whole batch of long prompts (8 prompts of 32k tokens are about 1.2 MB as
+            text); a larger body can only be refused as longer than the context, after its parse and tokenising
+            have cost the server seconds and hundreds of MB (measured with the tests' tiny tokenizer: a 10 MB
+            prompt took 14 s to tokenise and left the server 700 MB larger).
     """
 
     # Parsed on the command line by their annotation's type; __post_init__ says what is wrong with a value.
     host: str = setting("127.0.0.1", "address to bind (0.0.0.0: every network)")
     port: int = setting(8000, "TCP port")
-    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY'")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY'; visible to every local user (ps): "
+                                        "prefer --api-key-file or R2R_API_KEY")
+    allow_unauthenticated: bool = setting(False, "serve on a non-loopback --host without an API key")
     model_name: str | None = setting(None, "model id to serve (default: the router's name)")
     max_batch_size: int = setting(8, "answers decoded together at most")
     batch_wait_ms: float = setting(5.0, "idle server: wait this long for more requests")
@@ -66,17 +99,32 @@ class ServeSettings:
                                                    parse="min_rows")
     llm_max_wait: int | None = setting(None, "a routed answer waits at most this many steps for the LLM (default: by "
                                              "device)", parse="non_negative_int")
+    read_timeout: float = setting(30.0, "seconds a client may take to send a request, headers and body (slower ones "
+                                        "are closed)", parse="positive_seconds")
+    max_connections: int = setting(512, "open connections at most (lowered to what the open-file limit allows)",
+                                   parse="positive_int")
+    max_body_bytes: int = setting(2 * 2**20, "request bodies larger than this many bytes get 413 before they are read "
+                                             "(2 MiB holds 8 prompts of 32k tokens; larger ones only cost parse and "
+                                             "tokenise time and memory before the context refuses them)",
+                                  parse="positive_int")
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_queue"):
+        for name in ("max_batch_size", "max_queue", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {self.max_connections}.")
+        if not 0 < self.read_timeout < float("inf"):  # NaN fails too
+            raise ValueError(f"read_timeout must be a finite number of seconds > 0, got {self.read_timeout}.")
+        self._check_access()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}.")
         if self.batch_wait_ms < 0 or self.drain_seconds < 0:
             raise ValueError("batch_wait_ms and drain_seconds must be >= 0.")
-        if self.threshold is not None and not self.threshold >= 0:  # NaN fails too
-            raise ValueError(f"threshold must be a number >= 0, got {self.threshold}.")
+        if self.threshold is not None:
+            from ..core.routing import check_threshold  # here: the CLI builds its flags from this class before torch
+
+            self.threshold = check_threshold(self.threshold)
         if self.llm_budget is not None:
             from ..core.budget import check_budget  # here: the CLI builds its flags from this class before torch
 
@@ -89,6 +137,19 @@ class ServeSettings:
             check_max_wait(self.llm_max_wait)
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
+
+    def _check_access(self) -> None:
+        """Refuse a key no client can send, and an open server on a network unless asked for."""
+        if self.api_key is not None:
+            if not self.api_key.strip():
+                raise ValueError("api_key is empty; give a key, or None to serve without one.")
+            if self.api_key != self.api_key.strip():
+                raise ValueError("api_key starts or ends with whitespace, which HTTP strips from the header, so no "
+                                 "client could send it; remove it.")
+        elif not self.allow_unauthenticated and not is_loopback(self.host):
+            raise ValueError(f"{self.host!r} is not a loopback address and no API key is set, so anyone who can reach "
+                             "it could use the server; set a key (R2R_API_KEY or --api-key-file on the command line) "
+                             "or allow_unauthenticated=True to serve openly.")
 
 
 SETTINGS_FIELDS = {f.name: f for f in fields(ServeSettings)}
