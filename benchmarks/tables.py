@@ -115,11 +115,14 @@ def gpu_tables(results: dict) -> str:
         model = {r["p"]: r for r in results.get("cost_model", {}).get(batch, [])}
         speed = results.get("speedups", {}).get(batch, {})
         parts = results.get("components_ms", {}).get(batch, {}).get("captured")
-        base = {k: results.get(f"{k}_ms", {}).get(batch) for k in ("llm_graphs", "llm_eager", "slm_eager")}
+        base = {k: results.get(f"{k}_ms", {}).get(batch) for k in ("llm_graphs", "slm_graphs", "llm_eager", "slm_eager")}
         compiled = results.get("llm_compiled_ms", {}).get(batch)
         bits = [f"{k.replace('_', ' ')} {v:.2f} ms/token" for k, v in base.items() if isinstance(v, (int, float))]
         if isinstance(compiled, dict) and "ms_per_token" in compiled:
             bits.append(f"llm compiled {compiled['ms_per_token']:.2f} ms/token (first call {compiled['first_call_s']:.0f} s)")
+        never = results.get("never_route_over_slm_graphs", {}).get(batch)
+        if never is not None:
+            bits.append(f"never-route / the SLM on graphs {never:.3f}")
         if parts:
             bits.append(f"captured t_SLM {parts['t_slm']:.2f} ms, t_router {parts['t_router']:.2f} ms, "
                         f"t_LLM(1 / 8 / 64) {parts['t_llm']['1']:.2f} / {parts['t_llm']['8']:.2f} / "
@@ -144,6 +147,10 @@ def gpu_tables(results: dict) -> str:
     status = (results.get("llm_compiled_ms") or {}).get("status")
     if status:
         lines.append(f"\nCompiled `llm.generate`: {status}.")
+    errors = results.get("errors") or {}  # each phase runs under its own guard: what failed is said, not lost
+    if errors:
+        lines.append("\nPhases that did not complete: " + "; ".join(
+            f"`{name}` ({e['type']}: {e['message'][:160]})" for name, e in errors.items()) + ".")
     return "\n".join(lines)
 
 

@@ -296,3 +296,113 @@ def test_the_budget_report_compares_under_both_conditions_on_the_shared_tasks(tm
     assert total == {"points": 2, "budget_passed": 6, "other_passed": 4, "budget_only": 4, "other_only": 2,
                      "p_value": pytest.approx(0.6875)}  # 2 * P(X <= 2), X ~ Binomial(6, 1/2) = 2 * 22/64
     assert summed([p], "r2r_same_conditions") is None
+
+
+# ------------------------------------------------------------------ the device check (benchmarks/gpu_check.sh)
+def test_gpu_check_phases_fail_alone(tmp_path):
+    # The runner on its own, in a second: an exception, a timeout (also one a library's `except Exception` would
+    # swallow), a phase that needs a failed one, an injected failure and a broken process each cost their phase only.
+    import time
+
+    from benchmarks.gpu_runner import Phase, Report, run_phases
+
+    report, ran = Report(tmp_path / "check.json", {}), []
+
+    def stubborn() -> None:  # swallows every Exception, as some library code does
+        for _ in range(100):
+            try:
+                time.sleep(0.1)
+            except Exception:  # noqa: BLE001, S110 - what the PhaseTimeout must get through
+                pass
+
+    def boom() -> None:
+        raise ValueError("shape mismatch")
+
+    phases = [Phase("a", 5, lambda: ran.append("a")), Phase("b", 5, boom), Phase("c", 5, lambda: ran.append("c"), ("b",)),
+              Phase("d", 0.3, lambda: time.sleep(10)), Phase("e", 0.3, stubborn), Phase("f", 5, lambda: ran.append("f")),
+              Phase("g", 5, lambda: ran.append("g")), Phase("h", 5, lambda: ran.append("h"))]
+    start = time.monotonic()
+    run_phases(phases, report, until_s=60, fail="g", recover=lambda: "broken" if "g" in report.errors else None)
+    assert time.monotonic() - start < 10, "the timeouts interrupted their phases"
+    assert ran == ["a", "f"]
+    errors = json.loads((tmp_path / "check.json").read_text())["errors"]
+    assert {k: e["type"] for k, e in errors.items()} == {"b": "ValueError", "c": "Skipped", "d": "PhaseTimeout",
+                                                          "e": "PhaseTimeout", "g": "InjectedFailure", "h": "Skipped"}
+    assert errors["b"]["message"] == "shape mismatch" and any("boom" in line for line in errors["b"]["traceback"])
+    assert "needs b" in errors["c"]["message"] and errors["h"]["message"] == "broken"
+    assert "time.sleep(10)" in "".join(errors["d"]["traceback"]), "the tail says where the time went"
+
+
+def _gpu_check_written(data: dict, phase: str):
+    """The number a phase of benchmarks/gpu_check.py writes (None if it wrote nothing)."""
+    if phase in ("conditions", "agreement", "before_compiled", "serving"):
+        return data.get(phase)
+    if phase == "build":
+        return True  # writes nothing itself: every phase after it needs it
+    if phase == "compiled_llm":
+        return data.get("llm_compiled_ms", {}).get("1", {}).get("ms_per_token")
+    name, batch = phase.rsplit("_", 1)
+    return data.get({"r2r_captured": "r2r_captured", "components": "components_ms"}.get(name, f"{name}_ms"), {}).get(batch)
+
+
+@pytest.mark.compile  # the last phase compiles the LLM (inductor, ~5-30 s on a CPU)
+def test_gpu_check_dry_run_survives_a_failing_phase(tmp_path):
+    # The whole device script, as CI rehearses it, with the first R2R capture failing (the review's likeliest
+    # failure on a first CUDA run): every later phase must still write its numbers, the failure must be in the JSON.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks.gpu_check import DRY_RUN, names
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "GPU_CHECK_TESTS": "0", "PYTHON": sys.executable, "OUT": str(tmp_path),
+           "GPU_CHECK_FAIL_PHASE": "r2r_captured_1"}
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=240)
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert done.returncode == 1, "a failed phase fails the check"
+    assert set(data["errors"]) == {"r2r_captured_1"}, data["errors"]
+    error = data["errors"]["r2r_captured_1"]
+    assert error["type"] == "InjectedFailure" and error["traceback"] and "r2r_captured_1" in error["message"]
+    phases = names(DRY_RUN)
+    later = phases[phases.index("r2r_captured_1") + 1:]
+    assert set(data["phase_s"]) == set(phases), "every phase ran"
+    assert [p for p in later if not _gpu_check_written(data, p)] == [], "every later phase wrote its numbers"
+    assert data["before_compiled"]["parent_model_freed"], "the pair was freed before the compiled child started"
+    assert data["llm_compiled_ms"]["status"] == "finished"
+    served = data["serving"]  # issue 31's phase: every server at every concurrency, on the path it names
+    assert list(served) == ["captured, waiting", "LLM alone, captured", "captured, m = 1", "eager, m = 1",
+                            "hf generate_batch, LLM alone"][:len(served)] and len(served) >= 4, list(served)
+    assert all([r["concurrency"] for r in served[s]["runs"]] == list(DRY_RUN.serve) for s in list(served)[:4])
+    assert set(data["never_route_over_slm_graphs"]) == set(data["speedups"]) == {"8"}, "ratios of what was measured"
+    assert set(data["speedups"]["8"]) == {"llm_graphs", "llm_eager"}, "no compiled baseline at batch 8"
+    assert all(r["loop_efficiency"] is None for r in data["cost_model"]["1"]), "no R2R run at batch 1 to compare with"
+    assert all(r["loop_efficiency"] > 0 for r in data["cost_model"]["8"])
+    from benchmarks.tables import gpu_tables
+
+    assert "`r2r_captured_1` (InjectedFailure" in gpu_tables(data)
+
+
+def test_gpu_check_child_failure_is_reported_with_its_traceback(tmp_path, monkeypatch):
+    # The compiled baseline runs in a fresh process: its exception comes back through its own JSON.
+    from pathlib import Path
+
+    from benchmarks.gpu_check import DRY_RUN, run_compiled
+    from benchmarks.gpu_runner import Report
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", str(Path.cwd()))
+    report = Report(tmp_path / "gpu_check.json", {})
+    run_compiled(DRY_RUN, tmp_path, report, True, "compiled_llm")
+    error = report.errors["compiled_llm"]
+    assert error["type"] == "InjectedFailure" and any("compiled_llm" in line for line in error["traceback"])
+    assert report.data["llm_compiled_ms"]["status"].startswith("InjectedFailure")
+
+
+def test_gpu_check_refuses_an_unknown_fail_phase(tmp_path):
+    from benchmarks.gpu_check import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--dry-run", "--fail-phase", "r2r_captured"])
