@@ -104,21 +104,43 @@ def _faster_dtype_on_cpu(model) -> None:
             m.to(torch.float32)
 
 
-def run_server(model, tokenizer, settings: ServeSettings, name: str) -> None:
-    """Serve until SIGINT/SIGTERM; on either, in-flight requests finish (up to ``drain_seconds``) first."""
-    import uvicorn
+def default_threshold(model, settings: ServeSettings) -> float:
+    """The threshold of requests that name none: ``--threshold``, else the router's saved one (its generation
+    config), else its config's (``model/row_settings.py``'s precedence)."""
+    for value in (settings.threshold, getattr(model.generation_config, "threshold", None)):
+        if value is not None:
+            return value
+    return model.config.threshold
 
-    app = build_app(model, tokenizer, settings, name)
+
+def run_server(model, tokenizer, settings: ServeSettings, name: str, sock=None) -> None:
+    """Serve until SIGINT/SIGTERM; on either, in-flight requests finish (up to ``drain_seconds``) first.
+
+    Args:
+        sock: the socket to serve on, bound by ``listen.bind_listener`` (``r2r-hf serve`` binds it before loading
+            the models, so a port in use is said at once); default: bound here.
+    The line "serving NAME on http://HOST:PORT/v1 ..." goes to stderr once the server accepts connections, with the
+    port it got (``--port 0``) and the threshold requests get.
+    """
+    import sys
+
+    from .listen import bind_listener, serve_on, url_of
+    from .settings import is_loopback
+
+    sock = sock if sock is not None else bind_listener(settings.host, settings.port)
+    try:
+        app = build_app(model, tokenizer, settings, name)
+    except BaseException:
+        sock.close()
+        raise
     engine = app.state.service.engine
+    open_note = "" if settings.api_key or is_loopback(settings.host) else "; no API key: anyone who reaches it may call"
 
-    class Draining(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            # The engine's drain starts with the signal: answers in flight get drain_seconds, then each still open
-            # ends with an error event and [DONE]; uvicorn's own deadline comes a little later, so it never has to
-            # cut a stream mid-body.
-            engine.drain(settings.drain_seconds)
-            super().handle_exit(sig, frame)
+    def announce(port: int) -> None:
+        print(f"serving {name} on {url_of(settings.host, port)}/v1 (SLM {model.slm.name_or_path}, LLM "
+              f"{model.llm.name_or_path}, threshold {default_threshold(model, settings):.4g}{open_note})",
+              file=sys.stderr, flush=True)
 
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=settings.drain_seconds + DRAIN_GRACE_S)
-    Draining(config).run()
+    # The engine's drain starts with the signal: answers in flight get drain_seconds, then each still open ends with
+    # an error event and [DONE]; uvicorn's own deadline comes DRAIN_GRACE_S later, so it never cuts a stream mid-body.
+    serve_on(app, sock, settings, announce, on_exit=lambda: engine.drain(settings.drain_seconds), grace=DRAIN_GRACE_S)

@@ -1,0 +1,194 @@
+"""The listening socket and its connections: bound before the models load, guarded against slow clients.
+
+``bind_listener`` takes the port first, so a port in use is one sentence before minutes of loading;
+``GuardedH11Protocol`` is uvicorn's HTTP/1.1 protocol with what uvicorn lacks against Slowloris: a deadline
+for a request to arrive (uvicorn arms its keep-alive timer only after a response, so a connection that never
+finishes its headers is held for ever) and a cap on open connections checked when a connection opens
+(uvicorn's ``limit_concurrency`` counts a connection only once its headers are complete, and answers 503 to
+requests the engine's queue would take: the queue's own 429 is the right answer there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import socket
+from collections.abc import Callable
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+logger = logging.getLogger(__name__)
+
+# Descriptors the process keeps for itself beside its connections (the idle CPU server holds ~16; CUDA, its
+# libraries and Ray's pipes add tens more).
+RESERVED_DESCRIPTORS = 128
+
+
+def url_of(host: str, port: int) -> str:
+    """``http://host:port`` (an IPv6 address in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (port 0: a free one), not yet listening: connections during start-up are
+    refused at once rather than left waiting. Raises OSError in one sentence when the address cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn: a restart is not refused for the previous server's connections in TIME_WAIT. Linux still
+    # refuses a port another socket listens on.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise OSError(f"Port {port} on {host} is already in use (another server?); choose another --port or "
+                          "stop the server using it.") from None
+        if isinstance(err, socket.gaierror):
+            raise OSError(f"Cannot listen on {host!r}: not an address of this machine ({err.strerror}).") from None
+        raise OSError(f"Cannot listen on {host}:{port}: {err.strerror}.") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def connection_limit(asked: int) -> int:
+    """``asked``, lowered (with a warning) to what the open-file limit leaves after the process's own needs."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # no such limit here (Windows)
+        return asked
+    if soft == resource.RLIM_INFINITY:
+        return asked
+    room = max(1, soft - RESERVED_DESCRIPTORS)
+    if asked > room:
+        logger.warning("--max-connections %d lowered to %d: the open-file limit is %d and the server keeps %d "
+                       "descriptors for itself (raise it with ulimit -n).", asked, room, soft, RESERVED_DESCRIPTORS)
+        return room
+    return asked
+
+
+_BUSY_BODY = json.dumps({"error": {"message": "Too many open connections; retry shortly.", "type": "server_error",
+                                   "param": None, "code": "too_many_connections"}}).encode()
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+        b"connection: close\r\ncontent-length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a read deadline and a connection cap (their values are set by ``guarded``).
+
+    A connection waiting for a request has ``read_timeout`` seconds (from its opening, or from the end of its
+    previous answer) to send all of it, headers and body; a slower one is closed. Until its headers are in it is
+    also the first to go when the cap is reached: a client that sends its request at once is served while slow
+    ones fill the server, and nothing can hold more descriptors than the cap.
+    """
+
+    read_timeout: float = 30.0
+    max_connections: int = 512
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.refused, self.waiting_since, self.deadline = False, None, None
+        if len(self.connections) >= self.max_connections and not self._evict_one():
+            self.refused, self.transport = True, transport
+            transport.write(BUSY)
+            transport.close()  # once the answer is flushed
+            return
+        super().connection_made(transport)
+        self._await_request()
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for its headers; False when every one is in a request."""
+        waiting = [c for c in self.connections if getattr(c, "waiting_since", None) is not None]
+        if not waiting:
+            return False
+        min(waiting, key=lambda c: c.waiting_since).drop()
+        return True
+
+    def _await_request(self) -> None:
+        self._stop_deadline()
+        self.waiting_since = self.loop.time()
+        self.deadline = self.loop.call_later(self.read_timeout, self.drop)
+
+    def _stop_deadline(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.waiting_since = self.deadline = None
+
+    def drop(self) -> None:
+        """Close a connection whose request did not arrive in time, or that is evicted; nothing is answered."""
+        self._stop_deadline()
+        self.connections.discard(self)  # counted out now: the close itself completes on the loop's next turn
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        state = self.conn.their_state
+        if state is not h11.IDLE:
+            self.waiting_since = None  # its headers are in: no longer the first to go
+        if self.deadline is not None and state is not h11.IDLE and state is not h11.SEND_BODY:
+            self._stop_deadline()  # the whole request is in
+
+    def data_received(self, data: bytes) -> None:
+        if not self.refused:
+            super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._await_request()  # kept alive: the next request has the same time to arrive
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.refused:
+            return
+        self._stop_deadline()
+        super().connection_lost(exc)
+
+
+def guarded(read_timeout: float, max_connections: int) -> type[GuardedH11Protocol]:
+    """The protocol class for one server's limits."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,),
+                {"read_timeout": read_timeout, "max_connections": max_connections})
+
+
+class AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that calls ``announce(port)`` once it accepts connections (after its start-up), and
+    ``on_exit()`` when a signal asks it to stop, before uvicorn's own shutdown begins."""
+
+    def __init__(self, config: uvicorn.Config, announce: Callable[[int], None],
+                 on_exit: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.announce, self.on_exit = announce, on_exit
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit:
+            self.announce(self.servers[0].sockets[0].getsockname()[1])
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.on_exit is not None:
+            self.on_exit()
+        super().handle_exit(sig, frame)
+
+
+def serve_on(app, sock: socket.socket, settings, announce: Callable[[int], None],
+             on_exit: Callable[[], None] | None = None, grace: float = 0.0) -> None:
+    """Run ``app`` on the bound ``sock`` until SIGINT/SIGTERM; uvicorn gives in-flight answers ``drain_seconds`` +
+    ``grace`` seconds to finish."""
+    protocol = guarded(settings.read_timeout, connection_limit(settings.max_connections))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", http=protocol,
+                            timeout_graceful_shutdown=settings.drain_seconds + grace)
+    try:
+        AnnouncingServer(config, announce, on_exit).run(sockets=[sock])
+    except OSError as err:  # listen() lost a race for the port to a server that started meanwhile
+        if err.errno == errno.EADDRINUSE:
+            raise OSError(f"Port {settings.port} on {settings.host} was taken while the models loaded; choose "
+                          "another --port.") from None
+        raise
+    finally:
+        sock.close()
