@@ -39,3 +39,37 @@ def serving(model, tokenizer, name: str = "tiny", **settings) -> Iterator[tuple[
         thread.join(60)
         assert not thread.is_alive(), "the test server did not stop"
         assert not app.state.service.engine.thread.is_alive(), "the decoding thread did not stop"
+
+
+def gap_threshold(model, tok, prompts: list[str], lo: float, hi: float) -> float:
+    """A threshold in the widest gap between neighbouring router scores of ``prompts``' greedy answers, between
+    their ``lo`` and ``hi`` quantiles: routing is score >= threshold, so no score sits on it (no rounding flips)."""
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    probe = model.generate(**enc, max_new_tokens=12, do_sample=False, threshold=float("inf"), return_dict_in_generate=True)
+    scores = probe.router_scores[probe.generated_mask].sort().values
+    gaps = scores[1:] - scores[:-1]
+    start, end = int(len(gaps) * lo), int(len(gaps) * hi)
+    i = start + int(gaps[start:end].argmax())
+    return float((scores[i] + scores[i + 1]) / 2)
+
+
+def generated(model, tok, prompt: str, max_tokens: int, **options) -> tuple[str, int]:
+    """``generate`` alone on one prompt: its answer's text and how many of its tokens the LLM wrote."""
+    enc = tok(prompt, return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=max_tokens, return_dict_in_generate=True, **options)
+    return tok.decode(out.sequences[0, enc["input_ids"].shape[1]:], skip_special_tokens=True), int(out.llm_tokens[0])
+
+
+def slow_decoding(monkeypatch, model, seconds: float = 0.02) -> None:
+    """Every decoding step of the engine takes at least ``seconds`` and no answer ends before its max_tokens, so a
+    long answer is still decoding when a test acts."""
+    from r2r_hf.serve import engine
+
+    real = engine.decode_step
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "decode_step", slow)
+    monkeypatch.setattr(model.generation_config, "eos_token_id", None)

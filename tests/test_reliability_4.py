@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from serving import serving
+from serving import serving, slow_decoding
 
 LONE_SURROGATE = b'"\\ud800"'  # valid JSON, no text
 
@@ -62,18 +62,7 @@ def served(model, tok):
 
 @pytest.fixture
 def slow_steps(monkeypatch, model):
-    """Every decoding step takes at least 20 ms and no answer ends before its max_tokens, so a long answer is still
-    decoding when the test acts."""
-    from r2r_hf.serve import engine
-
-    real = engine.decode_step
-
-    def slow(*args, **kwargs):
-        time.sleep(0.02)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "decode_step", slow)
-    monkeypatch.setattr(model.generation_config, "eos_token_id", None)
+    slow_decoding(monkeypatch, model)
 
 
 # ----------------------------------------------------------------- item 6

@@ -12,9 +12,8 @@ import time
 import httpx
 import openai
 import pytest
-import torch
 
-from serving import serving
+from serving import serving, slow_decoding
 
 PROMPTS = ["the old man said that he was", "water", "write a new line", "the first time you see", "def print",
            "he was a good man and"]
@@ -221,18 +220,7 @@ def _wait_for(condition, seconds=20.0):
 
 @pytest.fixture
 def slow_steps(monkeypatch, model):
-    """Every decoding step takes at least 20 ms, and no answer ends before its max_tokens (no EOS, whatever the
-    tiny models write), so a long answer is still decoding when the test acts."""
-    from r2r_hf.serve import engine
-
-    real = engine.decode_step
-
-    def slow(*args, **kwargs):
-        time.sleep(0.02)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "decode_step", slow)
-    monkeypatch.setattr(model.generation_config, "eos_token_id", None)
+    slow_decoding(monkeypatch, model)
 
 
 def test_a_full_queue_is_refused_with_retry_after(model, tok, slow_steps):

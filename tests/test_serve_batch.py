@@ -16,7 +16,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import LogitsProcessorList
 
-from serving import serving
+from serving import gap_threshold, generated, serving
 
 PROMPTS = ["the old man said that he was", "water", "write a new line", "the first time you see", "def print",
            "he was a good man and"]
@@ -25,22 +25,6 @@ PROMPTS = ["the old man said that he was", "water", "write a new line", "the fir
 def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
 
-
-def _threshold(model, tok, quantile: float = 0.8) -> float:
-    """A threshold near the ``quantile`` of the router's scores, in the widest gap there."""
-    enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    probe = model.generate(**enc, max_new_tokens=12, do_sample=False, threshold=float("inf"), return_dict_in_generate=True)
-    scores = probe.router_scores[probe.generated_mask].sort().values
-    gaps = scores[1:] - scores[:-1]
-    lo, hi = int(len(gaps) * (quantile - 0.15)), int(len(gaps) * (quantile + 0.15))
-    i = lo + int(gaps[lo:hi].argmax())
-    return float((scores[i] + scores[i + 1]) / 2)
-
-
-def _generate(model, tok, prompt, max_tokens, **options):
-    enc = tok(prompt, return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=max_tokens, return_dict_in_generate=True, **options)
-    return tok.decode(out.sequences[0, enc["input_ids"].shape[1]:], skip_special_tokens=True), int(out.llm_tokens[0])
 
 
 def _ask(client, prompt, max_tokens, **extra):
@@ -51,7 +35,7 @@ def _ask(client, prompt, max_tokens, **extra):
 
 @pytest.mark.parametrize("min_rows, max_wait", [(1, 0), (2, 1), (3, 4), (8, 64)])
 def test_answers_equal_generate_alone_under_every_waiting_policy(model, tok, min_rows, max_wait):
-    tau = _threshold(model, tok)
+    tau = gap_threshold(model, tok, PROMPTS, 0.65, 0.95)
     jobs = [(PROMPTS[i], 8 + 3 * i, {"threshold": tau, "temperature": 0} if i % 2 else
              {"threshold": tau, "temperature": 1.0, "seed": 5 + i}) for i in range(len(PROMPTS))]
     with serving(model, tok, max_batch_size=4, llm_min_rows=(min_rows,), llm_max_wait=max_wait) as (url, service):
@@ -64,7 +48,7 @@ def test_answers_equal_generate_alone_under_every_waiting_policy(model, tok, min
         options = {"threshold": tau, "do_sample": sampled}
         if sampled:
             options |= {"temperature": 1.0, "seed": extra["seed"]}
-        assert answer == _generate(model, tok, prompt, max_tokens, **options), prompt
+        assert answer == generated(model, tok, prompt, max_tokens, **options), prompt
     assert sum(llm for _, llm in got) > 0 and counters.host_syncs == counters.steps
     if max_wait:
         assert max(counters.waits) > 0 and counters.llm_rows > counters.llm_calls
@@ -84,7 +68,7 @@ def test_a_seeded_answer_does_not_change_beside_an_always_routed_stranger(model,
             next(line for line in lines if line.startswith("data:"))
             beside = _ask(client, PROMPTS[0], 12, **dict(mine))
             assert service.engine.peak_rows == 2
-    assert beside == alone == _generate(model, tok, PROMPTS[0], 12, do_sample=True, temperature=1.0, seed=3,
+    assert beside == alone == generated(model, tok, PROMPTS[0], 12, do_sample=True, temperature=1.0, seed=3,
                                         threshold=2.0)
 
 
@@ -96,7 +80,7 @@ def test_the_servers_rows_apply_the_generation_config_as_generate_does(model, to
     with serving(model, tok) as (url, _):
         client = _client(url)
         text, llm = _ask(client, PROMPTS[0], 12, temperature=0)
-        assert (text, llm) == _generate(model, tok, PROMPTS[0], 12, do_sample=False)
+        assert (text, llm) == generated(model, tok, PROMPTS[0], 12, do_sample=False)
         assert llm == 0, "the generation config's threshold (2.0: never route) holds"
         penalised = text
         monkeypatch.setattr(model.generation_config, "repetition_penalty", 1.0)
@@ -104,7 +88,7 @@ def test_the_servers_rows_apply_the_generation_config_as_generate_does(model, to
         monkeypatch.setattr(model.generation_config, "threshold", 0.0)
         monkeypatch.setattr(model.generation_config, "llm_budget", 0.25, raising=False)
         budgeted = _ask(client, PROMPTS[0], 12, temperature=0)
-        assert budgeted == _generate(model, tok, PROMPTS[0], 12, do_sample=False) and 0 < budgeted[1] <= 3
+        assert budgeted == generated(model, tok, PROMPTS[0], 12, do_sample=False) and 0 < budgeted[1] <= 3
 
 
 def test_bad_rows_are_refused_before_the_batch_and_fail_only_their_request(model, tok):
@@ -127,7 +111,7 @@ def test_bad_rows_are_refused_before_the_batch_and_fail_only_their_request(model
         thread.join(120)
     assert overflow.status_code == 400 and overflow.json()["error"]["param"] == "seed"
     assert tiny.status_code == 200, tiny.text  # below 1e-5 a temperature is greedy (as vLLM and the official R2R)
-    assert tiny.json()["choices"][0]["text"] == _generate(model, tok, PROMPTS[2], 5, do_sample=False)[0]
+    assert tiny.json()["choices"][0]["text"] == generated(model, tok, PROMPTS[2], 5, do_sample=False)[0]
     assert results["stranger"] == want
 
 
@@ -164,11 +148,11 @@ def test_a_row_whose_scores_hold_no_probability_ends_its_request_only(model, tok
     assert [e[0] for e in events["bad"]] == ["error"] and "Sampling failed" in events["bad"][0][1].message
     text = "".join(e[2] for e in events["good"] if e[0] == "text")
     assert events["good"][-1][0] == "end"
-    assert text == _generate(model, tok, PROMPTS[0], 6, do_sample=True, temperature=1.0, seed=4, threshold=0.3)[0]
+    assert text == generated(model, tok, PROMPTS[0], 6, do_sample=True, temperature=1.0, seed=4, threshold=0.3)[0]
 
 
 def test_metrics_are_prometheus_text_that_adds_up(model, tok):
-    tau = _threshold(model, tok)
+    tau = gap_threshold(model, tok, PROMPTS, 0.65, 0.95)
     with serving(model, tok, llm_min_rows=(2,), llm_max_wait=4) as (url, _):
         client = _client(url)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -194,7 +178,7 @@ def test_a_model_that_cannot_use_slots_is_served_one_answer_at_a_time_on_hfs_cac
     from r2r_hf.serve import engine
 
     monkeypatch.setattr(engine, "slot_problem", lambda m: "its attention is 'flash_attention_2' (for this test)")
-    tau = _threshold(model, tok)
+    tau = gap_threshold(model, tok, PROMPTS, 0.65, 0.95)
     with caplog.at_level("WARNING"), serving(model, tok, max_batch_size=4) as (url, service):
         assert not service.engine.slotted
         client = _client(url)
@@ -205,9 +189,9 @@ def test_a_model_that_cannot_use_slots_is_served_one_answer_at_a_time_on_hfs_cac
         assert service.engine.peak_rows == 1
     assert any("one at a time" in r.getMessage() for r in caplog.records)
     for prompt, answer in zip(PROMPTS[:3], got):
-        assert answer == _generate(model, tok, prompt, 7, do_sample=False, threshold=tau)
+        assert answer == generated(model, tok, prompt, 7, do_sample=False, threshold=tau)
     for i, choice in enumerate(several.choices):
-        want = _generate(model, tok, PROMPTS[3], 5, do_sample=True, temperature=1.0, seed=4 + i, threshold=tau)[0]
+        want = generated(model, tok, PROMPTS[3], 5, do_sample=True, temperature=1.0, seed=4 + i, threshold=tau)[0]
         assert choice.text == want
 
 
