@@ -219,7 +219,8 @@ def serving(model, plan: Plan, report: Report) -> None:
     deadline = time.monotonic() + plan.serve_budget_s - 10
     with serving_shape(model), torch.inference_mode():
         serving_phase(model, torch.device(plan.device), 0.1, plan.serve, plan.serve_tokens, plan.prompt,
-                      lambda name, value: report.put("serving", name, value), deadline)
+                      lambda name, value: report.put("serving", name, value), deadline,
+                      peer=not plan.emulate)  # HF's generate_batch warms up for ~20-30 s on a CPU: the device's only
 
 
 def phases(plan: Plan, report: Report, ctx: dict) -> list[Phase]:

@@ -373,9 +373,8 @@ def test_gpu_check_dry_run_survives_a_failing_phase(tmp_path):
     assert data["before_compiled"]["parent_model_freed"], "the pair was freed before the compiled child started"
     assert data["llm_compiled_ms"]["status"] == "finished"
     served = data["serving"]  # issue 31's phase: every server at every concurrency, on the path it names
-    assert list(served) == ["captured, waiting", "LLM alone, captured", "captured, m = 1", "eager, m = 1",
-                            "hf generate_batch, LLM alone"][:len(served)] and len(served) >= 4, list(served)
-    assert all([r["concurrency"] for r in served[s]["runs"]] == list(DRY_RUN.serve) for s in list(served)[:4])
+    assert list(served) == ["captured, waiting", "LLM alone, captured", "captured, m = 1", "eager, m = 1"]
+    assert all([r["concurrency"] for r in server["runs"]] == list(DRY_RUN.serve) for server in served.values())
     assert set(data["never_route_over_slm_graphs"]) == set(data["speedups"]) == {"8"}, "ratios of what was measured"
     assert set(data["speedups"]["8"]) == {"llm_graphs", "llm_eager"}, "no compiled baseline at batch 8"
     assert all(r["loop_efficiency"] is None for r in data["cost_model"]["1"]), "no R2R run at batch 1 to compare with"
