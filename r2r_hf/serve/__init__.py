@@ -105,12 +105,12 @@ def _faster_dtype_on_cpu(model) -> None:
 
 
 def default_threshold(model, settings: ServeSettings) -> float:
-    """The threshold of requests that name none: ``--threshold``, else the router's saved one (its generation
-    config), else its config's (``model/row_settings.py``'s precedence)."""
-    for value in (settings.threshold, getattr(model.generation_config, "threshold", None)):
-        if value is not None:
-            return value
-    return model.config.threshold
+    """The threshold of a request that names none, resolved as its answer is (``resolve_row``: ``--threshold``, else
+    the router's saved one, else its config's)."""
+    from ..model.row_settings import resolve_row
+
+    options = {} if settings.threshold is None else {"threshold": settings.threshold}
+    return resolve_row(model, [0], max_new_tokens=1, **options).threshold
 
 
 def run_server(model, tokenizer, settings: ServeSettings, name: str, sock=None) -> None:

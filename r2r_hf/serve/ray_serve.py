@@ -18,6 +18,7 @@ SIGTERM/SIGINT every replica drains as the single-process server does (``_drain`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import signal
@@ -272,9 +273,10 @@ def run_on_ray(spec: ReplicaSpec, replicas: int = 1, address: str | None = None,
             if address is None:
                 start_watchdog()
             _init_ray(address)
-            why = unfit(ray.cluster_resources(), _starting_replicas(replicas, autoscaling), cpus, gpus)
-            if address is None and why:
-                raise RuntimeError(why)
+            if address is None:  # a cluster may add nodes (its autoscaler): only a Ray started here is all there is
+                why = unfit(ray.cluster_resources(), _starting_replicas(replicas, autoscaling), cpus, gpus)
+                if why:
+                    raise RuntimeError(why)
             serve_started = True
             serve.start(http_options={"host": spec.settings.host, "port": spec.settings.port})
             serve._run(deployment(spec, replicas, gpus, cpus, autoscaling), name=APP, route_prefix="/",
@@ -286,5 +288,8 @@ def run_on_ray(spec: ReplicaSpec, replicas: int = 1, address: str | None = None,
     finally:
         _on_signals(signal.SIG_DFL)  # a signal during the clean-up ends the process; the watchdog finishes it
         if serve_started and address is not None:
-            serve.shutdown()  # a cluster's Serve outlives this process; a Ray started here ends with Serve in it
+            # A cluster's Serve, and the other applications on it, outlive this command: delete only this one (after
+            # a drain it is gone already). A Ray started here ends with Serve in it.
+            with contextlib.suppress(Exception):
+                serve.delete(APP)
         ray.shutdown()

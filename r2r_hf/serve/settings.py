@@ -109,11 +109,9 @@ class ServeSettings:
                                   parse="positive_int")
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_queue", "max_body_bytes"):
+        for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, got {self.max_connections}.")
         if not 0 < self.read_timeout < float("inf"):  # NaN fails too
             raise ValueError(f"read_timeout must be a finite number of seconds > 0, got {self.read_timeout}.")
         self._check_access()
