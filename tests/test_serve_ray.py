@@ -28,7 +28,7 @@ from r2r_hf.serve.settings import is_loopback
 pytestmark = pytest.mark.ray
 psutil = pytest.importorskip("psutil")  # Ray's own dependency: there wherever Ray is
 
-DRAIN_S = 3.0  # the shared server's --drain-seconds: answers longer than this are ended by the drain
+DRAIN_S = 1.0  # the shared server's --drain-seconds: answers longer than this are ended by the drain
 
 
 def _ray_env(ray_tmp: str) -> dict[str, str]:
@@ -191,8 +191,9 @@ def test_sigterm_drains_the_replicas_then_exits_leaving_nothing(server, router_d
     """Last of the shared server's tests: it ends the server."""
     process, url, ray_tmp = server
     name, out = os.path.basename(str(router_dir)), {}
-    # ~100 tokens take about a second here; 950 (the context holds 1024) take far longer than the drain.
-    short, endless = 100, 950
+    # 10 tokens end well inside the drain; 1000 (the context holds 1024) would need over ~600 tokens/s to end
+    # before it (a CI run fast enough to finish 950 tokens inside a 3 s drain once made this test fail).
+    short, endless = 10, 1000
     threads = []
     for tokens in (short, endless):
         started = threading.Event()
