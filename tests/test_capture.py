@@ -129,7 +129,7 @@ def test_mixed_routing_equals_eager_and_a_cache_free_recompute(pair, tok, path, 
     threshold = _middle_threshold(model, enc)
     eager = model.generate(**enc, **GREEDY, **FULL, threshold=threshold)
     fast = model.generate(**enc, **GREEDY, **FULL, **extra, threshold=threshold)
-    assert model.capture_store.state is not None and ("slm", 1) in model.capture_store.state.reads
+    assert model.capture_store.state is not None and ("slm", 1) in model.capture_store.state.buckets
     assert fast.routed[fast.generated_mask].any() and (~fast.routed[fast.generated_mask]).any()
     _same(fast, eager)
     prompt = enc["input_ids"].shape[1]
@@ -154,7 +154,7 @@ def test_long_reads_are_captured_piece_by_piece(pair, tok, graphs):
     model.capture_store.clear()
     captured = model.generate(**enc, **GREEDY, **FULL, threshold=threshold, cache_implementation="static")
     _same(captured, eager)
-    reads = set(model.capture_store.state.reads)
+    reads = set(model.capture_store.state.buckets)
     prompt_pieces = {b for _, b in pieces(enc["input_ids"].shape[1])}
     assert {("slm", b) for b in prompt_pieces} | {("slm", 1)} == {r for r in reads if r[0] == "slm"}, \
         "the SLM reads the prompt in captured pieces, then one token per step"
@@ -186,7 +186,7 @@ def test_a_read_longer_than_the_buckets_in_the_middle_of_an_answer(pair, tok, gr
         model.router = real
     assert torch.equal(captured.routed, schedule.T.to(DEVICE))
     _same(captured, eager)
-    assert ("llm", BUCKETS[-1]) in model.capture_store.state.reads
+    assert ("llm", BUCKETS[-1]) in model.capture_store.state.buckets
 
 
 @pytest.mark.skipif(CUDA, reason="the emulation counts captures; on CUDA the same calls run on real graphs")

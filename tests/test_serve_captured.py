@@ -51,6 +51,19 @@ def test_served_answers_on_emulated_graphs_equal_generate_alone(model, tok, monk
     assert report["steps"] == 2 * 3 * 7 + 3, "the SLM and LLM reads per rows (1, 2, 4) x tokens bucket, the router"
 
 
+def test_served_answers_on_fused_emulated_graphs_equal_generate_alone(model, tok, monkeypatch):
+    # Fused reads (issue 32: one inductor region per decoder layer, captured whole) over 2 slots.
+    monkeypatch.setattr(model, "capture_store", emulated_store(fuse=True))
+    report, _ = _serve_and_compare(model, tok, slots=2, max_context=64, llm_min_rows=(2,), llm_max_wait=4)
+    assert report["path"] == "graphs" and report["fused"] == {"slm": True, "llm": True}
+
+
+def test_unfused_graphs_replay_hfs_forward(model, tok, monkeypatch):
+    monkeypatch.setattr(model, "capture_store", emulated_store(fuse=True))
+    with serving(model, tok, max_batch_size=1, max_context=24, unfused_graphs=True) as (_, service):
+        assert service.engine.capture_report["fused"] == {"slm": False, "llm": False}
+
+
 @pytest.mark.compile
 def test_served_answers_through_torch_compile_equal_generate_alone(model, tok):
     # 2 slots: fewer rows buckets to compile (each (rows, tokens) shape is an inductor compile, seconds on a CPU);

@@ -29,6 +29,8 @@ from transformers.cache_utils import StaticCache, StaticLayer
 from ..compat import cache_argument
 from .engines import EagerSteps, route_scores
 from .features import input_device, output_device
+from .fused import attended
+from .fused_reads import fused_regions, static_read
 from .graphs import CompiledStep, Step, compile_options
 from .steps import Committed
 
@@ -153,15 +155,17 @@ class CapturedState:
         batch, capacity: the shapes (capacity = longest sequence + ``SLACK``).
         capture_llm: False keeps the LLM's reads eager (it cannot be captured).
         key: what the state was built for (``CaptureStore`` compares it).
+        fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere.
     """
 
     def __init__(self, slm, llm, router, num_topk: int, capture: Callable[[Step, dict], Step], batch: int,
-                 capacity: int, capture_llm: bool, key: tuple = ()) -> None:
+                 capacity: int, capture_llm: bool, key: tuple = (), fuse: bool = False) -> None:
         self.slm, self.llm, self.router, self.num_topk = slm, llm, router, num_topk
         self.batch, self.capacity, self.capture_llm, self.key = batch, capacity, capture_llm, key
         self.capture = capture
         self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
-        self.reads: dict[tuple[str, int], Step] = {}  # ("slm" | "llm", bucket) -> captured read
+        self.reads: dict[tuple[str, int, int], Step] = {}  # ("slm" | "llm", bucket, span) -> captured read
+        self.fused = {role: fused_regions(model) if fuse else None for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
         # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy.
         self.counts = torch.arange(SLACK + 1, device=output_device(llm))
@@ -171,13 +175,34 @@ class CapturedState:
         self.slm_cache.reset()
         self.llm_cache.reset()
 
-    def read(self, role: str, bucket: int, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``role``'s model reads one piece of ``bucket`` columns (captured on first use)."""
-        if (role, bucket) not in self.reads:
-            model, cache = (self.slm, self.slm_cache) if role == "slm" else (self.llm, self.llm_cache)
-            with kept_lengths(cache):
-                self.reads[role, bucket] = self.capture(read_fn(model, cache, hidden=role == "slm"), inputs)
-        return self.reads[role, bucket](**inputs)
+    @property
+    def buckets(self) -> set[tuple[str, int]]:
+        """(role, tokens bucket) of every read captured so far."""
+        return {(role, bucket) for role, bucket, _ in self.reads}
+
+    def read(self, role: str, bucket: int, span: int, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``role``'s model reads one piece of ``bucket`` columns attending ``span`` (captured on first use)."""
+        key = (role, bucket, span if self.fused[role] is not None else self.capacity)
+        if key not in self.reads:
+            key = self._capture(role, key, span, inputs)
+        return self.reads[key](**inputs)
+
+    def _capture(self, role: str, key: tuple, span: int, inputs: dict) -> tuple:
+        model, cache = (self.slm, self.slm_cache) if role == "slm" else (self.llm, self.llm_cache)
+        hidden, regions = role == "slm", self.fused[role]
+        with kept_lengths(cache):
+            if regions is not None:
+                try:
+                    self.reads[key] = self.capture(static_read(model, cache, hidden, span, regions), inputs)
+                    return key
+                except Exception as err:  # noqa: BLE001 - a compiler's failure: capture HF's forward instead
+                    logger.warning("R2R captures the %s's HF forward: its fused read did not compile (%s: %s).",
+                                   role.upper(), type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                    self.fused[role] = None
+            key = (role, key[1], self.capacity)
+            if key not in self.reads:
+                self.reads[key] = self.capture(read_fn(model, cache, hidden), inputs)
+        return key
 
     def route(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.router_step is None:
@@ -188,7 +213,8 @@ class CapturedState:
         """``role``'s model reads ``seq[start:]`` piece by piece; the outputs at its last token."""
         out: tuple[torch.Tensor, ...] = ()
         for tokens, bucket in pieces(seq.length - start):
-            out = self.read(role, bucket, ids=seq.ids[:, start : start + bucket],
+            span = attended(start + bucket, self.capacity)
+            out = self.read(role, bucket, span, ids=seq.ids[:, start : start + bucket],
                             positions=seq.positions[:, start : start + bucket], mask=seq.mask,
                             last=self.counts[tokens - 1 : tokens], rewind=self.counts[bucket - tokens])
             start += tokens

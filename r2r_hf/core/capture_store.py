@@ -30,10 +30,10 @@ from .pair import RoutedPair
 logger = logging.getLogger(__name__)
 
 
-def state_key(slm, llm, router, num_topk: int, compile_config, batch: int) -> tuple:
+def state_key(slm, llm, router, num_topk: int, compile_config, batch: int, fuse: bool) -> tuple:
     """What a stored state was built for: the same objects (identity), options and batch size."""
     options = None if compile_config is None else json.dumps(compile_config.to_dict(), sort_keys=True, default=str)
-    return (slm, llm, router, num_topk, options, batch)
+    return (slm, llm, router, num_topk, options, batch, fuse)
 
 
 class CaptureStore:
@@ -42,10 +42,13 @@ class CaptureStore:
     Args:
         graph_step: how a step is captured without ``compile_config`` (a ``graphs.GraphStep``).
         graph_devices: device types on which a static-cache call is captured that way.
+        fuse: capture fused reads (``fused.py``: one compiled region per decoder layer, then captured) where a
+            model can be fused; False captures HF's eager forward. Settable: ``model.capture_store.fuse = False``.
     """
 
-    def __init__(self, graph_step: type[GraphStep] = CudaGraphStep, graph_devices: Sequence[str] = ("cuda",)) -> None:
-        self.graph_step, self.graph_devices = graph_step, tuple(graph_devices)
+    def __init__(self, graph_step: type[GraphStep] = CudaGraphStep, graph_devices: Sequence[str] = ("cuda",),
+                 fuse: bool = True) -> None:
+        self.graph_step, self.graph_devices, self.fuse = graph_step, tuple(graph_devices), fuse
         self.state: CapturedState | None = None
         self._lock = threading.Lock()
         self._holder: int | None = None
@@ -88,7 +91,8 @@ class CaptureStore:
         self._lock.release()
 
     def _state_for(self, slm, llm, router, num_topk, compile_config, batch, needed) -> CapturedState | None:
-        key = state_key(slm, llm, router, num_topk, compile_config, batch)
+        fuse = self.fuse and compile_config is None  # a compile_config compiles the whole read instead
+        key = state_key(slm, llm, router, num_topk, compile_config, batch, fuse)
         state = self.state
         if state is None or state.key != key or state.capacity < needed + SLACK:
             self.state = None  # free the old caches and graphs before allocating new ones
@@ -102,7 +106,7 @@ class CaptureStore:
             if llm_why_not is not None:
                 self._warn(f"R2R captures the SLM's steps only: the LLM cannot be captured ({llm_why_not}).")
             state = CapturedState(slm, llm, router, num_topk, self._capturer(compile_config, output_device(slm)),
-                                  batch, needed + SLACK, capture_llm=llm_why_not is None, key=key)
+                                  batch, needed + SLACK, capture_llm=llm_why_not is None, key=key, fuse=fuse)
             self.state = state
         state.reset()
         return state

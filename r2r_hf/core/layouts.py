@@ -179,17 +179,17 @@ class SlotLayout:
             return self.router_step(logits, hidden, token)
         return route_scores(p.slm, p.router, p.num_topk, logits, hidden, token)
 
-    def capture(self, capture: Callable[[Step, dict], Step], warm: bool = True) -> dict:
+    def capture(self, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False) -> dict:
         """From now on every read replays a captured step (``slot_capture.py``): the slots become static (their
-        current size), every bucket is captured now with ``warm``; what it took."""
+        current size), every bucket is captured now with ``warm``, fused reads where ``fuse``; what it took."""
         p = self.pair
         for model, cache in ((p.slm, self.slm_cache), (p.llm, self.llm_cache)):  # allocate outside any capture
             inputs = piece_inputs(self.tokens, list(range(self.slots)), [0] * self.slots, [0] * self.slots, 1,
                                   cache.trash)
             cache.plan(list(range(self.slots)), inputs["column"], 1)
             forward_piece(model, cache, **inputs, used=1, hidden=False)
-        self.captured = {"slm": CapturedReads(p.slm, self.slm_cache, capture, hidden=True),
-                         "llm": CapturedReads(p.llm, self.llm_cache, capture, hidden=False)}
+        self.captured = {"slm": CapturedReads(p.slm, self.slm_cache, capture, hidden=True, fuse=fuse),
+                         "llm": CapturedReads(p.llm, self.llm_cache, capture, hidden=False, fuse=fuse)}
         self.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, self.slots)
         report = {"slots": self.slots, "columns": self.capacity, "steps": 0, "seconds": 0.0}
         if warm:
@@ -200,6 +200,7 @@ class SlotLayout:
                 report["steps"] += self.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
                                                          head.dtype)
             report["seconds"] = time.perf_counter() - start
+        report["fused"] = {role: reads.fused for role, reads in self.captured.items()}  # after warming: what ran
         return report
 
     def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0):

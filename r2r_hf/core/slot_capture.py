@@ -16,6 +16,7 @@ captured is the model's ``CaptureStore``'s (CUDA graphs; the CPU emulation in te
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -23,8 +24,11 @@ import torch
 
 from .capture import BUCKETS, bucket_for
 from .engines import route_scores
+from .fused_reads import fused_regions, slot_read
 from .graphs import Step
 from .slots import SlotCache, forward_piece, piece_inputs
+
+logger = logging.getLogger(__name__)
 
 
 def row_buckets(slots: int) -> tuple[int, ...]:
@@ -44,11 +48,13 @@ class CapturedReads:
         cache: its slot cache (allocated, static: its capacity never grows).
         capture: turns a step and example inputs into a captured step.
         hidden: also return the post-norm hidden state (the SLM's, for the router).
+        fuse: capture fused reads (``fused.py``) where the model can be fused, HF's forward elsewhere.
     """
 
     def __init__(self, model: torch.nn.Module, cache: SlotCache, capture: Callable[[Step, dict], Step],
-                 hidden: bool) -> None:
+                 hidden: bool, fuse: bool = False) -> None:
         self.model, self.cache, self.capture, self.hidden = model, cache, capture, hidden
+        self.regions = fused_regions(model) if fuse else None
         self.rows = row_buckets(cache.slots)
         self.steps: dict[tuple[int, int], Step] = {}
         device = model.get_input_embeddings().weight.device
@@ -70,8 +76,24 @@ class CapturedReads:
 
     def step(self, rows: int, width: int, example: dict[str, torch.Tensor]) -> Step:
         if (rows, width) not in self.steps:
+            if self.regions is not None:
+                try:
+                    self.steps[rows, width] = self.capture(slot_read(self.model, self.cache, self.hidden,
+                                                                     self.regions), example)
+                    return self.steps[rows, width]
+                except Exception as err:  # noqa: BLE001 - a compiler's failure: capture HF's forward instead
+                    logger.warning("the server captures %s's HF forward: its fused read did not compile (%s: %s)",
+                                   type(self.model).__name__, type(err).__name__, (str(err).splitlines() or [''])[0])
+                    self.regions = None
+                    self.steps.clear()  # one kind of read for every bucket
+                    return self.step(rows, width, example)
             self.steps[rows, width] = self.capture(self._fn(rows), example)
         return self.steps[rows, width]
+
+    @property
+    def fused(self) -> bool:
+        """Whether the captured reads are fused ones."""
+        return self.regions is not None
 
     def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int]):
         """Like ``slots.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or None."""

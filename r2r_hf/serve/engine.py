@@ -128,7 +128,9 @@ class Engine:
             memory = graph_memory(self.device)
             before = memory()
             with torch.inference_mode():  # as the decoding thread replays them
-                report = batch.layout.capture(capturer, warm=self.settings.capture != "compile")
+                fuse = (self.settings.capture in ("auto", "graphs") and not self.settings.unfused_graphs
+                        and self.model.capture_store.fuse)
+                report = batch.layout.capture(capturer, warm=self.settings.capture != "compile", fuse=fuse)
             self.capture_report = {"path": self.settings.capture if self.settings.capture != "auto" else "graphs",
                                    **report, "graph_memory_bytes": memory() - before}
             logger.info("captured %d steps in %.1f s (%d slots x %d tokens, %.0f MB)", report["steps"],

@@ -56,6 +56,9 @@ class ServeSettings:
             the router) as CUDA graphs where the model's capture store captures (CUDA) and the guards allow, and runs
             eagerly otherwise, saying why once; ``graphs`` the same but refuses to start eagerly; ``compile``
             through ``torch.compile``; ``off`` eager.
+        unfused_graphs: the graphs replay HF's own eager forward; by default (and where a model can be fused:
+            ``core/fused.py``) they replay fused reads, one inductor-compiled region per decoder layer (compiled at
+            start-up: tens of seconds cold, cached on disk afterwards).
         max_context: with captured steps the slots are static (allocated at start, never moved): each holds this
             many tokens (prompt + answer); longer requests get a 400.
         prefill_chunk: a joining answer's prompt is read (by both models) at most this many tokens per turn of the
@@ -89,6 +92,8 @@ class ServeSettings:
     drain_seconds: float = setting(30.0, "SIGTERM: seconds to finish in-flight requests")
     capture: str = setting("auto", "auto: CUDA graphs of every step where the models can be captured (a GPU), else "
                                     "eager; graphs, compile (torch.compile) or off", parse="capture_mode")
+    unfused_graphs: bool = setting(False, "capture HF's own forward, not the fused reads (one compiled region per "
+                                          "decoder layer)")
     max_context: int | None = setting(None, "tokens per answer (prompt + answer) the static slots of the captured path "
                                             "hold (default: the pair's context, at most 4096)", parse="positive_int")
     prefill_chunk: int = setting(256, "a joining prompt is read this many tokens per step, between the running answers' "

@@ -146,12 +146,30 @@ class _NoHostCalls(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _compiled_region(trace: _Trace):
+    """How a compiled region (``core.fused_reads``) runs under the emulation: outside its modes, recorded as one op.
+
+    torch.compile runs no compiled code under a user's dispatch mode, and a function mode its code was not
+    compiled under fails its guards. Inside the region nothing can synchronise the host (``fullgraph``: one
+    graph of device ops, guards read shapes only); what the emulation checks is its inputs, as an op's."""
+
+    def run(fn, args: tuple):
+        with torch.utils._python_dispatch._disable_current_modes(), torch.overrides._pop_mode_temporarily():
+            out = fn(*args)
+        trace.record(f"region {getattr(fn, '__name__', fn)}", args, {}, out)
+        return out
+
+    return run
+
+
 @contextlib.contextmanager
 def as_if_capturing(trace: _Trace | None = None) -> Iterator[_Trace]:
     """Run as under a real capture: transformers sees a capturing stream, host syncs raise; yields the op trace."""
+    from ..core import fused_reads
+
     trace = trace if trace is not None else _Trace()
     with mock.patch("transformers.utils.import_utils.is_cuda_stream_capturing", return_value=True), \
-            _NoHostCalls(), _NoHostSync(trace):
+            mock.patch.object(fused_reads, "region_runner", _compiled_region(trace)), _NoHostCalls(), _NoHostSync(trace):
         yield trace
 
 
@@ -204,8 +222,11 @@ class EmulatedGraphStep(CudaGraphStep):
         self.pool.ran(self)
 
 
-def emulated_store(graph_step: type[EmulatedGraphStep] = EmulatedGraphStep):
-    """A ``CaptureStore`` that captures static-cache calls on the CPU too, with emulated graphs."""
+def emulated_store(graph_step: type[EmulatedGraphStep] = EmulatedGraphStep, fuse: bool = False):
+    """A ``CaptureStore`` that captures static-cache calls on the CPU too, with emulated graphs.
+
+    ``fuse``: capture fused reads (inductor compiles each region on the CPU: tens of seconds cold), not HF's forward.
+    """
     from ..core.capture_store import CaptureStore
 
-    return CaptureStore(graph_step=graph_step, graph_devices=("cuda", "cpu"))
+    return CaptureStore(graph_step=graph_step, graph_devices=("cuda", "cpu"), fuse=fuse)

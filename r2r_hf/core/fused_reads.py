@@ -1,0 +1,211 @@
+"""Fused reads over the two caches, and when a model's reads may be fused.
+
+``static_read`` has the signature of ``capture.read_fn`` (generate's reads over HF's ``StaticCache``) and
+``slot_read`` that of ``slot_capture.CapturedReads._fn`` (the server's reads over slots): the capture code
+chooses one or the other and captures it the same way. Both leave the caches exactly as HF's forward would
+(keys and values at the same columns, the static layers' lengths), so an eager read over the same cache can
+follow a fused one. The regions are ``fused.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+from transformers.cache_utils import StaticCache
+
+from . import fused
+from .graphs import Step
+from .slots import SlotCache, read_piece
+
+logger = logging.getLogger(__name__)
+
+
+class Regions:
+    """The region functions of one model, compiled (``REGION_OPTIONS``) or plain (the self-check, counting ops).
+
+    Compiled regions are fresh copies of the functions per model: dynamo keeps its compiled entries (and its
+    recompile limit) per code object, and one model meets up to four shapes per region (1 or more rows x 1
+    or more tokens: dynamic shapes still specialise sizes 0 and 1), so two models would share one limit.
+    """
+
+    def __init__(self, compile: bool) -> None:
+        names = ("prologue", "static_layer", "slot_layer", "head")
+        # The functions dynamo compiles (fresh code objects when compiled: their compiled entries are this model's).
+        self.functions = {name: _fresh(getattr(fused, name)) if compile else getattr(fused, name) for name in names}
+        self.compiled = compile
+        for name, fn in self.functions.items():
+            setattr(self, name, _region(torch.compile(fn, **fused.REGION_OPTIONS)) if compile else fn)
+
+
+# How a compiled region is called: None runs it; the CPU emulation of CUDA graphs sets its own
+# (``testing/graphs.py``: a compiled region cannot run under the emulation's dispatch modes).
+region_runner = None
+
+
+def _region(compiled):
+    def call(*args):
+        return compiled(*args) if region_runner is None else region_runner(compiled, args)
+
+    call.__name__ = getattr(compiled, "__name__", "region")
+    return call
+
+
+def _fresh(fn):
+    """``fn`` with its own code object (so its compiled entries are its own)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+PLAIN = Regions(compile=False)
+
+
+def fused_regions(model: torch.nn.Module) -> Regions | None:
+    """``model``'s compiled regions (made on first use, kept on the model), or None where it cannot be fused
+    (the reason is logged once per model)."""
+    problem = fuse_problem(model)
+    if problem is not None:
+        if not getattr(model, "_r2r_fuse_logged", False):
+            object.__setattr__(model, "_r2r_fuse_logged", True)
+            logger.warning("R2R captures %s's HF forward, unfused: %s.", type(model).__name__, problem)
+        return None
+    return compiled_regions(model)
+
+
+def compiled_regions(model: torch.nn.Module) -> Regions:
+    """``model``'s compiled regions (made on first use, kept on the model)."""
+    regions = getattr(model, "_r2r_fused_regions", None)
+    if regions is None:
+        regions = Regions(compile=True)
+        object.__setattr__(model, "_r2r_fused_regions", regions)
+    return regions
+
+
+def _groups(model: torch.nn.Module) -> int:
+    config = model.config
+    return config.num_attention_heads // config.num_key_value_heads
+
+
+def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: int, regions: Regions) -> Step:
+    """``capture.read_fn`` fused: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> logits [B, V] (, hidden).
+
+    New tokens go to the columns after the cache's length, every row at the same ones (HF's rectangle); the
+    read attends the first ``span`` columns; the cache's lengths advance by the piece less ``rewind``.
+    """
+    layers, groups = cache.layers, _groups(model)
+    lengths = [layer.cumulative_length for layer in layers]
+
+    def read(ids, positions, mask, last, rewind):
+        width = ids.shape[1]
+        column = torch.arange(width, device=ids.device) + lengths[0]
+        columns = torch.arange(span, device=ids.device)
+        # A token sees the real columns up to its own; a left-padding token sees itself (no row of NaN).
+        allowed = (mask[:, None, :span].bool() & (columns <= column[:, None])) | (columns == column[:, None])
+        x, cos, sin, packed = regions.prologue(model, ids, positions, allowed, groups)
+        for layer, kv in zip(model.model.layers, layers):
+            x = regions.static_layer(layer, x, cos, sin, packed, kv.keys, kv.values, column, span)
+        delta = width - rewind
+        torch._foreach_add_(lengths, [delta] * len(lengths))  # one kernel for every layer (the scalar form syncs)
+        return regions.head(model, x.index_select(1, last)[:, 0], hidden)
+
+    return read
+
+
+def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: Regions) -> Step:
+    """``slots.forward_piece`` fused, over the first k slots: (ids, position, column, real [k, g]) -> outputs.
+
+    Padding is written to the spare column and its queries see column 0 (``slots.piece_masks``); the read
+    attends every column of the slots' capacity (captured reads have fixed shapes).
+    """
+    groups, span = _groups(model), cache.capacity
+    allocate(model, cache)
+
+    def read(ids, position, column, real):
+        columns = torch.arange(span, device=ids.device)
+        allowed = torch.where(real[..., None], columns <= position[..., None], columns == 0)
+        x, cos, sin, packed = regions.prologue(model, ids, position, allowed, groups)
+        for i, layer in enumerate(model.model.layers):
+            x = regions.slot_layer(layer, x, cos, sin, packed, cache.keys[i], cache.values[i], column, span)
+        return regions.head(model, x[:, -1], hidden)
+
+    return read
+
+
+def allocate(model: torch.nn.Module, cache: SlotCache) -> None:
+    """Allocate the slot buffers HF's first write would (a fused read writes into them directly)."""
+    config = model.config
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    weight = model.get_input_embeddings().weight
+    for store in (cache.keys, cache.values):
+        for i, buffer in enumerate(store):
+            if buffer is None:
+                store[i] = weight.new_zeros(cache.slots, config.num_key_value_heads, cache.capacity + 1, dim)
+
+
+# ------------------------------------------------------------------ the guard
+def fuse_problem(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s reads cannot be fused, or None when they can (checked once per model).
+
+    The structure is checked by name; then the fused read (uncompiled) of a short sequence in two slots is
+    compared with the model's own forward, so a variant that computes otherwise is caught.
+    """
+    known = getattr(model, "_r2r_fuse_problem", False)
+    if known is not False:
+        return known
+    problem = _structure_problem(model)
+    if problem is None:
+        problem = _self_check(model)
+    object.__setattr__(model, "_r2r_fuse_problem", problem)
+    return problem
+
+
+def _structure_problem(model: torch.nn.Module) -> str | None:
+    config = model.config
+    if config.model_type not in fused.FUSABLE:
+        return f"its architecture {config.model_type!r} is not one fused here ({', '.join(fused.FUSABLE)})"
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention") or not torch._dynamo.is_dynamo_supported():
+        return "this torch cannot compile (torch.compile is not supported here)"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "it has sliding-window layers"
+    if config.model_type == "mistral" and getattr(config, "sliding_window", None):
+        return "its attention slides over a window"
+    inner = getattr(model, "model", None)
+    needed = ("embed_tokens", "rotary_emb", "layers", "norm")
+    if inner is None or not all(hasattr(inner, name) for name in needed) or not hasattr(model, "lm_head"):
+        return "its modules are not named as HF's decoders name them"
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")):
+            return "its attention is not HF's q/k/v/o projections"
+        if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
+            return "its decoder layer is not norm-attention-norm-MLP"
+    return None
+
+
+def _self_check(model: torch.nn.Module) -> str | None:
+    device = model.get_input_embeddings().weight.device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.arange(7, device=device)[None] * 37 % vocab
+    with torch.inference_mode():
+        want = model(input_ids=ids, use_cache=False).logits[0, -1].float()
+        tokens = torch.stack([ids[0].flip(0), ids[0]])  # slot 0 holds other tokens, read beside slot 1
+        cache = SlotCache(model.config.num_hidden_layers, 2, 8)
+        try:
+            read_piece(model, cache, tokens, [0, 1], [0, 0], [3, 4])  # HF's forward fills the first columns
+            got = _fused_piece(model, cache, tokens, start=4, count=3)
+        except Exception as err:  # noqa: BLE001 - any failure means: not this way
+            return f"its fused forward failed ({type(err).__name__}: {err})"
+    scale = want.abs().max().clamp(min=1e-6)
+    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
+    if not bool(((got - want).abs().max() / scale) <= tolerance):
+        return "its fused logits differ from its own forward"
+    return None
+
+
+def _fused_piece(model, cache: SlotCache, tokens: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """Slot 1's logits after reading ``count`` more tokens through the plain fused regions (slot 0 idle)."""
+    from .slots import piece_inputs
+
+    inputs = piece_inputs(tokens, [0, 1], [0, start], [0, count], count, cache.trash)
+    read = slot_read(model, cache, hidden=False, regions=PLAIN)
+    return read(**inputs)[0][1].float()
