@@ -13,13 +13,16 @@ last: an H200 measured them before. Each budget is that phase's deadline (H200, 
 estimated from the review's cost model, x ~2.5):
 
   conditions 1 / 30 s, build (random weights) 20 / 90 s,
-  r2r_captured_1   R2R on CUDA graphs at p = 0 / 0.05 / 0.1 / 0.2: what the device is lent for  25 / 75 s
+  r2r_captured_1   R2R on CUDA graphs of fused reads (core/fused.py) at p = 0 / 0.05 / 0.1 / 0.2, the
+                   regions' cold compile inside its first calls: what the device is lent for     60 / 120 s
   llm_graphs_1     the LLM's one-token step replayed on graphs: R2R's denominator              10 / 40 s
   slm_graphs_1     the SLM's, the same way: the never-route target's baseline                   3 / 20 s
   components_1     captured t_SLM, t_router, t_LLM per bucket; the cost model (loop efficiency) 15 / 45 s
-  agreement        teacher-forced bf16 logits, captured vs eager (the README's tolerance)      10 / 40 s
+  r2r_unfused_1    the same at p = 0.1 on graphs of HF's forward (--unfused-graphs): fusing's gain 15 / 40 s
+  agreement        teacher-forced bf16 logits, captured (fused) vs eager (the README's tolerance) 10 / 40 s
   serving          the engine under load at concurrency 1 / 8 / 16 (gpu_serve.py), p = 0.1: captured
                    waiting, the LLM alone, captured m = 1, eager; HF's generate_batch         ~100 / 120 s
+                   (on graphs of HF's forward: the slot regions' compile would not fit its budget too)
   r2r_captured_8, llm_graphs_8, slm_graphs_8, components_8: a prediction (1.3-1.5x)        60 / 180 s
   llm_eager_1, slm_eager_1, r2r_eager_1 (p = 0.1), llm_eager_8                              70 / 140 s
   compiled_llm     HF's compiled llm.generate, batch 1, in a fresh process          at least 150 s
@@ -108,7 +111,7 @@ def build(plan: Plan) -> R2RForCausalLM:
     if plan.emulate:
         from r2r_hf.testing.graphs import emulated_store
 
-        model.capture_store = emulated_store()
+        model.capture_store = emulated_store(fuse=True)  # the fused path, compiled on the CPU (tiny: seconds)
     return model
 
 
@@ -132,8 +135,26 @@ def r2r_captured(model, plan: Plan, batch: int, prompt: torch.Tensor, gen: dict,
             run["tokens_per_s"] = 1e3 * batch / run["ms_per_token"]
             runs.append(run)
             report.put("r2r_captured", str(batch), runs)
+            fused = model.capture_store.state.fused  # what ran: a region that failed to compile fell back
+            report.put("fused", str(batch), {role: regions is not None for role, regions in fused.items()})
     finally:
         model.router = router
+
+
+def r2r_unfused(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Report) -> None:
+    """R2R at p = 0.1, batch 1, on graphs of HF's own forward (what ``--unfused-graphs`` captures)."""
+    store, router = model.capture_store, model.router
+    forced = ForcedRouter(router, 1, plan.tokens)
+    forced.set_schedule(decisions(plan, 0.1, 1))
+    store.fuse, model.router = False, forced
+    try:
+        call = lambda: model.generate(prompt, **gen, cache_implementation="static", threshold=0.5)  # noqa: E731
+        run = {"p": 0.1, "first_call_s": first_call(call, plan.device)}
+        run["ms_per_token"] = 1e3 * timed(call, plan.device, plan.repeats) / plan.tokens
+        report.put("r2r_unfused_ms", "1", run)
+    finally:
+        store.fuse, model.router = True, router
+        store.clear()  # the next phase captures fused reads again
 
 
 def components(model, plan: Plan, batch: int, prompt: torch.Tensor, gen: dict, report: Report) -> None:
@@ -208,6 +229,10 @@ def ratios(report: Report) -> None:
             never[batch] = zero[0] / slm
     report.put("speedups", None, found)
     report.put("never_route_over_slm_graphs", None, never)
+    unfused, fused = d.get("r2r_unfused_ms", {}).get("1"), [r for r in d.get("r2r_captured", {}).get("1", [])
+                                                            if r["p"] == 0.1]
+    if unfused and fused:  # issue 32: the fused graphs' gain over HF's forward captured
+        report.put("fused_over_unfused", "1", unfused["ms_per_token"] / fused[0]["ms_per_token"])
 
 
 def serving(model, plan: Plan, report: Report) -> None:
@@ -250,8 +275,9 @@ def phases(plan: Plan, report: Report, ctx: dict) -> list[Phase]:
         return Phase(f"{role}_eager_{batch}", {"llm": 45, "slm": 20, "r2r": 30}[role], run, ("build",))
 
     def per_batch(batch: int) -> list[Phase]:
-        return [Phase(f"r2r_captured_{batch}", 75, lambda: r2r_captured(ctx["model"], plan, batch, ctx["prompts"][batch],
-                                                                         gen, report), ("build",)),
+        first = batch == plan.batches[0]  # the regions compile in batch 1's first calls
+        return [Phase(f"r2r_captured_{batch}", 120 if first else 75,
+                      lambda: r2r_captured(ctx["model"], plan, batch, ctx["prompts"][batch], gen, report), ("build",)),
                 graphs("llm", batch), graphs("slm", batch),
                 Phase(f"components_{batch}", 45, lambda: components(ctx["model"], plan, batch, ctx["prompts"][batch],
                                                                      gen, report), ("build",))]
@@ -260,6 +286,8 @@ def phases(plan: Plan, report: Report, ctx: dict) -> list[Phase]:
     return [Phase("conditions", 30, lambda: report.put("conditions", None, conditions(plan))),
             Phase("build", 90, make),
             *per_batch(one),
+            Phase("r2r_unfused_1", 40, lambda: r2r_unfused(ctx["model"], plan, ctx["prompts"][one], gen, report),
+                  ("build",)),
             Phase("agreement", 40, lambda: bf16_agreement(ctx["model"], plan, report), ("build",)),
             Phase("serving", plan.serve_budget_s, lambda: serving(ctx["model"], plan, report), ("build",)),
             *[p for b in more for p in per_batch(b)],

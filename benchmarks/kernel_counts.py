@@ -1,17 +1,23 @@
-"""Kernels one captured step launches: aten ops of one forward, counted as the GPU review counted them.
+"""Kernels one captured step launches, before and after fusing (issue 32), as the GPU review counted them.
 
-    python -m benchmarks.kernel_counts            # 1.5B and 32B shapes, bf16, on the meta device (no memory)
+    python -m benchmarks.kernel_counts            # 1.5B and 32B shapes, bf16
 
 A CUDA graph replays every kernel its capture launched; on a GPU each dependent tiny kernel costs ~1.5-2.5 us
-even inside a graph (issue 32), so the count bounds a captured step from below. Counted with a
-``TorchDispatchMode`` over one forward (views and metadata-only ops excluded: they launch nothing), on the
-meta device, so a 32B costs nothing to build. Two captured reads are counted:
+even inside a graph (issue 32), so the count bounds a captured step from below. Four captured reads:
 
-* ``generate``'s (``core/capture.read_fn``): HF's static cache, a 2-D mask HF turns into a 4-D one;
-* the server's (``core/slots.forward_piece``): slots, one prepared 4-D mask for every layer.
+* HF's forward (what ``--unfused-graphs`` captures): ``generate``'s read over HF's static cache
+  (``core/capture.read_fn``) and the server's over slots (``core/slots.forward_piece``). Counted with a
+  ``TorchDispatchMode`` over one forward (views and metadata-only ops excluded: they launch nothing), on the
+  meta device, so a 32B costs nothing to build.
+* the fused reads (``core/fused_reads``: ``static_read``, ``slot_read``). The ops outside the compiled regions
+  are counted the same way; each region's kernels are read from the code inductor generated for it (its
+  wrapper's ``call``: fused kernels, extern GEMMs, aten fallbacks such as attention), compiled on this CPU
+  (the C++ backend; Triton's groups on a GPU are the same kind of fusion, the count is a proxy) from a model
+  of the same shapes with 2 decoder layers (one compiled layer serves all), then scaled to the real depth:
+  total = outside + prologue + layers x layer + head. Cold compile times (no inductor cache) are measured
+  too: the first shape's, and the recompile a second shape (an 8-token catch-up) costs.
 
-Both replay HF's unfused eager forward (norms, rotary, casts, the KV write): fusing it is issue 32's second half.
-Writes benchmarks/results/kernel_counts.json.
+Writes benchmarks/results/kernel_counts.json (``--out``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import time
 from pathlib import Path
 
@@ -27,9 +34,12 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.speed_parts import random_model
+from torch._inductor.utils import run_and_get_code
+from torch.utils._python_dispatch import _disable_current_modes
 from transformers.cache_utils import StaticCache
 
-from r2r_hf.core.capture import read_fn
+from r2r_hf.core import fused_reads
+from r2r_hf.core.capture import read_fn, static_cache
 from r2r_hf.core.slots import SlotCache, forward_piece, piece_inputs
 
 # Ops that only reshape or alias memory: no kernel runs for them.
@@ -83,24 +93,113 @@ def slot_read(model, rows: int, tokens: int, context: int, hidden: bool) -> coll
     return count(forward_piece, model, cache, **inputs, used=cache.capacity, hidden=hidden)
 
 
+# A launch in inductor's wrapper code: a fused kernel (C++ or Triton), an extern GEMM or an aten fallback.
+LAUNCH = re.compile(r"^\s+(?:\w+ = )?(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|(?:torch\.ops\.)?aten\.[\w.]+)\(",
+                    re.M)
+
+
+def launches(wrapper: str) -> collections.Counter:
+    """The kernels one call of a compiled graph launches, by kind, from its wrapper code's ``call``."""
+    start = wrapper.index("def call(")
+    body = wrapper[start : re.compile(r"\n\s+return ").search(wrapper, start).start()]
+    kinds = collections.Counter()
+    for name in LAUNCH.findall(body):
+        kinds["fused" if name.startswith(("cpp_fused", "triton_")) else
+              "gemm" if name.startswith("extern_kernels") else name.split("(")[0]] += 1
+    return kinds
+
+
+class RegionLaunches:
+    """``fused_reads.region_runner`` for counting: each region's first call compiles it (timed, its code kept);
+    every call runs outside the counting mode and is tallied by region."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, collections.Counter] = {}
+        self.compile_s: dict[str, float] = {}
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, fn, args: tuple):
+        name = fn.__name__
+        with _disable_current_modes():
+            if name not in self.kernels:
+                start = time.perf_counter()
+                out, code = run_and_get_code(fn, *args)
+                self.compile_s[name] = time.perf_counter() - start
+                self.kernels[name] = sum((launches(c) for c in code), collections.Counter())
+            else:
+                out = fn(*args)
+        self.calls[name] += 1
+        return out
+
+
+def fused_read(name: str, rows: int, tokens: int, context: int, hidden: bool, server: bool) -> dict:
+    """Kernels of one fused read of ``name``'s shapes: outside the regions, per region, in all; compile times."""
+    depth = random_model(name, torch.bfloat16, "meta", seed=0).config.num_hidden_layers
+    model = random_model(name, torch.bfloat16, "cpu", seed=0, layers=2)
+    regions, runner, capacity = fused_reads.Regions(compile=True), RegionLaunches(), context + 64
+    if server:
+        cache = SlotCache(model.config.num_hidden_layers, rows, capacity)
+        read = fused_reads.slot_read(model, cache, hidden, regions)
+        buffer = torch.zeros(rows, capacity, dtype=torch.long)
+
+        def inputs(width):
+            return piece_inputs(buffer, list(range(rows)), [context] * rows, [width] * rows, width, cache.trash)
+    else:
+        cache = static_cache(model, rows, capacity)
+        read = fused_reads.static_read(model, cache, hidden, capacity, regions)
+
+        def inputs(width):
+            return {"ids": torch.zeros(rows, width, dtype=torch.long),
+                    "positions": torch.arange(width).expand(rows, width) + context,
+                    "mask": torch.ones(rows, capacity, dtype=torch.long), "last": torch.tensor([width - 1]),
+                    "rewind": torch.tensor(width)}
+    torch._inductor.config.fx_graph_cache = False  # cold compiles: the times are what a first start costs
+    previous, fused_reads.region_runner = fused_reads.region_runner, runner
+    try:
+        with torch.inference_mode():
+            one = inputs(1)  # made before counting: the loop makes them for itself
+            with Kernels() as outside:
+                read(**one)
+            first = dict(runner.compile_s)
+            runner.kernels.clear()
+            read(**inputs(8))  # a second shape: the regions recompile once, with dynamic sizes
+    finally:
+        fused_reads.region_runner = previous
+    per_region = {region: sum(kinds.values()) for region, kinds in runner.kernels.items()}
+    kind = "slot" if server else "static"
+    layer = f"{kind}_layer"
+    regions_total = per_region[f"{kind}_prologue"] + depth * per_region[layer] + per_region["head"]
+    outside_total = sum(outside.counts.values())
+    return {"kernels": outside_total + regions_total, "outside": outside_total, "outside_top": outside.counts.most_common(8),
+            "per_region": per_region, "layer_kinds": dict(runner.kernels[layer]), "layers": depth,
+            "compile_s": {"first_shape": {k: round(v, 1) for k, v in first.items()},
+                          "second_shape": {k: round(v, 1) for k, v in runner.compile_s.items()}}}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results/kernel_counts.json")
     parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--models", default="qwen2.5-1.5b:slm,qwen2.5-32b:llm", help="NAME:ROLE,... (speed_parts)")
     args = parser.parse_args(argv)
-    out = {"conditions": {"dtype": "bfloat16", "device": "meta", "transformers": transformers.__version__,
-                          "torch": torch.__version__, "context": args.context, "date": time.strftime("%Y-%m-%d"),
-                          "method": "aten ops of one forward under a TorchDispatchMode, views excluded"}, "counts": {}}
-    for name, role in (("qwen2.5-1.5b", "slm"), ("qwen2.5-32b", "llm")):
+    out = {"conditions": {"dtype": "bfloat16", "transformers": transformers.__version__, "torch": torch.__version__,
+                          "context": args.context, "rows": 1, "tokens": 1, "date": time.strftime("%Y-%m-%d"),
+                          "threads": torch.get_num_threads(),
+                          "hf": "aten ops of one forward under a TorchDispatchMode, views excluded (meta device)",
+                          "fused": "aten ops outside the regions (the same mode) + each region's launches in "
+                                   "inductor's wrapper code (CPU, C++ backend), x the layers"}, "counts": {}}
+    for name, role in (pair.split(":") for pair in args.models.split(",")):
         model = random_model(name, torch.bfloat16, "meta", seed=0)
         model.config._attn_implementation = "sdpa"
         hidden = role == "slm"
-        for label, fn in (("generate (HF static cache)", generate_read), ("server (slots)", slot_read)):
+        for label, fn, server in (("generate", generate_read, False), ("server", slot_read, True)):
             counts = fn(model, 1, 1, args.context, hidden)
-            out["counts"][f"{name} one-token step, {label}"] = {"kernels": sum(counts.values()),
-                                                                "top": counts.most_common(12)}
-            print(name, label, sum(counts.values()), counts.most_common(8), flush=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+            hf = {"kernels": sum(counts.values()), "top": counts.most_common(12)}
+            fused = fused_read(name, 1, 1, args.context, hidden, server)
+            out["counts"][f"{name} one-token step, {label}"] = {"hf": hf, "fused": fused}
+            print(f"{name} {label}: HF {hf['kernels']}, fused {fused['kernels']} (outside {fused['outside']}, "
+                  f"regions {fused['per_region']}, compile {fused['compile_s']})", flush=True)
+            Path(args.out).write_text(json.dumps(out, indent=1))  # after every number
     return out
 
 

@@ -33,10 +33,12 @@ CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.jso
 CHUNKS = (1, 2, 5, 10, 20, 64)  # catch-up chunk lengths whose eager cost is measured
 
 
-def random_model(name: str, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
+def random_model(name: str, dtype: torch.dtype, device: str, seed: int, layers: int | None = None) -> Qwen2ForCausalLM:
+    """A random ``name`` (``CONFIGS``) in ``dtype`` on ``device``; ``layers`` keeps that many of its decoder layers."""
     torch.manual_seed(seed)
+    config = {**CONFIGS[name], **({"num_hidden_layers": layers} if layers else {})}
     with torch.device(device):  # built in ``dtype`` on the device: a 32B in fp32 would not fit beside itself
-        model = Qwen2ForCausalLM._from_config(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096), dtype=dtype)
+        model = Qwen2ForCausalLM._from_config(Qwen2Config(**config, max_position_embeddings=4096), dtype=dtype)
     return model.eval()
 
 

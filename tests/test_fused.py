@@ -141,7 +141,7 @@ def test_a_region_that_fails_to_compile_falls_back_to_hfs_forward(tok, caplog, m
         raise RuntimeError("inductor could not build this kernel")
 
     for m in (slm, llm):
-        fused_reads.compiled_regions(m).prologue = broken
+        fused_reads.compiled_regions(m).static_prologue = broken
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     with caplog.at_level(logging.WARNING):
         fast = _generate(model, enc, 0.0, False, cache_implementation="static")
@@ -149,3 +149,20 @@ def test_a_region_that_fails_to_compile_falls_back_to_hfs_forward(tok, caplog, m
     assert model.capture_store.state.fused == {"slm": None, "llm": None}
     assert any("did not compile" in r.getMessage() and "inductor could not build" in r.getMessage()
                for r in caplog.records)
+
+
+def test_packed_weights_are_views_of_the_models_own_and_save_and_train_as_before(tmp_path):
+    model = make_tiny_slm()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with torch.inference_mode():  # as the capture packs them
+        qkv, _, gate_up, _ = fused.layer_weights(model.model.layers[0])
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert attn.q_proj.weight.data_ptr() == qkv.data_ptr() and mlp.gate_proj.weight.data_ptr() == gate_up.data_ptr()
+    assert torch.equal(attn.v_proj.weight, before["model.layers.0.self_attn.v_proj.weight"])
+    model.save_pretrained(tmp_path)
+    again = type(model).from_pretrained(tmp_path)
+    assert all(torch.equal(value, before[name]) for name, value in again.state_dict().items())
+    model.train()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model(input_ids=ids, labels=ids).loss.backward()  # not inference tensors: a training step still works
+    assert attn.k_proj.weight.grad is not None and mlp.up_proj.weight.grad is not None

@@ -3,15 +3,18 @@
 Why: a CUDA graph replays every kernel its capture launched, and HF's eager forward launches ~1,150 per 1.5B
 token (RMSNorm's casts, rotary, the KV write, ``repeat_kv`` copies of the cache, a mask per layer), most of
 them tiny: at ~2 us each inside a graph they, not the weights, set a captured step's time (issue 32). Here a
-read is written as three small functions over explicit tensors, each compiled once by inductor without its
-own CUDA graphs (``REGION_OPTIONS``), and the whole read is then captured as before (``graphs.py``):
+read is written as small functions over explicit tensors, each compiled once by inductor without its own
+CUDA graphs (``REGION_OPTIONS``), and the whole read is then captured as before (``graphs.py``):
 
-* ``prologue``: the embedding, the rotary cos/sin and the one attention mask of the forward;
-* ``layer``: a decoder layer through HF's own submodules (norms, projections, MLP, the modeling file's
-  ``apply_rotary_pos_emb``). The same compiled code serves every layer of a model (the layer's weights and
-  its K/V buffers are inputs, not constants), so a cold compile costs one layer's, not the model's. GQA
-  attends without copying the cache per query head: the query heads of one KV head are read as rows of one
-  attention (``packed_queries``), which every sdpa kernel takes with a mask;
+* a prologue (``static_prologue``, ``slot_prologue``): the embedding, the rotary cos/sin and the one attention
+  mask of the forward;
+* a layer (``static_layer``, ``slot_layer``): a decoder layer through HF's own submodules (norms, o/down
+  projections, the modeling file's ``apply_rotary_pos_emb``), with q/k/v and gate/up each one GEMM over
+  packed weights (``pack``: the HF parameters become views of them, nothing is copied). The same compiled
+  code serves every layer of a model (the layer's weights and its K/V buffers are inputs, not constants), so
+  a cold compile costs one layer's, not the model's. GQA attends without copying the cache per query head:
+  the query heads of one KV head are read as rows of one attention (``packed_queries``), which every sdpa
+  kernel takes with a mask;
 * ``head``: the final norm and ``lm_head`` at the last real token (and the SLM's post-norm hidden state).
 
 Attention reads the filled columns only, rounded up to a power of two (``attended``), decided on the host
@@ -48,6 +51,44 @@ def attended(filled: int, capacity: int) -> int:
     return min(span, capacity)
 
 
+# ------------------------------------------------------------------ packed projections
+def pack(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for linears that read the same input: one GEMM and one epilogue instead of three.
+
+    The linears' own parameters become views of it: the same values in the same memory, so HF's forward, a
+    saved checkpoint (disjoint views are saved apart) and the memory used are unchanged. Made outside any
+    inference mode, so the parameters stay usable for training."""
+    with torch.inference_mode(False), torch.no_grad():
+        weight = torch.cat([linear.weight for linear in linears])
+        biased = linears[0].bias is not None
+        bias = torch.cat([linear.bias for linear in linears]) if biased else None
+        sizes = [linear.out_features for linear in linears]
+        for linear, w, b in zip(linears, weight.split(sizes), bias.split(sizes) if biased else [None] * len(sizes)):
+            linear.weight.data = w
+            if biased:
+                linear.bias.data = b
+    return weight, bias
+
+
+def packable(linears: list[torch.nn.Module]) -> bool:
+    """Plain ``nn.Linear`` layers (no quantised or offloaded weights, no hooks) alike in device, dtype and bias."""
+    first = linears[0]
+    return all(type(m) is torch.nn.Linear and not getattr(m, "_hf_hook", None) and not m._forward_hooks
+               and not m._forward_pre_hooks and m.weight.device == first.weight.device != torch.device("meta")
+               and m.weight.dtype == first.weight.dtype and (m.bias is None) == (first.bias is None)
+               for m in linears)
+
+
+def layer_weights(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """(q/k/v weight, its bias or None, gate/up weight, its bias or None) of a layer, packed on first use."""
+    packed = getattr(layer, "_r2r_packed", None)
+    if packed is None:
+        attn, mlp = layer.self_attn, layer.mlp
+        packed = (*pack([attn.q_proj, attn.k_proj, attn.v_proj]), *pack([mlp.gate_proj, mlp.up_proj]))
+        object.__setattr__(layer, "_r2r_packed", packed)  # not a submodule or parameter: state_dict is unchanged
+    return packed
+
+
 # ------------------------------------------------------------------ the regions (pure functions of tensors)
 def prologue(model: torch.nn.Module, ids: torch.Tensor, position: torch.Tensor, allowed: torch.Tensor, groups: int):
     """Embeddings [B, b, H], rotary (cos, sin) [B, b, D] and the packed mask [B, 1, G*b, L] of one forward.
@@ -62,6 +103,23 @@ def prologue(model: torch.nn.Module, ids: torch.Tensor, position: torch.Tensor, 
     return x, cos, sin, mask.contiguous()  # one layout whatever the compiled entry (a graph keeps its capture's)
 
 
+def static_prologue(model, ids, positions, mask, lengths, groups: int, span: int):
+    """``prologue`` over HF's static cache: the new tokens' columns follow ``lengths`` [] (every row alike); a
+    token sees the real columns (``mask`` [B, L]) up to its own, a left-padding token itself (no row of NaN)."""
+    width = ids.shape[1]
+    column = torch.arange(width, device=ids.device) + lengths
+    columns = torch.arange(span, device=ids.device)
+    allowed = (mask[:, None, :span].bool() & (columns <= column[:, None])) | (columns == column[:, None])
+    return (*prologue(model, ids, positions, allowed, groups), column)
+
+
+def slot_prologue(model, ids, position, real, groups: int, span: int):
+    """``prologue`` over slots: a real token sees its row's columns up to its position, padding column 0."""
+    columns = torch.arange(span, device=ids.device)
+    allowed = torch.where(real[..., None], columns <= position[..., None], columns == 0)
+    return prologue(model, ids, position, allowed, groups)
+
+
 def packed_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """[B, H, b, D] -> [B, Hkv, G*b, D]: query head ``h`` reads KV head ``h // G`` (HF's ``repeat_kv``), so the G
     query heads of one KV head become G*b rows of one attention over that head's keys: no copy of the cache."""
@@ -69,12 +127,14 @@ def packed_queries(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return q.reshape(rows, kv_heads, (heads // kv_heads) * width, dim)
 
 
-def project(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """The layer's queries [B, H, b, D] and keys, values [B, Hkv, b, D] (rotary applied), as HF computes them."""
+def project(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qkv, qkv_bias):
+    """The layer's queries [B, H, b, D] and keys, values [B, Hkv, b, D] (rotary applied), as HF computes them,
+    from one packed GEMM (``pack``)."""
     attn = layer.self_attn
     h = layer.input_layernorm(x)
+    sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
     shape = (*h.shape[:-1], -1, attn.head_dim)
-    q, k, v = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape), attn.v_proj(h).view(shape)
+    q, k, v = (part.view(shape) for part in F.linear(h, qkv, qkv_bias).split(sizes, dim=-1))
     if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before rotary
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -83,37 +143,41 @@ def project(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: tor
     return q, k, v
 
 
-def attend_and_finish(layer, x, q, keys, values, mask):
-    """Attention of ``q`` over ``keys``/``values`` [B, Hkv, L, D] under ``mask``, then the rest of the layer."""
-    attn = layer.self_attn
+def attend_and_finish(layer, x, q, keys, values, mask, gate_up, gate_up_bias):
+    """Attention of ``q`` over ``keys``/``values`` [B, Hkv, L, D] under ``mask``, then the rest of the layer (its
+    MLP's gate and up projections as one packed GEMM)."""
+    attn, mlp = layer.self_attn, layer.mlp
     rows, heads, width, dim = q.shape
     out = F.scaled_dot_product_attention(packed_queries(q, keys.shape[1]), keys, values, attn_mask=mask,
                                          scale=attn.scaling)
     out = out.reshape(rows, heads, width, dim).transpose(1, 2).reshape(rows, width, heads * dim)
     x = x + attn.o_proj(out)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    gate, up = F.linear(layer.post_attention_layernorm(x), gate_up, gate_up_bias).chunk(2, dim=-1)
+    return x + mlp.down_proj(mlp.act_fn(gate) * up)
 
 
-def static_layer(layer, x, cos, sin, mask, keys, values, column, span: int):
+def static_layer(layer, x, cos, sin, mask, keys, values, column, weights, span: int):
     """One layer over HF's static cache: the new K/V go to ``column`` [b] of every row; attention reads ``span``."""
-    q, k, v = project(layer, x, cos, sin)
+    q, k, v = project(layer, x, cos, sin, weights[0], weights[1])
     keys.index_copy_(2, column, k)
     values.index_copy_(2, column, v)
-    return attend_and_finish(layer, x, q, keys[:, :, :span], values[:, :, :span], mask)
+    return attend_and_finish(layer, x, q, keys[:, :, :span], values[:, :, :span], mask, weights[2], weights[3])
 
 
-def slot_layer(layer, x, cos, sin, mask, keys, values, column, span: int):
+def slot_layer(layer, x, cos, sin, mask, keys, values, column, weights, span: int):
     """One layer over slots: row ``r``'s new K/V go to its ``column[r]`` [k, b]; rows are the first k slots."""
-    q, k, v = project(layer, x, cos, sin)
+    q, k, v = project(layer, x, cos, sin, weights[0], weights[1])
     rows = torch.arange(x.shape[0], device=x.device)[:, None]
     keys[rows, :, column] = k.transpose(1, 2)
     values[rows, :, column] = v.transpose(1, 2)
     count = x.shape[0]
-    return attend_and_finish(layer, x, q, keys[:count, :, :span], values[:count, :, :span], mask)
+    return attend_and_finish(layer, x, q, keys[:count, :, :span], values[:count, :, :span], mask, weights[2],
+                             weights[3])
 
 
-def head(model: torch.nn.Module, x: torch.Tensor, hidden: bool):
-    """Logits [B, V] (and the post-norm hidden state [B, H]) at ``x`` [B, H], the last real token."""
-    h = model.model.norm(x)
+def head(model: torch.nn.Module, x: torch.Tensor, last: torch.Tensor | None, hidden: bool):
+    """Logits [B, V] (and the post-norm hidden state [B, H]) at token ``last`` [1] of ``x`` [B, b, H] (None: the
+    last token)."""
+    h = model.model.norm(x[:, -1] if last is None else x.index_select(1, last)[:, 0])
     logits = model.lm_head(h)
     return (logits, h) if hidden else (logits,)

@@ -31,7 +31,7 @@ class Regions:
     """
 
     def __init__(self, compile: bool) -> None:
-        names = ("prologue", "static_layer", "slot_layer", "head")
+        names = ("static_prologue", "slot_prologue", "static_layer", "slot_layer", "head")
         # The functions dynamo compiles (fresh code objects when compiled: their compiled entries are this model's).
         self.functions = {name: _fresh(getattr(fused, name)) if compile else getattr(fused, name) for name in names}
         self.compiled = compile
@@ -94,19 +94,14 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
     """
     layers, groups = cache.layers, _groups(model)
     lengths = [layer.cumulative_length for layer in layers]
+    weights = [fused.layer_weights(layer) for layer in model.model.layers]
 
     def read(ids, positions, mask, last, rewind):
-        width = ids.shape[1]
-        column = torch.arange(width, device=ids.device) + lengths[0]
-        columns = torch.arange(span, device=ids.device)
-        # A token sees the real columns up to its own; a left-padding token sees itself (no row of NaN).
-        allowed = (mask[:, None, :span].bool() & (columns <= column[:, None])) | (columns == column[:, None])
-        x, cos, sin, packed = regions.prologue(model, ids, positions, allowed, groups)
-        for layer, kv in zip(model.model.layers, layers):
-            x = regions.static_layer(layer, x, cos, sin, packed, kv.keys, kv.values, column, span)
-        delta = width - rewind
-        torch._foreach_add_(lengths, [delta] * len(lengths))  # one kernel for every layer (the scalar form syncs)
-        return regions.head(model, x.index_select(1, last)[:, 0], hidden)
+        x, cos, sin, packed, column = regions.static_prologue(model, ids, positions, mask, lengths[0], groups, span)
+        for layer, kv, w in zip(model.model.layers, layers, weights):
+            x = regions.static_layer(layer, x, cos, sin, packed, kv.keys, kv.values, column, w, span)
+        torch._foreach_add_(lengths, [ids.shape[1] - rewind] * len(lengths))  # one kernel (the scalar form syncs)
+        return regions.head(model, x, last, hidden)
 
     return read
 
@@ -118,15 +113,14 @@ def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: R
     attends every column of the slots' capacity (captured reads have fixed shapes).
     """
     groups, span = _groups(model), cache.capacity
+    weights = [fused.layer_weights(layer) for layer in model.model.layers]
     allocate(model, cache)
 
     def read(ids, position, column, real):
-        columns = torch.arange(span, device=ids.device)
-        allowed = torch.where(real[..., None], columns <= position[..., None], columns == 0)
-        x, cos, sin, packed = regions.prologue(model, ids, position, allowed, groups)
-        for i, layer in enumerate(model.model.layers):
-            x = regions.slot_layer(layer, x, cos, sin, packed, cache.keys[i], cache.values[i], column, span)
-        return regions.head(model, x[:, -1], hidden)
+        x, cos, sin, packed = regions.slot_prologue(model, ids, position, real, groups, span)
+        for i, (layer, w) in enumerate(zip(model.model.layers, weights)):
+            x = regions.slot_layer(layer, x, cos, sin, packed, cache.keys[i], cache.values[i], column, w, span)
+        return regions.head(model, x, None, hidden)
 
     return read
 
@@ -179,6 +173,12 @@ def _structure_problem(model: torch.nn.Module) -> str | None:
             return "its attention is not HF's q/k/v/o projections"
         if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
             return "its decoder layer is not norm-attention-norm-MLP"
+        mlp = layer.mlp
+        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return "its MLP is not HF's gated gate/up/down projections"
+        if not (fused.packable([attn.q_proj, attn.k_proj, attn.v_proj]) and fused.packable([mlp.gate_proj,
+                                                                                             mlp.up_proj])):
+            return "its projections are not plain nn.Linear layers on one device (quantised, offloaded or hooked)"
     return None
 
 
