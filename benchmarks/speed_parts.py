@@ -13,6 +13,7 @@ from transformers.cache_utils import DynamicCache
 from r2r_hf.compat import cache_argument
 from r2r_hf.core.capture import BUCKETS, CapturedState, kept_lengths, pieces, read_fn, static_cache
 from r2r_hf.core.features import lm_forward
+from r2r_hf.core.fused import attended
 from r2r_hf.router import Router
 
 CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
@@ -172,14 +173,17 @@ def captured_components(state: CapturedState, context: int, repeats: int, device
         return dict(ids=ids[:, context : context + bucket], positions=positions[:, context : context + bucket],
                     mask=mask, last=state.counts[bucket - 1 : bucket], rewind=state.counts[bucket])
 
-    logits, hidden = state.read("slm", 1, **piece(1))
+    def span(bucket: int) -> int:  # the columns a read at ``context`` attends (fused reads read fewer)
+        return attended(context + bucket, capacity)
+
+    logits, hidden = state.read("slm", 1, span(1), **piece(1))
     route = dict(logits=logits, hidden=hidden, token=logits.argmax(-1))
-    out = {"t_slm": timed(lambda: state.read("slm", 1, **piece(1)), device, repeats * 5),
+    out = {"t_slm": timed(lambda: state.read("slm", 1, span(1), **piece(1)), device, repeats * 5),
            "t_router": timed(lambda: state.route(**route), device, repeats * 5), "t_llm": {}}
     for bucket in BUCKETS:
         chunk = piece(bucket)
-        state.read("llm", bucket, **chunk)  # captured on first use, outside the timing
-        out["t_llm"][bucket] = timed(lambda: state.read("llm", bucket, **chunk), device, repeats * 3)
+        state.read("llm", bucket, span(bucket), **chunk)  # captured on first use, outside the timing
+        out["t_llm"][bucket] = timed(lambda: state.read("llm", bucket, span(bucket), **chunk), device, repeats * 3)
     state.reset()
     return out
 
