@@ -153,10 +153,9 @@ def fused_read(name: str, rows: int, tokens: int, context: int, hidden: bool, se
                     "positions": torch.arange(width).expand(rows, width) + context,
                     "mask": torch.ones(rows, capacity, dtype=torch.long), "last": torch.tensor([width - 1]),
                     "rewind": torch.tensor(width)}
-    torch._inductor.config.fx_graph_cache = False  # cold compiles: the times are what a first start costs
     previous, fused_reads.region_runner = fused_reads.region_runner, runner
-    try:
-        with torch.inference_mode():
+    try:  # cold compiles (no inductor cache): the times are what a first start costs
+        with torch.inference_mode(), torch._inductor.config.patch(fx_graph_cache=False):
             one = inputs(1)  # made before counting: the loop makes them for itself
             with Kernels() as outside:
                 read(**one)

@@ -30,7 +30,7 @@ from ..compat import cache_argument
 from .engines import EagerSteps, route_scores
 from .features import input_device, output_device
 from .fused import attended
-from .fused_reads import fused_regions, static_read
+from .fused_reads import capture_fused, fused_regions, static_read
 from .graphs import CompiledStep, Step, compile_options
 from .steps import Committed
 
@@ -192,13 +192,13 @@ class CapturedState:
         hidden, regions = role == "slm", self.fused[role]
         with kept_lengths(cache):
             if regions is not None:
-                try:
-                    self.reads[key] = self.capture(static_read(model, cache, hidden, span, regions), inputs)
+                step = capture_fused(self.capture, lambda: static_read(model, cache, hidden, span, regions), inputs,
+                                     f"the {role.upper()}")
+                if step is not None:
+                    self.reads[key] = step
                     return key
-                except Exception as err:  # noqa: BLE001 - a compiler's failure: capture HF's forward instead
-                    logger.warning("R2R captures the %s's HF forward: its fused read did not compile (%s: %s).",
-                                   role.upper(), type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-                    self.fused[role] = None
+                self.fused[role] = None  # every read of this model from now on, those captured already too
+                self.reads = {k: step for k, step in self.reads.items() if k[0] != role}
             key = (role, key[1], self.capacity)
             if key not in self.reads:
                 self.reads[key] = self.capture(read_fn(model, cache, hidden), inputs)

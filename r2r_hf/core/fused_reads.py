@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import types
+from collections.abc import Callable
 
 import torch
 from transformers.cache_utils import StaticCache
 
 from . import fused
 from .graphs import Step
-from .slots import SlotCache, read_piece
+from .slots import SlotCache, continuation_problem, piece_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,17 @@ def compiled_regions(model: torch.nn.Module) -> Regions:
         regions = Regions(compile=True)
         object.__setattr__(model, "_r2r_fused_regions", regions)
     return regions
+
+
+def capture_fused(capture, read: Callable[[], Step], example: dict, who: str) -> Step | None:
+    """``capture(read(), example)``: a fused read captured, or None after any failure (a compiler's), said once
+    per model by the caller turning fusing off; the caller then captures HF's forward instead."""
+    try:
+        return capture(read(), example)
+    except Exception as err:  # noqa: BLE001 - whatever inductor raises: capture HF's forward instead
+        logger.warning("R2R captures %s's HF forward: its fused read did not compile (%s: %s).", who,
+                       type(err).__name__, (str(err).splitlines() or [""])[0])
+        return None
 
 
 def _groups(model: torch.nn.Module) -> int:
@@ -183,29 +195,12 @@ def _structure_problem(model: torch.nn.Module) -> str | None:
 
 
 def _self_check(model: torch.nn.Module) -> str | None:
-    device = model.get_input_embeddings().weight.device
-    vocab = model.get_input_embeddings().weight.shape[0]
-    ids = torch.arange(7, device=device)[None] * 37 % vocab
-    with torch.inference_mode():
-        want = model(input_ids=ids, use_cache=False).logits[0, -1].float()
-        tokens = torch.stack([ids[0].flip(0), ids[0]])  # slot 0 holds other tokens, read beside slot 1
-        cache = SlotCache(model.config.num_hidden_layers, 2, 8)
-        try:
-            read_piece(model, cache, tokens, [0, 1], [0, 0], [3, 4])  # HF's forward fills the first columns
-            got = _fused_piece(model, cache, tokens, start=4, count=3)
-        except Exception as err:  # noqa: BLE001 - any failure means: not this way
-            return f"its fused forward failed ({type(err).__name__}: {err})"
-    scale = want.abs().max().clamp(min=1e-6)
-    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
-    if not bool(((got - want).abs().max() / scale) <= tolerance):
-        return "its fused logits differ from its own forward"
-    return None
+    return continuation_problem(model, lambda cache, tokens: _fused_piece(model, cache, tokens, start=4, count=3),
+                                "its fused forward failed", "its fused logits differ from its own forward")
 
 
 def _fused_piece(model, cache: SlotCache, tokens: torch.Tensor, start: int, count: int) -> torch.Tensor:
     """Slot 1's logits after reading ``count`` more tokens through the plain fused regions (slot 0 idle)."""
-    from .slots import piece_inputs
-
     inputs = piece_inputs(tokens, [0, 1], [0, start], [0, count], count, cache.trash)
     read = slot_read(model, cache, hidden=False, regions=PLAIN)
-    return read(**inputs)[0][1].float()
+    return read(**inputs)[0][1]

@@ -26,8 +26,8 @@ import torch
 from .counters import Counters
 from .engines import Steps, route_scores
 from .features import input_device
-from .pair import RoutedPair
 from .graphs import Step
+from .pair import RoutedPair
 from .slot_capture import CapturedReads, CapturedRouter
 from .slots import SlotCache, forward_piece, piece_inputs, read_piece
 from .steps import Committed

@@ -16,7 +16,6 @@ captured is the model's ``CaptureStore``'s (CUDA graphs; the CPU emulation in te
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
@@ -24,11 +23,9 @@ import torch
 
 from .capture import BUCKETS, bucket_for
 from .engines import route_scores
-from .fused_reads import fused_regions, slot_read
+from .fused_reads import capture_fused, fused_regions, slot_read
 from .graphs import Step
 from .slots import SlotCache, forward_piece, piece_inputs
-
-logger = logging.getLogger(__name__)
 
 
 def row_buckets(slots: int) -> tuple[int, ...]:
@@ -77,16 +74,13 @@ class CapturedReads:
     def step(self, rows: int, width: int, example: dict[str, torch.Tensor]) -> Step:
         if (rows, width) not in self.steps:
             if self.regions is not None:
-                try:
-                    self.steps[rows, width] = self.capture(slot_read(self.model, self.cache, self.hidden,
-                                                                     self.regions), example)
-                    return self.steps[rows, width]
-                except Exception as err:  # noqa: BLE001 - a compiler's failure: capture HF's forward instead
-                    logger.warning("the server captures %s's HF forward: its fused read did not compile (%s: %s)",
-                                   type(self.model).__name__, type(err).__name__, (str(err).splitlines() or [''])[0])
-                    self.regions = None
-                    self.steps.clear()  # one kind of read for every bucket
-                    return self.step(rows, width, example)
+                step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions),
+                                     example, type(self.model).__name__)
+                if step is not None:
+                    self.steps[rows, width] = step
+                    return step
+                self.regions = None  # every bucket, those captured already too: one kind of read per model
+                self.steps.clear()
             self.steps[rows, width] = self.capture(self._fn(rows), example)
         return self.steps[rows, width]
 

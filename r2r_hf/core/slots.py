@@ -24,6 +24,8 @@ model cannot use slots (then the caller falls back to HF's own caches).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..compat import cache_argument
@@ -207,6 +209,16 @@ def slot_problem(model: torch.nn.Module) -> str | None:
 
 
 def _self_check(model: torch.nn.Module) -> str | None:
+    return continuation_problem(
+        model, lambda cache, tokens: read_piece(model, cache, tokens, [1], [4], [3])[0],
+        "its forward does not accept a per-row cache and mask",
+        "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask)")
+
+
+def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, differs: str) -> str | None:
+    """Whether slots read as one plain forward: a 7-token sequence's first 4 tokens are read in slot 1 by HF's
+    forward (beside other tokens in slot 0), then ``rest(cache, tokens)`` reads its last 3 and gives slot 1's
+    logits; None when they match the plain forward's, else ``failed`` (with the error) or ``differs``."""
     device = model.get_input_embeddings().weight.device
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.arange(7, device=device)[None] * 37 % vocab
@@ -216,11 +228,11 @@ def _self_check(model: torch.nn.Module) -> str | None:
         cache = SlotCache(model.config.num_hidden_layers, 2, 8)
         try:
             read_piece(model, cache, tokens, [0, 1], [0, 0], [3, 4])
-            got = read_piece(model, cache, tokens, [1], [4], [3])[0].float()
+            got = rest(cache, tokens).float()
         except Exception as err:  # noqa: BLE001 - any failure means: not this way
-            return f"its forward does not accept a per-row cache and mask ({type(err).__name__}: {err})"
+            return f"{failed} ({type(err).__name__}: {err})"
     scale = want.abs().max().clamp(min=1e-6)
     tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
     if not bool(((got - want).abs().max() / scale) <= tolerance):
-        return "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask)"
+        return differs
     return None
