@@ -43,8 +43,8 @@ else
     tests=${PIPESTATUS[0]}
 fi
 
-# 20 s above gpu_check.py's own deadline (DRY_RUN / DEVICE.deadline_s: 170 / 420 s): this is the backstop only.
-timeout $([ $DRY = 1 ] && echo 190 || echo 440) "$PY" -m benchmarks.gpu_check --out "$OUT" \
+# 20 s above gpu_check.py's own deadline (DRY_RUN / DEVICE.deadline_s: 360 / 420 s): this is the backstop only.
+timeout $([ $DRY = 1 ] && echo 380 || echo 440) "$PY" -m benchmarks.gpu_check --out "$OUT" \
     $([ $DRY = 1 ] && echo --dry-run) 2>&1 | tee "$OUT/gpu_check.log"
 check=${PIPESTATUS[0]}
 echo "tests exit $tests, measurements exit $check; results in $OUT"

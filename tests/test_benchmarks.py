@@ -360,10 +360,10 @@ def test_gpu_check_dry_run_survives_a_failing_phase(tmp_path):
     env = {**os.environ, "GPU_CHECK_TESTS": "0", "PYTHON": sys.executable, "OUT": str(tmp_path),
            "GPU_CHECK_FAIL_PHASE": "r2r_captured_1"}
     done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=240)
+                          text=True, timeout=420)  # the script's backstop is 380 s
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     assert done.returncode == 1, "a failed phase fails the check"
-    assert set(data["errors"]) == {"r2r_captured_1"}, data["errors"]
+    assert set(data["errors"]) == {"r2r_captured_1"}, (data["errors"], "phase seconds:", data["phase_s"])
     error = data["errors"]["r2r_captured_1"]
     assert error["type"] == "InjectedFailure" and error["traceback"] and "r2r_captured_1" in error["message"]
     phases = names(DRY_RUN)
