@@ -95,18 +95,24 @@ def test_the_emulation_is_the_real_step_with_only_the_cuda_primitives_replaced()
     assert EmulatedGraphStep.__call__ is CudaGraphStep.__call__, "copy-in and copy-out are the real ones"
 
 
-def test_a_host_sync_inside_the_loops_router_step_fails_generate(model, tok, monkeypatch):
+@pytest.mark.parametrize("sampling", [True, False], ids=["router step", "folded into the SLM read"])
+def test_a_host_sync_inside_the_loops_router_step_fails_generate(model, tok, monkeypatch, sampling):
     from r2r_hf.core import capture
 
-    real = capture.router_fn
+    real_step, real_fold = capture.router_fn, capture.folded
 
     def syncing_router(slm, router, k):
-        route = real(slm, router, k)
+        route = real_step(slm, router, k)
         return lambda logits, hidden, token: (route(logits, hidden, token)[0] * (logits.sum() > 0).item(),)
+
+    def syncing_fold(read, slm, router, k, vocab):
+        step = real_fold(read, slm, router, k, vocab)
+        return lambda **inputs: (*step(**inputs)[:2], step(**inputs)[2] * (inputs["ids"].sum() > 0).item())
 
     monkeypatch.setattr(model, "capture_store", emulated_store())
     monkeypatch.setattr(capture, "router_fn", syncing_router)
+    monkeypatch.setattr(capture, "folded", syncing_fold)
     enc = tok(["the old man said that he was", "water"], return_tensors="pt", padding=True)
-    with pytest.raises(HostSyncError):
-        model.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=0, threshold=0.5,
+    with pytest.raises(HostSyncError):  # greedy: the router runs inside the SLM's read; sampling: its own step
+        model.generate(**enc, max_new_tokens=4, do_sample=sampling, pad_token_id=0, threshold=0.5,
                        cache_implementation="static")

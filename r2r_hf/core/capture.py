@@ -9,7 +9,9 @@ call of the loop can be given a fixed shape, so it is captured once and replayed
   padding sits at the end of the piece, no real token attends to it, only the last real token's
   logits (and, for the SLM, hidden state) are kept, and the cache's length is wound back so the next
   piece overwrites the padding. So every read, however long, is a few replays of at most seven shapes;
-* the router on the SLM's proposal (top-k logits, the proposal's embedding, the hidden state).
+* the router on the SLM's proposal (top-k logits, the proposal's embedding, the hidden state): its own captured
+  step, or folded into the SLM's read where the proposal is the raw argmax, in the models' dtype or fp32
+  (``router_step.py``).
 
 How a step is captured (a CUDA graph of its eager forward, or ``torch.compile``) is ``graphs.py``;
 which calls run on what is ``CapturedSteps``; the static caches and captured calls of one batch
@@ -28,10 +30,11 @@ from transformers.cache_utils import StaticCache, StaticLayer
 
 from ..compat import cache_argument
 from .engines import EagerSteps, route_scores
-from .features import input_device, output_device
+from .features import HiddenStateCapture, input_device, lm_forward, output_device
 from .fused import attended
 from .fused_reads import capture_fused, fused_regions, static_read
 from .graphs import CompiledStep, Step, compile_options
+from .router_step import RouterCopy, folded, keeps_cast, router_copy, stateless
 from .steps import Committed
 
 logger = logging.getLogger(__name__)
@@ -156,65 +159,96 @@ class CapturedState:
         capture_llm: False keeps the LLM's reads eager (it cannot be captured).
         key: what the state was built for (``CaptureStore`` compares it).
         fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere.
+        vocab: the ids both models write (a folded read proposes the argmax among them).
+        router_dtype: ``"model"`` scores with a copy of the router in the SLM's dtype, ``"float32"`` with the
+            router itself (``router_step.py``).
     """
 
     def __init__(self, slm, llm, router, num_topk: int, capture: Callable[[Step, dict], Step], batch: int,
-                 capacity: int, capture_llm: bool, key: tuple = (), fuse: bool = False) -> None:
+                 capacity: int, capture_llm: bool, key: tuple = (), fuse: bool = False, vocab: int | None = None,
+                 router_dtype: str = "float32") -> None:
         self.slm, self.llm, self.router, self.num_topk = slm, llm, router, num_topk
+        self.vocab = vocab if vocab is not None else slm.get_output_embeddings().weight.shape[0]
+        self.cast: RouterCopy | None = router_copy(router, slm.dtype, router_dtype)
+        self.router_checked = self.cast is None
         self.batch, self.capacity, self.capture_llm, self.key = batch, capacity, capture_llm, key
         self.capture = capture
         self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
-        self.reads: dict[tuple[str, int, int], Step] = {}  # ("slm" | "llm", bucket, span) -> captured read
+        self.reads: dict[tuple[str, int, int, bool], Step] = {}  # (role, bucket, span, folded) -> captured read
         self.fused = {role: fused_regions(model) if fuse else None for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
         # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy.
         self.counts = torch.arange(SLACK + 1, device=output_device(llm))
 
     def reset(self) -> None:
-        """Empty both caches in place (captured calls keep pointing at the same memory)."""
+        """Empty both caches in place (captured calls keep pointing at the same memory); the cast router follows
+        the router's current values."""
         self.slm_cache.reset()
         self.llm_cache.reset()
+        if self.cast is not None:
+            self.cast.refresh()
+
+    @property
+    def scoring(self) -> torch.nn.Module:
+        """The router the captured steps score with: the cast copy, or the router itself."""
+        return self.cast.module if self.cast is not None else self.router
+
+    def check_router(self, seq: Committed) -> None:
+        """Before anything scores: the cast router against the router on the SLM's features over the first row's
+        committed tokens (at most 32); past ``router_step.SCORE_TOLERANCE`` this state scores with the router itself."""
+        self.router_checked = True
+        real = seq.mask[0, : seq.length].bool()
+        ids = seq.ids[0, : seq.length][real][-32:][None]
+        with HiddenStateCapture(self.slm) as seen:
+            logits = lm_forward(self.slm, ids, None, None, None, logits_to_keep=0)[0]
+            hidden = seen.hidden[0]
+        token = logits[:, : self.vocab].argmax(-1)
+        if not keeps_cast(self.slm, self.cast, self.num_topk, logits, hidden, token):
+            self.cast = None
 
     @property
     def buckets(self) -> set[tuple[str, int]]:
         """(role, tokens bucket) of every read captured so far."""
-        return {(role, bucket) for role, bucket, _ in self.reads}
+        return {(role, bucket) for role, bucket, _, _ in self.reads}
 
-    def read(self, role: str, bucket: int, span: int, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``role``'s model reads one piece of ``bucket`` columns attending ``span`` (captured on first use)."""
-        key = (role, bucket, span if self.fused[role] is not None else self.capacity)
+    def read(self, role: str, bucket: int, span: int, fold: bool = False, **inputs: torch.Tensor) -> tuple:
+        """``role``'s model reads one piece of ``bucket`` columns attending ``span`` (captured on first use); with
+        ``fold`` (the SLM) the read also scores its argmax proposal (``router_step.folded``)."""
+        key = (role, bucket, span if self.fused[role] is not None else self.capacity, fold)
         if key not in self.reads:
             key = self._capture(role, key, span, inputs)
         return self.reads[key](**inputs)
 
     def _capture(self, role: str, key: tuple, span: int, inputs: dict) -> tuple:
         model, cache = (self.slm, self.slm_cache) if role == "slm" else (self.llm, self.llm_cache)
-        hidden, regions = role == "slm", self.fused[role]
+        hidden, regions, fold = role == "slm", self.fused[role], key[3]
+        then = (lambda read: folded(read, self.slm, self.scoring, self.num_topk, self.vocab)) if fold else \
+            (lambda read: read)
         with kept_lengths(cache):
             if regions is not None:
-                step = capture_fused(self.capture, lambda: static_read(model, cache, hidden, span, regions), inputs,
-                                     f"the {role.upper()}")
+                step = capture_fused(self.capture, lambda: then(static_read(model, cache, hidden, span, regions)),
+                                     inputs, f"the {role.upper()}")
                 if step is not None:
                     self.reads[key] = step
                     return key
                 self.fused[role] = None  # every read of this model from now on, those captured already too
                 self.reads = {k: step for k, step in self.reads.items() if k[0] != role}
-            key = (role, key[1], self.capacity)
+            key = (role, key[1], self.capacity, fold)
             if key not in self.reads:
-                self.reads[key] = self.capture(read_fn(model, cache, hidden), inputs)
+                self.reads[key] = self.capture(then(read_fn(model, cache, hidden)), inputs)
         return key
 
     def route(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.router_step is None:
-            self.router_step = self.capture(router_fn(self.slm, self.router, self.num_topk), inputs)
+            self.router_step = self.capture(router_fn(self.slm, self.scoring, self.num_topk), inputs)
         return self.router_step(**inputs)
 
-    def read_new(self, role: str, seq: Committed, start: int) -> tuple[torch.Tensor, ...]:
+    def read_new(self, role: str, seq: Committed, start: int, fold: bool = False) -> tuple[torch.Tensor, ...]:
         """``role``'s model reads ``seq[start:]`` piece by piece; the outputs at its last token."""
         out: tuple[torch.Tensor, ...] = ()
         for tokens, bucket in pieces(seq.length - start):
             span = attended(start + bucket, self.capacity)
-            out = self.read(role, bucket, span, ids=seq.ids[:, start : start + bucket],
+            out = self.read(role, bucket, span, fold, ids=seq.ids[:, start : start + bucket],
                             positions=seq.positions[:, start : start + bucket], mask=seq.mask,
                             last=self.counts[tokens - 1 : tokens], rewind=self.counts[bucket - tokens])
             start += tokens
@@ -232,20 +266,35 @@ class CapturedSteps:
 
     What cannot be captured (a stateful router, an LLM that cannot be captured) runs on the eager
     engine over the same caches. ``close`` gives the state back to its store.
+
+    Args:
+        state, release: the lent state, and what gives it back.
+        fold: the call's proposal is the SLM's raw argmax (``router_step.proposal_is_argmax``): each SLM read
+            scores it too, and ``route_scores`` of those very logits returns those scores.
     """
 
-    def __init__(self, state: CapturedState, release: Callable[[], None]) -> None:
+    def __init__(self, state: CapturedState, release: Callable[[], None], fold: bool = False) -> None:
         self.state, self.capacity, self._release = state, state.capacity, release
         self.eager = EagerSteps(state.slm, state.llm, state.router, state.num_topk, "static", state.capacity,
                                 caches=(state.slm_cache, state.llm_cache))
         self.capture_router = getattr(state.router, "capturable", True)
+        self.fold = fold and self.capture_router and stateless(state.router)
+        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, their scores) of the last read
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.state.read_new("slm", seq, start)
+        if not self.state.router_checked and self.capture_router:
+            self.state.check_router(seq)
+        if not self.fold:
+            return self.state.read_new("slm", seq, start)
+        logits, hidden, scores = self.state.read_new("slm", seq, start, fold=True)
+        self._folded = logits, scores
+        return logits, hidden
 
     def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         if not self.capture_router:  # a stateful baseline (the random router) runs eagerly
             return self.eager.route_scores(logits, hidden, token)
+        if self._folded is not None and self._folded[0] is logits:  # scored in the read that gave these logits
+            return self._folded[1]
         return self.state.route(logits=logits, hidden=hidden, token=token)[0]
 
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor:

@@ -30,10 +30,10 @@ from .pair import RoutedPair
 logger = logging.getLogger(__name__)
 
 
-def state_key(slm, llm, router, num_topk: int, compile_config, batch: int, fuse: bool) -> tuple:
+def state_key(slm, llm, router, num_topk: int, compile_config, batch: int, fuse: bool, router_dtype: str) -> tuple:
     """What a stored state was built for: the same objects (identity), options and batch size."""
     options = None if compile_config is None else json.dumps(compile_config.to_dict(), sort_keys=True, default=str)
-    return (slm, llm, router, num_topk, options, batch, fuse)
+    return (slm, llm, router, num_topk, options, batch, fuse, router_dtype)
 
 
 class CaptureStore:
@@ -44,11 +44,14 @@ class CaptureStore:
         graph_devices: device types on which a static-cache call is captured that way.
         fuse: capture fused reads (``fused.py``: one compiled region per decoder layer, then captured) where a
             model can be fused; False captures HF's eager forward. Settable: ``model.capture_store.fuse = False``.
+        router_dtype: ``"model"`` (default) scores with a copy of the router in the SLM's dtype where its scores
+            stay within ``router_step.SCORE_TOLERANCE`` of fp32's; ``"float32"`` with the router itself. Settable.
     """
 
     def __init__(self, graph_step: type[GraphStep] = CudaGraphStep, graph_devices: Sequence[str] = ("cuda",),
-                 fuse: bool = True) -> None:
+                 fuse: bool = True, router_dtype: str = "model") -> None:
         self.graph_step, self.graph_devices, self.fuse = graph_step, tuple(graph_devices), fuse
+        self.router_dtype = router_dtype
         self.state: CapturedState | None = None
         self._lock = threading.Lock()
         self._holder: int | None = None
@@ -62,13 +65,16 @@ class CaptureStore:
         """Whether a static-cache call without ``compile_config`` is captured on ``device``."""
         return device.type in self.graph_devices
 
-    def lend(self, slm, llm, router, num_topk: int, compile_config, batch: int, needed: int) -> CapturedSteps | None:
+    def lend(self, slm, llm, router, num_topk: int, compile_config, batch: int, needed: int, vocab: int | None = None,
+             fold: bool = False) -> CapturedSteps | None:
         """Captured steps for one call, held by it until their ``close()``; None when the call runs eagerly.
 
         Args:
             slm, llm, router, num_topk: what the call routes with.
             compile_config: the call's ``CompileConfig`` (None: ``graph_step``).
             batch, needed: the call's rows and longest sequence.
+            vocab: the ids both models write.
+            fold: the call proposes the SLM's raw argmax, so its SLM reads score it too (``router_step.py``).
         """
         if self._holder == threading.get_ident():
             self._warn("R2R runs this call eagerly: a generate call of the same thread (a streamer that generates?) "
@@ -77,22 +83,22 @@ class CaptureStore:
         self._lock.acquire()
         self._holder = threading.get_ident()
         try:
-            state = self._state_for(slm, llm, router, num_topk, compile_config, batch, needed)
+            state = self._state_for(slm, llm, router, num_topk, compile_config, batch, needed, vocab)
         except BaseException:
             self._release()
             raise
         if state is None:
             self._release()
             return None
-        return CapturedSteps(state, self._release)
+        return CapturedSteps(state, self._release, fold=fold)
 
     def _release(self) -> None:
         self._holder = None
         self._lock.release()
 
-    def _state_for(self, slm, llm, router, num_topk, compile_config, batch, needed) -> CapturedState | None:
+    def _state_for(self, slm, llm, router, num_topk, compile_config, batch, needed, vocab) -> CapturedState | None:
         fuse = self.fuse and compile_config is None  # a compile_config compiles the whole read instead
-        key = state_key(slm, llm, router, num_topk, compile_config, batch, fuse)
+        key = state_key(slm, llm, router, num_topk, compile_config, batch, fuse, self.router_dtype)
         state = self.state
         if state is None or state.key != key or state.capacity < needed + SLACK:
             self.state = None  # free the old caches and graphs before allocating new ones
@@ -106,7 +112,8 @@ class CaptureStore:
             if llm_why_not is not None:
                 self._warn(f"R2R captures the SLM's steps only: the LLM cannot be captured ({llm_why_not}).")
             state = CapturedState(slm, llm, router, num_topk, self._capturer(compile_config, output_device(slm)),
-                                  batch, needed + SLACK, capture_llm=llm_why_not is None, key=key, fuse=fuse)
+                                  batch, needed + SLACK, capture_llm=llm_why_not is None, key=key, fuse=fuse,
+                                  vocab=vocab, router_dtype=self.router_dtype)
             self.state = state
         state.reset()
         return state
@@ -124,7 +131,7 @@ class CaptureStore:
 
 
 def choose_steps(pair: RoutedPair, generation_config: GenerationConfig, batch: int, needed: int,
-                 store: CaptureStore | None) -> Steps:
+                 store: CaptureStore | None, fold: bool = False) -> Steps:
     """The engine one call runs on, decided as HF decides to compile.
 
     Eager unless ``cache_implementation="static"`` and not ``disable_compile``; then captured
@@ -138,11 +145,13 @@ def choose_steps(pair: RoutedPair, generation_config: GenerationConfig, batch: i
         batch: rows in the call.
         needed: the call's longest sequence (prompt + max_new_tokens).
         store: the model's ``CaptureStore``, or None to run eagerly.
+        fold: the call proposes the SLM's raw argmax (``router_step.proposal_is_argmax``).
     """
     kind, compile_config = generation_config.cache_implementation, generation_config.compile_config
     eager = kind != "static" or generation_config.disable_compile or store is None
     if not eager and compile_config is None and not store.captures_on(output_device(pair.slm)):
         eager = True
     p = pair
-    steps = None if eager else store.lend(p.slm, p.llm, p.router, p.num_topk, compile_config, batch, needed)
+    steps = None if eager else store.lend(p.slm, p.llm, p.router, p.num_topk, compile_config, batch, needed,
+                                          p.vocab_size, fold)
     return steps if steps is not None else EagerSteps(p.slm, p.llm, p.router, p.num_topk, kind, needed)

@@ -179,9 +179,11 @@ class SlotLayout:
             return self.router_step(logits, hidden, token)
         return route_scores(p.slm, p.router, p.num_topk, logits, hidden, token)
 
-    def capture(self, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False) -> dict:
+    def capture(self, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False,
+                router_dtype: str = "float32") -> dict:
         """From now on every read replays a captured step (``slot_capture.py``): the slots become static (their
-        current size), every bucket is captured now with ``warm``, fused reads where ``fuse``; what it took."""
+        current size), every bucket is captured now with ``warm``, fused reads where ``fuse``, the router in
+        ``router_dtype`` (``router_step.py``); what it took."""
         p = self.pair
         for model, cache in ((p.slm, self.slm_cache), (p.llm, self.llm_cache)):  # allocate outside any capture
             inputs = piece_inputs(self.tokens, list(range(self.slots)), [0] * self.slots, [0] * self.slots, 1,
@@ -190,7 +192,7 @@ class SlotLayout:
             forward_piece(model, cache, **inputs, used=1, hidden=False)
         self.captured = {"slm": CapturedReads(p.slm, self.slm_cache, capture, hidden=True, fuse=fuse),
                          "llm": CapturedReads(p.llm, self.llm_cache, capture, hidden=False, fuse=fuse)}
-        self.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, self.slots)
+        self.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, self.slots, router_dtype)
         report = {"slots": self.slots, "columns": self.capacity, "steps": 0, "seconds": 0.0}
         if warm:
             start = time.perf_counter()

@@ -18,6 +18,7 @@ from .budget import check_budget
 from .capture_store import CaptureStore, choose_steps
 from .engines import Steps
 from .pair import RoutedPair
+from .router_step import proposal_is_argmax
 from .sampling import Sampler, seeded_generator
 from .steps import Processors
 
@@ -85,5 +86,6 @@ class Routing:
         sampler = Sampler(bool(generation_config.do_sample), input_ids.device, generator)
         pair = pair.for_call()
         needed = call_length(generation_config, input_ids.shape[1])
-        steps = choose_steps(pair, generation_config, input_ids.shape[0], needed, store)
+        fold = proposal_is_argmax(sampler.do_sample, processors)
+        steps = choose_steps(pair, generation_config, input_ids.shape[0], needed, store, fold)
         return cls(pair.router, pair.vocab_size, threshold, processors, sampler, steps, budget, pair)

@@ -130,7 +130,8 @@ class Engine:
             with torch.inference_mode():  # as the decoding thread replays them
                 fuse = (self.settings.capture in ("auto", "graphs") and not self.settings.unfused_graphs
                         and self.model.capture_store.fuse)
-                report = batch.layout.capture(capturer, warm=self.settings.capture != "compile", fuse=fuse)
+                report = batch.layout.capture(capturer, warm=self.settings.capture != "compile", fuse=fuse,
+                                              router_dtype=self.model.capture_store.router_dtype)
             self.capture_report = {"path": self.settings.capture if self.settings.capture != "auto" else "graphs",
                                    **report, "graph_memory_bytes": memory() - before}
             logger.info("captured %d steps in %.1f s (%d slots x %d tokens, %.0f MB)", report["steps"],

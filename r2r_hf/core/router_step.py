@@ -1,0 +1,119 @@
+"""The router as the captured path runs it: in the models' dtype, and folded into the SLM's read.
+
+Two choices, each behind its guard, each measured (docs/performance.md, "The router on the captured path"):
+
+* **dtype.** With ``CaptureStore.router_dtype = "model"`` the captured steps score with a copy of the router in
+  the SLM's dtype (bf16 on a GPU): half the weight reads of the fp32 router (the paper's 1024 x 6 router at the
+  1.5B's widths has 56M parameters, 225 MB read per step in fp32). The copy follows the router: before every call its values are
+  copied in again where a parameter changed (its version counter or storage), into the same memory, so the
+  captured graphs stay valid and training or loading new weights is never scored with stale ones. Guard: the
+  first call's own features are scored by both; where they differ by more than ``SCORE_TOLERANCE`` the call
+  (and the state) keeps the fp32 router, said once.
+* **fold.** Where a call's proposal is the SLM's raw argmax (greedy, no logits processors: decided on the host
+  from the call's settings), the SLM's captured read also proposes and scores: one captured step per decoding
+  step instead of two. Elsewhere (sampling, processors) the proposal exists only after the choice, so the
+  router stays its own captured step.
+
+Neither applies to a router with per-step state (one that overrides ``Router.step``): its ``step`` updates its
+own buffers right before it scores, which a copy would not see and a score taken in the previous step's read
+would precede.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from torch import nn
+
+from ..router import Router
+from .engines import route_scores
+from .graphs import Step
+
+logger = logging.getLogger(__name__)
+
+# Largest |score difference| between the router in the models' dtype and in fp32 on a call's own features for
+# the cast copy to be used. On the shipped router's held-out labels bf16 scores moved by at most 0.0085 and the
+# AUC by +0.00003 (benchmarks/results/router_dtype.json), so a router further off is one bf16 does not suit.
+SCORE_TOLERANCE = 0.02
+ROUTER_DTYPES = ("float32", "model")
+
+
+def stateless(router: nn.Module) -> bool:
+    """Whether ``router`` keeps no per-step state (its ``step`` is the interface's no-op), so it may be copied or
+    scored ahead of its step."""
+    return type(router).step is Router.step if isinstance(router, Router) else True
+
+
+def proposal_is_argmax(do_sample: bool, processors) -> bool:
+    """Whether a call's proposal is the SLM's raw argmax: greedy and no processor that could move it."""
+    return not do_sample and processors is not None and len(processors) == 0
+
+
+def folded(read: Step, slm: nn.Module, router: nn.Module, k: int, vocab: int) -> Step:
+    """``read`` (-> logits [B, V], hidden [B, H]) followed by the router on the argmax proposal: -> + scores [B]."""
+
+    def read_and_route(**inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits, hidden = read(**inputs)
+        token = logits[:, :vocab].argmax(-1)  # the first maximum, as the choice's argmax takes it
+        return logits, hidden, route_scores(slm, router, k, logits, hidden, token)
+
+    return read_and_route
+
+
+def _signature(module: nn.Module) -> tuple:
+    return tuple((t.data_ptr(), t._version, t.shape) for t in (*module.parameters(), *module.buffers()))
+
+
+class RouterCopy:
+    """A copy of ``router`` in ``dtype`` that the captured steps score with (see the module docstring).
+
+    ``module`` is the copy; ``refresh()`` copies the router's values in again where they changed (same memory).
+    """
+
+    def __init__(self, router: nn.Module, dtype: torch.dtype) -> None:
+        self.router, self.dtype = router, dtype
+        self.module = copy.deepcopy(router).to(dtype).eval()
+        self._seen = _signature(router)
+
+    def refresh(self) -> None:
+        seen = _signature(self.router)
+        if seen == self._seen:
+            return
+        mine = (*self.module.parameters(), *self.module.buffers())
+        theirs = (*self.router.parameters(), *self.router.buffers())
+        if len(mine) != len(theirs) or any(m.shape != t.shape for m, t in zip(mine, theirs)):
+            raise ValueError("The router's parameters changed shape after its steps were captured; call "
+                             "model.capture_store.clear() after replacing the router's modules.")
+        with torch.no_grad():
+            for m, t in zip(mine, theirs):
+                m.copy_(t)
+        self._seen = seen
+
+
+def router_copy(router: nn.Module, slm_dtype: torch.dtype, setting: str) -> RouterCopy | None:
+    """The cast copy the captured steps use under ``setting``, or None where they use the router itself."""
+    if setting not in ROUTER_DTYPES:
+        raise ValueError(f"router_dtype must be one of {', '.join(ROUTER_DTYPES)}, got {setting!r}.")
+    weights = next(iter(router.parameters()), None)
+    if setting == "float32" or weights is None or not stateless(router):
+        return None
+    if weights.dtype == slm_dtype or not slm_dtype.is_floating_point:
+        return None
+    return RouterCopy(router, slm_dtype)
+
+
+def keeps_cast(slm: nn.Module, cast: RouterCopy, k: int, logits: torch.Tensor, hidden: torch.Tensor,
+               token: torch.Tensor) -> bool:
+    """Whether ``cast`` scores these features within ``SCORE_TOLERANCE`` of its router (one host read); where it
+    does not, says so: the caller then scores with the router itself."""
+    with torch.no_grad():
+        want = route_scores(slm, cast.router, k, logits, hidden, token)
+        got = route_scores(slm, cast.module, k, logits, hidden, token)
+    worst = float((got.float() - want.float()).abs().max())
+    if worst > SCORE_TOLERANCE:
+        logger.warning("R2R scores with the router in float32: in %s its scores moved by %.3f (more than %.2f).",
+                       str(cast.dtype).removeprefix("torch."), worst, SCORE_TOLERANCE)
+        return False
+    return True

@@ -1,0 +1,200 @@
+"""The router on the captured path (issue 32): folded into the SLM's read, and in the models' dtype.
+
+On emulated CUDA graphs: where a call proposes the raw argmax (greedy, no processors) the SLM's read scores the
+proposal itself and no router step is captured, and generate writes and scores what eager generate does; where
+it samples or processes, the router keeps its own step. In bf16 the captured steps score with a bf16 copy that
+stays within the tolerance of the fp32 router and follows the router's weights when they change; a copy off by
+more than the tolerance is dropped, said once; fp32 stays exact.
+"""
+
+import logging
+
+import pytest
+import torch
+from conftest import PROMPTS, SMALL_ROUTER
+
+from r2r_hf import R2RForCausalLM
+from r2r_hf.core import router_step
+from r2r_hf.core.router_step import SCORE_TOLERANCE, proposal_is_argmax, router_copy
+from r2r_hf.testing import make_tiny_llm, make_tiny_slm
+from r2r_hf.testing.graphs import emulated_store
+
+INF = float("inf")
+GREEDY = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=2,
+              return_dict_in_generate=True, output_logits=True)
+
+
+def _pair(dtype=torch.float32, router_dtype="model"):
+    slm, llm = make_tiny_slm().to(dtype), make_tiny_llm().to(dtype)
+    model = R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER)
+    model.capture_store = emulated_store(fuse=False)
+    model.capture_store.router_dtype = router_dtype
+    return model, slm, llm
+
+
+def _mixed(model, enc):
+    probe = model.generate(**enc, **GREEDY, threshold=INF)
+    scores = probe.router_scores[probe.generated_mask].sort().values
+    middle = len(scores) // 2
+    return ((scores[middle - 1] + scores[middle]) / 2).item()  # between two scores, not on one
+
+
+def _run(model, enc, threshold, **extra):
+    settings = {**GREEDY, **extra, "threshold": threshold}
+    torch.manual_seed(3)
+    eager = model.generate(**enc, **settings)
+    torch.manual_seed(3)
+    fast = model.generate(**enc, **settings, cache_implementation="static")
+    return eager, fast
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_greedy_call_scores_inside_the_slm_read_and_writes_what_eager_writes(tok, rows):
+    model, slm, llm = _pair()
+    enc = tok(PROMPTS[:rows], return_tensors="pt", padding=True)
+    for threshold, alone in ((INF, slm), (0.0, llm), (_mixed(model, enc), None)):
+        eager, fast = _run(model, enc, threshold)
+        assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
+        torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, rtol=0, atol=1e-6)
+        if alone is not None:
+            want = alone.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=2)
+            assert torch.equal(fast.sequences, want)
+        else:
+            assert 0 < fast.routed[fast.generated_mask].sum() < fast.generated_mask.sum(), "mixed: some routed"
+    state = model.capture_store.state
+    assert state.router_step is None, "no router step of its own: every score came from an SLM read"
+    assert {fold for role, _, _, fold in state.reads if role == "slm"} == {True}
+
+
+@pytest.mark.parametrize("extra", [dict(do_sample=True, temperature=0.8), dict(repetition_penalty=1.3)],
+                         ids=["sampling", "processor"])
+def test_a_call_whose_proposal_is_not_the_argmax_keeps_the_router_step(tok, extra):
+    model, _, _ = _pair()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    eager, fast = _run(model, enc, _mixed(model, enc), **extra)
+    assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
+    torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, rtol=0, atol=1e-6)
+    state = model.capture_store.state
+    assert state.router_step is not None
+    assert {fold for role, _, _, fold in state.reads if role == "slm"} == {False}
+
+
+def test_the_rule_for_folding():
+    assert proposal_is_argmax(False, [])
+    assert not proposal_is_argmax(True, [])
+    assert not proposal_is_argmax(False, [lambda ids, scores: scores])
+    assert not proposal_is_argmax(False, None)
+
+
+def _fast_scores(model, enc, router_dtype):
+    """Captured never-routed scores under ``router_dtype``: the same SLM graphs, so the same features."""
+    model.capture_store.router_dtype = router_dtype
+    out = model.generate(**enc, **GREEDY, threshold=INF, cache_implementation="static")
+    return out.router_scores[out.generated_mask], model.capture_store.state
+
+
+def test_bf16_models_score_with_a_bf16_router_within_the_tolerance(tok):
+    model, _, _ = _pair(torch.bfloat16)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    cast, state = _fast_scores(model, enc, "model")
+    assert state.cast is not None and state.scoring.combined_projection.weight.dtype == torch.bfloat16
+    assert model.router.combined_projection.weight.dtype == torch.float32, "the router itself is untouched"
+    full, state = _fast_scores(model, enc, "float32")
+    assert state.cast is None and state.scoring is model.router
+    gap = (cast - full).abs().max()
+    assert 0 < gap <= SCORE_TOLERANCE, "a bf16 copy: close to the fp32 router's scores, not equal to them"
+
+
+def test_the_bf16_copy_follows_the_routers_new_weights(tok):
+    model, _, _ = _pair(torch.bfloat16)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    before, state = _fast_scores(model, enc, "model")
+    _, last = list(model.router.named_parameters())[-1]
+    with torch.no_grad():
+        last.add_(1.0)  # in place, as training or load_state_dict writes it
+    after, again = _fast_scores(model, enc, "model")
+    assert again is state, "the same state and graphs: the new values were copied into the copy"
+    full, _ = _fast_scores(model, enc, "float32")
+    assert (after - before).abs().min() > 0.05 and (after - full).abs().max() <= SCORE_TOLERANCE
+
+
+def test_a_copy_past_the_tolerance_is_dropped_and_said_once(tok, caplog, monkeypatch):
+    model, _, _ = _pair(torch.bfloat16)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    full, _ = _fast_scores(model, enc, "float32")
+    monkeypatch.setattr(router_step, "SCORE_TOLERANCE", -1.0)  # every difference is too large
+    with caplog.at_level(logging.WARNING, logger="r2r_hf.core.router_step"):
+        dropped, state = _fast_scores(model, enc, "model")
+        _fast_scores(model, enc, "model")
+    assert state.cast is None and torch.equal(dropped, full)
+    assert sum("scores with the router in float32" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_an_unknown_router_dtype_is_one_sentence():
+    model, _, _ = _pair()
+    with pytest.raises(ValueError, match="router_dtype must be one of float32, model, got 'half'"):
+        router_copy(model.router, torch.bfloat16, "half")
+
+
+def _server_router(model, router_dtype):
+    from r2r_hf.core.slot_capture import CapturedRouter
+
+    capturer = emulated_store()._capturer(None, torch.device("cpu"))
+    return CapturedRouter(model.slm, model.router, model.config.num_topk_logits, capturer, 4, router_dtype)
+
+
+def _features(model, rows=3):
+    ids = torch.randint(3, 400, (rows, 6))
+    with torch.no_grad():
+        out = model.slm(input_ids=ids, output_hidden_states=True)
+    logits, hidden = out.logits[:, -1], out.hidden_states[-1][:, -1]
+    return logits, hidden, logits.argmax(-1)
+
+
+def test_the_servers_router_scores_in_bf16_within_the_tolerance_and_checks_real_proposals(monkeypatch):
+    from r2r_hf.core.engines import route_scores
+
+    model, _, _ = _pair(torch.bfloat16)
+    features = _features(model)
+    want = route_scores(model.slm, model.router, model.config.num_topk_logits, *features)
+    served = _server_router(model, "model")
+    assert served.warm(416, 64, torch.device("cpu"), torch.bfloat16) == 3 and not served.checked, \
+        "warming scores zeros: it does not count as the check"
+    got = served(*features)
+    assert served.checked and served.cast is not None and served.scoring.combined_projection.weight.dtype == \
+        torch.bfloat16
+    assert 0 < (got - want).abs().max() <= SCORE_TOLERANCE
+    monkeypatch.setattr(router_step, "SCORE_TOLERANCE", -1.0)
+    dropped = _server_router(model, "model")
+    dropped.warm(416, 64, torch.device("cpu"), torch.bfloat16)
+    torch.testing.assert_close(dropped(*features), want, rtol=0, atol=1e-6)  # captured again over the router itself
+    assert dropped.cast is None
+    torch.testing.assert_close(_server_router(model, "float32")(*features), want, rtol=0, atol=1e-6)
+
+
+def test_a_router_with_per_step_state_is_neither_copied_nor_scored_ahead_of_its_step(tok):
+    from r2r_hf.router import Router
+
+    class Stepped(Router):  # routes every other step: its state changes in step(), right before it scores
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+            self.register_buffer("odd", torch.zeros(()))
+
+        def reset(self):
+            self.odd.zero_()
+
+        def step(self):
+            self.odd.fill_(1.0 - float(self.odd))
+
+        def scores(self, topk_logits, token_embedding, hidden):
+            return self.odd * self.inner.scores(topk_logits, token_embedding, hidden) + self.odd
+
+    model, _, _ = _pair(torch.bfloat16)
+    model.router = Stepped(model.router)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    eager, fast = _run(model, enc, 1.0)
+    assert eager.routed[:, ::2].all() and not eager.routed[:, 1::2].any()
+    assert torch.equal(fast.routed, eager.routed), "the captured path scored after each step() too"
+    state = model.capture_store.state
+    assert state.cast is None and state.router_step is not None
