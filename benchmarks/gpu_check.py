@@ -19,6 +19,8 @@ estimated from the review's cost model, x ~2.5):
   slm_graphs_1     the SLM's, the same way: the never-route target's baseline                   3 / 20 s
   components_1     captured t_SLM, t_router, t_LLM per bucket; the cost model (loop efficiency) 15 / 45 s
   r2r_unfused_1    the same at p = 0.1 on graphs of HF's forward (--unfused-graphs): fusing's gain 15 / 40 s
+  r2r_router_1     the real router at its 90th-percentile threshold, folded into the SLM's read and in
+                   bf16 (core/router_step.py; a forced schedule cannot be folded): p as measured  15 / 40 s
   agreement        teacher-forced bf16 logits, captured (fused) vs eager (the README's tolerance) 20 / 60 s
   serving          the engine under load at concurrency 1 / 8 / 16 (gpu_serve.py), p = 0.1: captured
                    waiting, the LLM alone, captured m = 1, eager; HF's generate_batch         ~100 / 120 s
@@ -36,7 +38,8 @@ miss, the review says), and HF's ``CompileConfig(dynamic=True)`` makes every sha
 just the batch, so batch 1 would be timed on dynamic-shape kernels, not HF's default compile.
 
 Weights are random (speed does not depend on them) and the routed share is forced (``ForcedRouter``
-runs the real router every step and routes on a schedule), as in ``benchmarks/speed.py``.
+runs the real router every step and routes on a schedule), as in ``benchmarks/speed.py``; ``r2r_router_1``
+alone routes on the real router's scores.
 """
 
 from __future__ import annotations
@@ -156,15 +159,34 @@ def r2r_unfused(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Repo
     store, router = model.capture_store, model.router
     forced = ForcedRouter(router, 1, plan.tokens)
     forced.set_schedule(decisions(plan, 0.1, 1))
-    store.fuse, model.router = False, forced
+    fuse, store.fuse, model.router = store.fuse, False, forced
     try:
         call = lambda: model.generate(prompt, **gen, cache_implementation="static", threshold=0.5)  # noqa: E731
         run = {"p": 0.1, "first_call_s": first_call(call, plan.device)}
         run["ms_per_token"] = 1e3 * timed(call, plan.device, plan.repeats) / plan.tokens
         report.put("r2r_unfused_ms", "1", run)
     finally:
-        store.fuse, model.router = True, router
+        store.fuse, model.router = fuse, router
         store.clear()  # the next phase captures fused reads again
+
+
+def r2r_router(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Report) -> None:
+    """R2R at batch 1 with the real router, which the forced schedules cannot have (they keep per-step state): the
+    router folded into the SLM's captured read and in the models' dtype (``router_step.py``). The threshold is the
+    90th percentile of its never-routed scores, so about 10 % of tokens route; the share it routed is reported."""
+    def call(threshold: float):
+        return model.generate(prompt, **gen, cache_implementation="static", threshold=threshold,
+                              return_dict_in_generate=True)
+
+    probe = call(float("inf"))
+    threshold = float(probe.router_scores[probe.generated_mask].float().quantile(0.9))
+    run = {"threshold": threshold, "first_call_s": first_call(lambda: call(threshold), plan.device)}
+    run["p_measured"] = float(call(threshold).llm_token_rate)
+    state = model.capture_store.state
+    run["router"] = {"folded": state.router_step is None, "dtype": str(next(state.scoring.parameters()).dtype)}
+    report.put("r2r_router_ms", "1", run)
+    run["ms_per_token"] = 1e3 * timed(lambda: call(threshold), plan.device, plan.repeats) / plan.tokens
+    report.put("r2r_router_ms", "1", run)
 
 
 def components(model, plan: Plan, batch: int, prompt: torch.Tensor, gen: dict, report: Report) -> None:
@@ -297,6 +319,8 @@ def phases(plan: Plan, report: Report, ctx: dict) -> list[Phase]:
               Phase("build", 90, make),
               *per_batch(one),
               Phase("r2r_unfused_1", 40, lambda: r2r_unfused(ctx["model"], plan, ctx["prompts"][one], gen, report),
+                    ("build",)),
+              Phase("r2r_router_1", 40, lambda: r2r_router(ctx["model"], plan, ctx["prompts"][one], gen, report),
                     ("build",)),
               Phase("agreement", 60, lambda: bf16_agreement(ctx["model"], plan, report), ("build",)),
               Phase("serving", plan.serve_budget_s, lambda: serving(ctx["model"], plan, report), ("build",)),

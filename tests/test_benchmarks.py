@@ -111,6 +111,26 @@ def test_roc_auc_counts_ties_half():
     assert roc_auc(torch.tensor([0.6, 0.4, 0.5]), torch.tensor([1, 1, 0])) == 0.5
 
 
+def test_router_dtype_compares_the_bf16_copy_against_fp32_on_held_out_labels(tmp_path):
+    # The benchmark behind the captured path's bf16 router: the same copy, the same validation split.
+    from synthetic_labels import write_synthetic_run
+
+    from benchmarks.router_dtype import main
+    from r2r_hf.training import TrainSettings, train_router
+
+    write_synthetic_run(tmp_path / "run", samples=120)
+    train_router(tmp_path / "run", tmp_path / "router", TrainSettings(epochs=4, batch_size=256, lr=2e-3, seed=0),
+                 progress=False, router_hidden_dims=[32, 32])
+    out = tmp_path / "dtype.json"
+    main(["--labels", str(tmp_path / "run"), "--router", str(tmp_path / "router"), "--out", str(out)])
+    found = json.loads(out.read_text())
+    fp32, bf16 = found["dtypes"]["float32"], found["dtypes"]["bfloat16"]
+    change = bf16["against_float32"]
+    assert 0.5 < fp32["roc_auc"] <= 1 and change["roc_auc_change"] == bf16["roc_auc"] - fp32["roc_auc"]
+    assert 0 < change["score_change_max"] < 0.1, "a bf16 copy scores close to fp32, not equal"
+    assert change["decisions_changed_at_threshold"] >= 0 and "validation split" in found["data"]
+
+
 def test_speed_benchmark_writes_every_share_and_batch(tmp_path):
     import json
 
@@ -372,6 +392,8 @@ def test_gpu_check_dry_run_survives_a_failing_phase(tmp_path):
     assert [p for p in later if not _gpu_check_written(data, p)] == [], "every later phase wrote its numbers"
     assert data["before_compiled"]["parent_model_freed"], "the pair was freed before the compiled child started"
     assert data["llm_compiled_ms"]["status"] == "finished"
+    router = data["r2r_router_ms"]["1"]["router"]  # the real router: folded into the SLM's read, in bf16
+    assert router == {"folded": True, "dtype": "torch.bfloat16"}, router
     served = data["serving"]  # issue 31's phase: every server at every concurrency, on the path it names
     assert list(served) == ["captured, waiting", "LLM alone, captured", "captured, m = 1", "eager, m = 1"]
     assert all([r["concurrency"] for r in server["runs"]] == list(DRY_RUN.serve) for server in served.values())
