@@ -13,7 +13,6 @@ from transformers.cache_utils import DynamicCache
 from r2r_hf.compat import cache_argument
 from r2r_hf.core.capture import BUCKETS, CapturedState, kept_lengths, pieces, read_fn, static_cache
 from r2r_hf.core.features import lm_forward
-from r2r_hf.core.fused import attended
 from r2r_hf.router import Router
 
 CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
@@ -173,8 +172,8 @@ def captured_components(state: CapturedState, context: int, repeats: int, device
         return dict(ids=ids[:, context : context + bucket], positions=positions[:, context : context + bucket],
                     mask=mask, last=state.counts[bucket - 1 : bucket], rewind=state.counts[bucket])
 
-    def span(bucket: int) -> int:  # the columns a read at ``context`` attends (fused reads read fewer)
-        return attended(context + bucket, capacity)
+    def span(bucket: int) -> int:  # the columns a read at ``context`` attends
+        return state.span(context + bucket)
 
     logits, hidden = state.read("slm", 1, span(1), **piece(1))
     route = dict(logits=logits, hidden=hidden, token=logits.argmax(-1))

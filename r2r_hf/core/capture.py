@@ -211,6 +211,10 @@ class CapturedState:
         """(role, tokens bucket) of every read captured so far."""
         return {(role, bucket) for role, bucket, _, _ in self.reads}
 
+    def span(self, filled: int) -> int:
+        """The columns a read attends once the cache holds ``filled`` (fused reads attend fewer than the capacity)."""
+        return attended(filled, self.capacity)
+
     def read(self, role: str, bucket: int, span: int, fold: bool = False, **inputs: torch.Tensor) -> tuple:
         """``role``'s model reads one piece of ``bucket`` columns attending ``span`` (captured on first use); with
         ``fold`` (the SLM) the read also scores its argmax proposal (``router_step.folded``)."""
@@ -247,8 +251,7 @@ class CapturedState:
         """``role``'s model reads ``seq[start:]`` piece by piece; the outputs at its last token."""
         out: tuple[torch.Tensor, ...] = ()
         for tokens, bucket in pieces(seq.length - start):
-            span = attended(start + bucket, self.capacity)
-            out = self.read(role, bucket, span, fold, ids=seq.ids[:, start : start + bucket],
+            out = self.read(role, bucket, self.span(start + bucket), fold, ids=seq.ids[:, start : start + bucket],
                             positions=seq.positions[:, start : start + bucket], mask=seq.mask,
                             last=self.counts[tokens - 1 : tokens], rewind=self.counts[bucket - tokens])
             start += tokens
