@@ -198,3 +198,17 @@ def test_a_router_with_per_step_state_is_neither_copied_nor_scored_ahead_of_its_
     assert torch.equal(fast.routed, eager.routed), "the captured path scored after each step() too"
     state = model.capture_store.state
     assert state.cast is None and state.router_step is not None
+
+
+@pytest.mark.parametrize("made_in_inference_mode", [True, False])
+def test_a_copy_made_in_inference_mode_still_follows_updates_made_outside(made_in_inference_mode):
+    from r2r_hf.core.router_step import RouterCopy
+
+    layer = torch.nn.Linear(4, 4)
+    with torch.inference_mode(made_in_inference_mode):  # the server captures under inference mode
+        cast = RouterCopy(layer, torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    cast.refresh()
+    assert cast.module.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(cast.module.weight.float(), layer.weight.detach(), rtol=0, atol=2e-2)

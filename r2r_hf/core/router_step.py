@@ -86,7 +86,7 @@ class RouterCopy:
         if len(mine) != len(theirs) or any(m.shape != t.shape for m, t in zip(mine, theirs)):
             raise ValueError("The router's parameters changed shape after its steps were captured; call "
                              "model.capture_store.clear() after replacing the router's modules.")
-        with torch.no_grad():
+        with torch.inference_mode():  # the copy may have been made in inference mode (the server captures there)
             for m, t in zip(mine, theirs):
                 m.copy_(t)
         self._seen = seen
