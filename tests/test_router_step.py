@@ -86,36 +86,43 @@ def test_the_rule_for_folding():
     assert not proposal_is_argmax(False, None)
 
 
-def _fast_scores(model, enc, router_dtype):
+def _fast_scores(model, enc, router_dtype, **extra):
     """Captured never-routed scores under ``router_dtype``: the same SLM graphs, so the same features."""
     model.capture_store.router_dtype = router_dtype
-    out = model.generate(**enc, **GREEDY, threshold=INF, cache_implementation="static")
+    torch.manual_seed(3)
+    out = model.generate(**enc, **{**GREEDY, **extra}, threshold=INF, cache_implementation="static")
     return out.router_scores[out.generated_mask], model.capture_store.state
 
 
-def test_bf16_models_score_with_a_bf16_router_within_the_tolerance(tok):
+@pytest.mark.parametrize("extra", [{}, dict(do_sample=True, temperature=0.8)], ids=["folded", "router step"])
+def test_bf16_models_score_with_a_bf16_router_within_the_tolerance(tok, extra):
     model, _, _ = _pair(torch.bfloat16)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    cast, state = _fast_scores(model, enc, "model")
+    cast, state = _fast_scores(model, enc, "model", **extra)
     assert state.cast is not None and state.scoring.combined_projection.weight.dtype == torch.bfloat16
+    assert (state.router_step is None) == (not extra), "greedy folds; sampling scores in the router's own step"
     assert model.router.combined_projection.weight.dtype == torch.float32, "the router itself is untouched"
-    full, state = _fast_scores(model, enc, "float32")
+    full, state = _fast_scores(model, enc, "float32", **extra)
     assert state.cast is None and state.scoring is model.router
     gap = (cast - full).abs().max()
     assert 0 < gap <= SCORE_TOLERANCE, "a bf16 copy: close to the fp32 router's scores, not equal to them"
 
 
-def test_the_bf16_copy_follows_the_routers_new_weights(tok):
+@pytest.mark.parametrize("through_data", [False, True], ids=["in place", "through .data"])
+def test_the_bf16_copy_follows_the_routers_new_weights(tok, through_data):
     model, _, _ = _pair(torch.bfloat16)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    before, state = _fast_scores(model, enc, "model")
-    _, last = list(model.router.named_parameters())[-1]
+    before, state = _fast_scores(model, enc, "float32")
+    _fast_scores(model, enc, "model")
+    state = model.capture_store.state
+    _, last = list(model.router.named_parameters())[-1]  # the output's bias: shifts every logit
     with torch.no_grad():
-        last.add_(1.0)  # in place, as training or load_state_dict writes it
+        (last.data if through_data else last).add_(2.0)  # as training, EMA or weight loading write it
     after, again = _fast_scores(model, enc, "model")
     assert again is state, "the same state and graphs: the new values were copied into the copy"
     full, _ = _fast_scores(model, enc, "float32")
-    assert (after - before).abs().min() > 0.05 and (after - full).abs().max() <= SCORE_TOLERANCE
+    assert (full - before).abs().min() > SCORE_TOLERANCE, "the change moves every score past the tolerance"
+    assert (after - full).abs().max() <= SCORE_TOLERANCE, "so a stale copy would fail here"
 
 
 def test_a_copy_past_the_tolerance_is_dropped_and_said_once(tok, caplog, monkeypatch):
@@ -212,3 +219,29 @@ def test_a_copy_made_in_inference_mode_still_follows_updates_made_outside(made_i
     cast.refresh()
     assert cast.module.weight.dtype == torch.bfloat16
     torch.testing.assert_close(cast.module.weight.float(), layer.weight.detach(), rtol=0, atol=2e-2)
+
+
+def test_a_copy_that_gives_nan_is_not_kept():
+    from r2r_hf.core.router_step import RouterCopy, keeps_cast
+
+    model, _, _ = _pair(torch.bfloat16)
+    cast = RouterCopy(model.router, torch.bfloat16)
+    with torch.no_grad():
+        cast.module.combined_projection.weight.fill_(float("nan"))  # an overflowed copy
+    assert not keeps_cast(model.slm, cast, model.config.num_topk_logits, *_features(model))
+
+
+def test_the_check_reads_the_row_with_tokens_and_keeps_fp32_when_there_are_none(tok):
+    from r2r_hf.core.router_step import RouterCopy
+    from r2r_hf.core.steps import Committed
+
+    model, _, _ = _pair(torch.bfloat16)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    _fast_scores(model, enc, "model")
+    state = model.capture_store.state
+    ids = torch.randint(3, 400, (2, 6))
+    for mask, kept in ((torch.tensor([[0] * 6, [1] * 6]), True), (torch.zeros(2, 6, dtype=torch.long), False)):
+        state.cast = RouterCopy(model.router, torch.bfloat16)
+        seq = Committed.from_prompt(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), 16)
+        state.check_router(seq)  # row 0 is all padding: its features come from row 1, or from none
+        assert (state.cast is not None) == kept

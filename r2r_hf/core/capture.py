@@ -194,11 +194,16 @@ class CapturedState:
         return self.cast.module if self.cast is not None else self.router
 
     def check_router(self, seq: Committed) -> None:
-        """Before anything scores: the cast router against the router on the SLM's features over the first row's
-        committed tokens (at most 32); past ``router_step.SCORE_TOLERANCE`` this state scores with the router itself."""
+        """Before anything scores: the cast router against the router on the SLM's features over the last (at most
+        32) committed tokens of the row that holds the most; past ``router_step.SCORE_TOLERANCE``, or with no token
+        to read (every row padding), this state scores with the router itself."""
         self.router_checked = True
-        real = seq.mask[0, : seq.length].bool()
-        ids = seq.ids[0, : seq.length][real][-32:][None]
+        mask = seq.mask[:, : seq.length].bool()
+        row = int(mask.sum(1).argmax())
+        ids = seq.ids[row, : seq.length][mask[row]][-32:][None]
+        if ids.shape[1] == 0:
+            self.cast = None
+            return
         with HiddenStateCapture(self.slm) as seen:
             logits = lm_forward(self.slm, ids, None, None, None, logits_to_keep=0)[0]
             hidden = seen.hidden[0]

@@ -4,11 +4,12 @@ Two choices, each behind its guard, each measured (docs/performance.md, "The rou
 
 * **dtype.** With ``CaptureStore.router_dtype = "model"`` the captured steps score with a copy of the router in
   the SLM's dtype (bf16 on a GPU): half the weight reads of the fp32 router (the paper's 1024 x 6 router at the
-  1.5B's widths has 56M parameters, 225 MB read per step in fp32). The copy follows the router: before every call its values are
-  copied in again where a parameter changed (its version counter or storage), into the same memory, so the
-  captured graphs stay valid and training or loading new weights is never scored with stale ones. Guard: the
-  first call's own features are scored by both; where they differ by more than ``SCORE_TOLERANCE`` the call
-  (and the state) keeps the fp32 router, said once.
+  1.5B's widths has 56M parameters, 225 MB read per step in fp32). In ``generate`` the copy follows the router:
+  before every call its values are copied in again, into the same memory, so the captured graphs stay valid and
+  new weights are never scored stale. The server copies once, when it captures at start-up: a router changed
+  while it serves needs a restart. Guard: a state's first call scores its own features with both; where they
+  differ by more than ``SCORE_TOLERANCE`` (or the copy gives NaN) the state keeps the fp32 router, said once per
+  router. A state is checked once; ``capture_store.clear()`` checks again.
 * **fold.** Where a call's proposal is the SLM's raw argmax (greedy, no logits processors: decided on the host
   from the call's settings), the SLM's captured read also proposes and scores: one captured step per decoding
   step instead of two. Elsewhere (sampling, processors) the proposal exists only after the choice, so the
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
+from collections.abc import Sized
 
 import torch
 from torch import nn
@@ -38,6 +41,7 @@ logger = logging.getLogger(__name__)
 # AUC by +0.00003 (benchmarks/results/router_dtype.json), so a router further off is one bf16 does not suit.
 SCORE_TOLERANCE = 0.02
 ROUTER_DTYPES = ("float32", "model")
+_SAID: weakref.WeakKeyDictionary[nn.Module, set[torch.dtype]] = weakref.WeakKeyDictionary()  # warned about
 
 
 def stateless(router: nn.Module) -> bool:
@@ -48,7 +52,7 @@ def stateless(router: nn.Module) -> bool:
 
 def proposal_is_argmax(do_sample: bool, processors) -> bool:
     """Whether a call's proposal is the SLM's raw argmax: greedy and no processor that could move it."""
-    return not do_sample and processors is not None and len(processors) == 0
+    return not do_sample and isinstance(processors, Sized) and len(processors) == 0  # a bare callable may move it
 
 
 def folded(read: Step, slm: nn.Module, router: nn.Module, k: int, vocab: int) -> Step:
@@ -62,25 +66,19 @@ def folded(read: Step, slm: nn.Module, router: nn.Module, k: int, vocab: int) ->
     return read_and_route
 
 
-def _signature(module: nn.Module) -> tuple:
-    return tuple((t.data_ptr(), t._version, t.shape) for t in (*module.parameters(), *module.buffers()))
-
-
 class RouterCopy:
     """A copy of ``router`` in ``dtype`` that the captured steps score with (see the module docstring).
 
-    ``module`` is the copy; ``refresh()`` copies the router's values in again where they changed (same memory).
+    ``module`` is the copy; ``refresh()`` copies the router's current values into it (the same memory, so graphs
+    captured over it stay valid). Every value, every time: a version counter misses writes through ``.data``
+    (EMA and weight-loading code do that), and one cast copy is cheap beside a call (the paper's router: 113 MB).
     """
 
     def __init__(self, router: nn.Module, dtype: torch.dtype) -> None:
         self.router, self.dtype = router, dtype
-        self.module = copy.deepcopy(router).to(dtype).eval()
-        self._seen = _signature(router)
+        self.module = copy.deepcopy(router).to(dtype).train(router.training)
 
     def refresh(self) -> None:
-        seen = _signature(self.router)
-        if seen == self._seen:
-            return
         mine = (*self.module.parameters(), *self.module.buffers())
         theirs = (*self.router.parameters(), *self.router.buffers())
         if len(mine) != len(theirs) or any(m.shape != t.shape for m, t in zip(mine, theirs)):
@@ -89,7 +87,7 @@ class RouterCopy:
         with torch.inference_mode():  # the copy may have been made in inference mode (the server captures there)
             for m, t in zip(mine, theirs):
                 m.copy_(t)
-        self._seen = seen
+        self.module.train(self.router.training)
 
 
 def router_copy(router: nn.Module, slm_dtype: torch.dtype, setting: str) -> RouterCopy | None:
@@ -112,8 +110,11 @@ def keeps_cast(slm: nn.Module, cast: RouterCopy, k: int, logits: torch.Tensor, h
         want = route_scores(slm, cast.router, k, logits, hidden, token)
         got = route_scores(slm, cast.module, k, logits, hidden, token)
     worst = float((got.float() - want.float()).abs().max())
-    if worst > SCORE_TOLERANCE:
+    if worst <= SCORE_TOLERANCE:  # NaN (a copy that overflowed) fails here too
+        return True
+    said = _SAID.setdefault(cast.router, set())
+    if cast.dtype not in said:  # once per router and dtype, however often its states are rebuilt
+        said.add(cast.dtype)
         logger.warning("R2R scores with the router in float32: in %s its scores moved by %.3f (more than %.2f).",
                        str(cast.dtype).removeprefix("torch."), worst, SCORE_TOLERANCE)
-        return False
-    return True
+    return False
