@@ -183,7 +183,7 @@ def r2r_router(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Repor
     run = {"threshold": threshold, "first_call_s": first_call(lambda: call(threshold), plan.device)}
     run["p_measured"] = float(call(threshold).llm_token_rate)
     state = model.capture_store.state
-    run["router"] = {"folded": state.router_step is None, "dtype": str(next(state.scoring.parameters()).dtype)}
+    run["router"] = {"folded": state.router_step is None, "dtype": str(next(state.scorer.module.parameters()).dtype)}
     report.put("r2r_router_ms", "1", run)
     run["ms_per_token"] = 1e3 * timed(lambda: call(threshold), plan.device, plan.repeats) / plan.tokens
     report.put("r2r_router_ms", "1", run)

@@ -4,7 +4,7 @@
         [--dtypes float32,bfloat16] [--rates 0.05,0.1,0.2,0.4]
 
 The captured path scores with a copy of the router cast to the SLM's dtype (``r2r_hf/core/router_step.py``);
-this benchmark makes that very copy (``router_copy``) and scores the labelling run's validation split (prompts
+this benchmark makes that very copy (``Scorer``) and scores the labelling run's validation split (prompts
 the router never trained on) with each dtype: the ROC AUC, the recall at equal LLM token rates, the largest and
 typical score change, and how many routing decisions change at the router's own threshold. Writes
 ``benchmarks/results/router_dtype.json``.
@@ -22,7 +22,7 @@ import transformers
 
 from benchmarks.router_quality import ROUTER, roc_auc
 from r2r_hf import R2RForCausalLM
-from r2r_hf.core.router_step import SCORE_TOLERANCE, router_copy
+from r2r_hf.core.router_step import SCORE_TOLERANCE, Scorer
 from r2r_hf.pipeline import load_labels
 from r2r_hf.training import metrics_at, scores_on, threshold_for_rate
 
@@ -41,8 +41,8 @@ def compare(labels: str, router_dir: str = ROUTER, dtypes: tuple[str, ...] = ("f
     results, base = {}, None
     for name in dtypes:
         dtype = getattr(torch, name)
-        cast = router_copy(model.router, dtype, "model")  # what the captured path scores with (None: the router)
-        scored = scores_on(cast.module if cast is not None else model.router, validation)
+        scoring = Scorer(model.router, dtype, "model").module  # what the captured path scores with, unchecked
+        scored = scores_on(scoring, validation)
         scores, targets = scored["scores"].float(), scored["targets"]
         row = {"roc_auc": roc_auc(scores, targets), "at_rate": [
             {"llm_token_rate": rate, **{k: v for k, v in metrics_at(scores, targets, threshold_for_rate(scores, rate))

@@ -172,17 +172,15 @@ def captured_components(state: CapturedState, context: int, repeats: int, device
         return dict(ids=ids[:, context : context + bucket], positions=positions[:, context : context + bucket],
                     mask=mask, last=state.counts[bucket - 1 : bucket], rewind=state.counts[bucket])
 
-    def span(bucket: int) -> int:  # the columns a read at ``context`` attends
-        return state.span(context + bucket)
-
-    logits, hidden = state.read("slm", 1, span(1), **piece(1))
+    logits, hidden = state.read("slm", 1, state.span(context + 1), **piece(1))
     route = dict(logits=logits, hidden=hidden, token=logits.argmax(-1))
-    out = {"t_slm": timed(lambda: state.read("slm", 1, span(1), **piece(1)), device, repeats * 5),
+    out = {"t_slm": timed(lambda: state.read("slm", 1, state.span(context + 1), **piece(1)), device, repeats * 5),
            "t_router": timed(lambda: state.route(**route), device, repeats * 5), "t_llm": {}}
     for bucket in BUCKETS:
         chunk = piece(bucket)
-        state.read("llm", bucket, span(bucket), **chunk)  # captured on first use, outside the timing
-        out["t_llm"][bucket] = timed(lambda: state.read("llm", bucket, span(bucket), **chunk), device, repeats * 3)
+        span = state.span(context + bucket)
+        state.read("llm", bucket, span, **chunk)  # captured on first use, outside the timing
+        out["t_llm"][bucket] = timed(lambda: state.read("llm", bucket, span, **chunk), device, repeats * 3)
     state.reset()
     return out
 

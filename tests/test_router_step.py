@@ -99,11 +99,11 @@ def test_bf16_models_score_with_a_bf16_router_within_the_tolerance(tok, extra):
     model, _, _ = _pair(torch.bfloat16)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     cast, state = _fast_scores(model, enc, "model", **extra)
-    assert state.cast is not None and state.scoring.combined_projection.weight.dtype == torch.bfloat16
+    assert state.scorer.cast is not None and state.scorer.module.combined_projection.weight.dtype == torch.bfloat16
     assert (state.router_step is None) == (not extra), "greedy folds; sampling scores in the router's own step"
     assert model.router.combined_projection.weight.dtype == torch.float32, "the router itself is untouched"
     full, state = _fast_scores(model, enc, "float32", **extra)
-    assert state.cast is None and state.scoring is model.router
+    assert state.scorer.cast is None and state.scorer.module is model.router
     gap = (cast - full).abs().max()
     assert 0 < gap <= SCORE_TOLERANCE, "a bf16 copy: close to the fp32 router's scores, not equal to them"
 
@@ -133,7 +133,7 @@ def test_a_copy_past_the_tolerance_is_dropped_and_said_once(tok, caplog, monkeyp
     with caplog.at_level(logging.WARNING, logger="r2r_hf.core.router_step"):
         dropped, state = _fast_scores(model, enc, "model")
         _fast_scores(model, enc, "model")
-    assert state.cast is None and torch.equal(dropped, full)
+    assert state.scorer.cast is None and torch.equal(dropped, full)
     assert sum("scores with the router in float32" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -165,17 +165,17 @@ def test_the_servers_router_scores_in_bf16_within_the_tolerance_and_checks_real_
     features = _features(model)
     want = route_scores(model.slm, model.router, model.config.num_topk_logits, *features)
     served = _server_router(model, "model")
-    assert served.warm(416, 64, torch.device("cpu"), torch.bfloat16) == 3 and not served.checked, \
+    assert served.warm(416, 64, torch.device("cpu"), torch.bfloat16) == 3 and not served.scorer.checked, \
         "warming scores zeros: it does not count as the check"
     got = served(*features)
-    assert served.checked and served.cast is not None and served.scoring.combined_projection.weight.dtype == \
-        torch.bfloat16
+    assert served.scorer.checked and served.scorer.cast is not None
+    assert served.scorer.module.combined_projection.weight.dtype == torch.bfloat16
     assert 0 < (got - want).abs().max() <= SCORE_TOLERANCE
     monkeypatch.setattr(router_step, "SCORE_TOLERANCE", -1.0)
     dropped = _server_router(model, "model")
     dropped.warm(416, 64, torch.device("cpu"), torch.bfloat16)
     torch.testing.assert_close(dropped(*features), want, rtol=0, atol=1e-6)  # captured again over the router itself
-    assert dropped.cast is None
+    assert dropped.scorer.cast is None
     torch.testing.assert_close(_server_router(model, "float32")(*features), want, rtol=0, atol=1e-6)
 
 
@@ -204,7 +204,7 @@ def test_a_router_with_per_step_state_is_neither_copied_nor_scored_ahead_of_its_
     assert eager.routed[:, ::2].all() and not eager.routed[:, 1::2].any()
     assert torch.equal(fast.routed, eager.routed), "the captured path scored after each step() too"
     state = model.capture_store.state
-    assert state.cast is None and state.router_step is not None
+    assert state.scorer.cast is None and state.router_step is not None
 
 
 @pytest.mark.parametrize("made_in_inference_mode", [True, False])
@@ -232,7 +232,7 @@ def test_a_copy_that_gives_nan_is_not_kept():
 
 
 def test_the_check_reads_the_row_with_tokens_and_keeps_fp32_when_there_are_none(tok):
-    from r2r_hf.core.router_step import RouterCopy
+    from r2r_hf.core.router_step import Scorer
     from r2r_hf.core.steps import Committed
 
     model, _, _ = _pair(torch.bfloat16)
@@ -241,7 +241,7 @@ def test_the_check_reads_the_row_with_tokens_and_keeps_fp32_when_there_are_none(
     state = model.capture_store.state
     ids = torch.randint(3, 400, (2, 6))
     for mask, kept in ((torch.tensor([[0] * 6, [1] * 6]), True), (torch.zeros(2, 6, dtype=torch.long), False)):
-        state.cast = RouterCopy(model.router, torch.bfloat16)
+        state.scorer = Scorer(model.router, torch.bfloat16, "model")
         seq = Committed.from_prompt(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), 16)
         state.check_router(seq)  # row 0 is all padding: its features come from row 1, or from none
-        assert (state.cast is not None) == kept
+        assert state.scorer.checked and (state.scorer.cast is not None) == kept

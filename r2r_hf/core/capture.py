@@ -30,11 +30,11 @@ from transformers.cache_utils import StaticCache, StaticLayer
 
 from ..compat import cache_argument
 from .engines import EagerSteps, route_scores
-from .features import HiddenStateCapture, input_device, lm_forward, output_device
+from .features import input_device, output_device, slm_proposals
 from .fused import attended
 from .fused_reads import capture_fused, fused_regions, static_read
 from .graphs import CompiledStep, Step, compile_options
-from .router_step import RouterCopy, folded, keeps_cast, router_copy, stateless
+from .router_step import Scorer, folded, stateless
 from .steps import Committed
 
 logger = logging.getLogger(__name__)
@@ -169,8 +169,7 @@ class CapturedState:
                  router_dtype: str = "float32") -> None:
         self.slm, self.llm, self.router, self.num_topk = slm, llm, router, num_topk
         self.vocab = vocab if vocab is not None else slm.get_output_embeddings().weight.shape[0]
-        self.cast: RouterCopy | None = router_copy(router, slm.dtype, router_dtype)
-        self.router_checked = self.cast is None
+        self.scorer = Scorer(router, slm.dtype, router_dtype)
         self.batch, self.capacity, self.capture_llm, self.key = batch, capacity, capture_llm, key
         self.capture = capture
         self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
@@ -185,31 +184,16 @@ class CapturedState:
         the router's current values."""
         self.slm_cache.reset()
         self.llm_cache.reset()
-        if self.cast is not None:
-            self.cast.refresh()
-
-    @property
-    def scoring(self) -> torch.nn.Module:
-        """The router the captured steps score with: the cast copy, or the router itself."""
-        return self.cast.module if self.cast is not None else self.router
+        self.scorer.refresh()
 
     def check_router(self, seq: Committed) -> None:
-        """Before anything scores: the cast router against the router on the SLM's features over the last (at most
-        32) committed tokens of the row that holds the most; past ``router_step.SCORE_TOLERANCE``, or with no token
-        to read (every row padding), this state scores with the router itself."""
-        self.router_checked = True
+        """Before anything scores (``Scorer.check``): the SLM's features over the last (at most 32) committed tokens
+        of the row that holds the most; none where every row is padding."""
         mask = seq.mask[:, : seq.length].bool()
         row = int(mask.sum(1).argmax())
         ids = seq.ids[row, : seq.length][mask[row]][-32:][None]
-        if ids.shape[1] == 0:
-            self.cast = None
-            return
-        with HiddenStateCapture(self.slm) as seen:
-            logits = lm_forward(self.slm, ids, None, None, None, logits_to_keep=0)[0]
-            hidden = seen.hidden[0]
-        token = logits[:, : self.vocab].argmax(-1)
-        if not keeps_cast(self.slm, self.cast, self.num_topk, logits, hidden, token):
-            self.cast = None
+        features = slm_proposals(self.slm, ids, self.vocab) if ids.shape[1] else None
+        self.scorer.check(self.slm, self.num_topk, features)
 
     @property
     def buckets(self) -> set[tuple[str, int]]:
@@ -231,12 +215,10 @@ class CapturedState:
     def _capture(self, role: str, key: tuple, span: int, inputs: dict) -> tuple:
         model, cache = (self.slm, self.slm_cache) if role == "slm" else (self.llm, self.llm_cache)
         hidden, regions, fold = role == "slm", self.fused[role], key[3]
-        then = (lambda read: folded(read, self.slm, self.scoring, self.num_topk, self.vocab)) if fold else \
-            (lambda read: read)
         with kept_lengths(cache):
             if regions is not None:
-                step = capture_fused(self.capture, lambda: then(static_read(model, cache, hidden, span, regions)),
-                                     inputs, f"the {role.upper()}")
+                build = lambda: self._then(static_read(model, cache, hidden, span, regions), fold)  # noqa: E731
+                step = capture_fused(self.capture, build, inputs, f"the {role.upper()}")
                 if step is not None:
                     self.reads[key] = step
                     return key
@@ -244,12 +226,16 @@ class CapturedState:
                 self.reads = {k: step for k, step in self.reads.items() if k[0] != role}
             key = (role, key[1], self.capacity, fold)
             if key not in self.reads:
-                self.reads[key] = self.capture(then(read_fn(model, cache, hidden)), inputs)
+                self.reads[key] = self.capture(self._then(read_fn(model, cache, hidden), fold), inputs)
         return key
+
+    def _then(self, read: Step, fold: bool) -> Step:
+        """The read, and with ``fold`` the router on its argmax proposal after it."""
+        return folded(read, self.slm, self.scorer.module, self.num_topk, self.vocab) if fold else read
 
     def route(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.router_step is None:
-            self.router_step = self.capture(router_fn(self.slm, self.scoring, self.num_topk), inputs)
+            self.router_step = self.capture(router_fn(self.slm, self.scorer.module, self.num_topk), inputs)
         return self.router_step(**inputs)
 
     def read_new(self, role: str, seq: Committed, start: int, fold: bool = False) -> tuple[torch.Tensor, ...]:
@@ -290,7 +276,7 @@ class CapturedSteps:
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, their scores) of the last read
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.state.router_checked and self.capture_router:
+        if not self.state.scorer.checked and self.capture_router:
             self.state.check_router(seq)
         if not self.fold:
             return self.state.read_new("slm", seq, start)

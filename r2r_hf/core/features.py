@@ -148,6 +148,15 @@ def lm_forward(
     return out.logits
 
 
+def slm_proposals(slm: nn.Module, ids: torch.Tensor, vocab: int, keep: int = 0) -> tuple[torch.Tensor, ...]:
+    """A cache-free SLM forward over ``ids`` [1, T]: its logits [n, V], post-norm hidden states [n, H] and argmax
+    proposals over the first ``vocab`` ids [n] at the last ``keep`` positions (0: every position)."""
+    with HiddenStateCapture(slm) as capture:
+        logits = lm_forward(slm, ids, None, None, cache=None, logits_to_keep=keep)[0]
+        hidden = capture.hidden[0]
+    return logits, hidden, logits[:, :vocab].argmax(-1)
+
+
 def topk_logits(logits: torch.Tensor, k: int) -> torch.Tensor:
     """The k largest raw logits along the last axis, sorted descending, as float32."""
     return torch.topk(logits, k, dim=-1, sorted=True).values.float()

@@ -102,6 +102,37 @@ def router_copy(router: nn.Module, slm_dtype: torch.dtype, setting: str) -> Rout
     return RouterCopy(router, slm_dtype)
 
 
+class Scorer:
+    """What captured steps score with (``generate``'s state and the server's router step each hold one): the copy
+    of ``router`` that ``setting`` asks for until the first real features check it, else the router itself."""
+
+    def __init__(self, router: nn.Module, slm_dtype: torch.dtype, setting: str) -> None:
+        self.router, self.cast = router, router_copy(router, slm_dtype, setting)
+        self.checked = self.cast is None  # nothing to check
+
+    @property
+    def module(self) -> nn.Module:
+        """The router to score with: the cast copy, or the router itself."""
+        return self.cast.module if self.cast is not None else self.router
+
+    def refresh(self) -> None:
+        """The copy takes the router's current values (``RouterCopy.refresh``)."""
+        if self.cast is not None:
+            self.cast.refresh()
+
+    def check(self, slm: nn.Module, k: int, features: tuple[torch.Tensor, ...] | None) -> bool:
+        """Once, before anything scores: keep the copy where it scores ``features`` (logits, hidden, token) within
+        the tolerance, else drop it (also with no features at all). True when it was dropped: steps captured over
+        it must be captured again."""
+        if self.checked:
+            return False
+        self.checked = True
+        if features is not None and keeps_cast(slm, self.cast, k, *features):
+            return False
+        self.cast = None
+        return True
+
+
 def keeps_cast(slm: nn.Module, cast: RouterCopy, k: int, logits: torch.Tensor, hidden: torch.Tensor,
                token: torch.Tensor) -> bool:
     """Whether ``cast`` scores these features within ``SCORE_TOLERANCE`` of its router (one host read); where it

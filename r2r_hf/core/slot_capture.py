@@ -25,7 +25,7 @@ from .capture import BUCKETS, bucket_for
 from .engines import route_scores
 from .fused_reads import capture_fused, fused_regions, slot_read
 from .graphs import Step
-from .router_step import keeps_cast, router_copy
+from .router_step import Scorer
 from .slots import SlotCache, forward_piece, piece_inputs
 
 
@@ -121,21 +121,14 @@ class CapturedRouter:
     def __init__(self, slm, router, num_topk: int, capture: Callable[[Step, dict], Step], slots: int,
                  router_dtype: str = "float32") -> None:
         self.slm, self.router, self.num_topk, self.capture = slm, router, num_topk, capture
-        self.cast = router_copy(router, slm.dtype, router_dtype)
-        self.checked = self.cast is None
+        self.scorer = Scorer(router, slm.dtype, router_dtype)
         self.rows = row_buckets(slots)
         self.steps: dict[int, Step] = {}
 
-    @property
-    def scoring(self) -> torch.nn.Module:
-        """The router the captured steps score with: the cast copy, or the router itself."""
-        return self.cast.module if self.cast is not None else self.router
-
     def __call__(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        if not self.checked:  # the first real proposals (warming scores zeros: it does not check)
-            self.checked = True
-            if not keeps_cast(self.slm, self.cast, self.num_topk, logits, hidden, token):
-                self.cast, self.steps = None, {}  # captured again, over the router itself, on first use
+        # The first real proposals check the copy (warming scores zeros: it does not check).
+        if self.scorer.check(self.slm, self.num_topk, (logits, hidden, token)):
+            self.steps = {}  # captured again, over the router itself, on first use
         return self._scores(logits, hidden, token)
 
     def _scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
@@ -145,15 +138,15 @@ class CapturedRouter:
                   "hidden": torch.nn.functional.pad(hidden, (0, 0, 0, pad)),
                   "token": torch.nn.functional.pad(token, (0, pad))}
         if k not in self.steps:
-            slm, router, num_topk = self.slm, self.scoring, self.num_topk
+            slm, router, num_topk = self.slm, self.scorer.module, self.num_topk
             self.steps[k] = self.capture(lambda logits, hidden, token: (
                 route_scores(slm, router, num_topk, logits, hidden, token),), inputs)
         return self.steps[k](**inputs)[0][: len(token)]
 
     def warm(self, vocab: int, width: int, device: torch.device, dtype: torch.dtype) -> int:
         for k in self.rows:
-            self._scores(torch.zeros(k, vocab, dtype=dtype, device=device), torch.zeros(k, width, dtype=dtype, device=device),
-                 torch.zeros(k, dtype=torch.long, device=device))
+            logits, hidden = (torch.zeros(k, n, dtype=dtype, device=device) for n in (vocab, width))
+            self._scores(logits, hidden, torch.zeros(k, dtype=torch.long, device=device))
         return len(self.steps)
 
 

@@ -10,7 +10,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from ..core.features import HiddenStateCapture, lm_forward, read_features
+from ..core.features import read_features, slm_proposals
 
 
 @torch.no_grad()
@@ -34,25 +34,22 @@ def slm_features(slm: PreTrainedModel, samples: list[dict], num_topk: int, vocab
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in (
         "topk_logits", "hidden", "token_embedding", "slm_token", "real_token", "sample", "position")}
     tokens = 0
-    with HiddenStateCapture(slm) as capture:
-        for index, sample in enumerate(samples):
-            prompt, response = sample["prompt_ids"], sample["response_ids"]
-            if not response:
-                continue
-            ids = torch.tensor([prompt + response])
-            # logits_to_keep = R + 1 keeps positions P-1 .. P+R-1; the last one predicts past the answer.
-            logits = lm_forward(slm, ids, None, None, cache=None, logits_to_keep=len(response) + 1)[0, :-1]
-            hidden = capture.hidden[0, :-1]
-            proposal = logits[:, :vocab_size].argmax(-1)
-            features = read_features(slm, logits, hidden, proposal, num_topk)
-            parts["topk_logits"].append(features.topk_logits.to(hidden.dtype).cpu())
-            parts["hidden"].append(hidden.cpu())
-            parts["token_embedding"].append(features.token_embedding.to(hidden.dtype).cpu())
-            parts["slm_token"].append(proposal.cpu())
-            parts["real_token"].append(torch.tensor(response))
-            parts["sample"].append(torch.full((len(response),), index, dtype=torch.int32))
-            parts["position"].append(torch.arange(len(response), dtype=torch.int32))
-            tokens += len(prompt) + len(response)
+    for index, sample in enumerate(samples):
+        prompt, response = sample["prompt_ids"], sample["response_ids"]
+        if not response:
+            continue
+        ids = torch.tensor([prompt + response])
+        # R + 1 kept positions are P-1 .. P+R-1; the last one predicts past the answer.
+        logits, hidden, proposal = (t[:-1] for t in slm_proposals(slm, ids, vocab_size, keep=len(response) + 1))
+        features = read_features(slm, logits, hidden, proposal, num_topk)
+        parts["topk_logits"].append(features.topk_logits.to(hidden.dtype).cpu())
+        parts["hidden"].append(hidden.cpu())
+        parts["token_embedding"].append(features.token_embedding.to(hidden.dtype).cpu())
+        parts["slm_token"].append(proposal.cpu())
+        parts["real_token"].append(torch.tensor(response))
+        parts["sample"].append(torch.full((len(response),), index, dtype=torch.int32))
+        parts["position"].append(torch.arange(len(response), dtype=torch.int32))
+        tokens += len(prompt) + len(response)
     if not parts["slm_token"]:  # every answer empty: an empty shard keeps the run consistent
         width = {"topk_logits": num_topk, "hidden": slm.config.get_text_config().hidden_size,
                  "token_embedding": slm.get_input_embeddings().embedding_dim}
