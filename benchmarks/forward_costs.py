@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.models import fetch
-from r2r_hf.core.slots import SlotCache, read_piece
+from r2r_hf.core.layouts.slot_cache import SlotCache, read_piece
 
 CONTEXT, ROWS, TOKENS = 150, (1, 2, 4, 8, 16), (1, 4, 16, 64)
 
@@ -50,7 +50,7 @@ def read_costs(model, rows: tuple[int, ...] = ROWS, tokens: tuple[int, ...] = TO
 
 def router_costs(model, rows: tuple[int, ...] = ROWS, repeats: int = 3) -> dict:
     """Seconds per router call (the shipped router's shape) on k rows, best of ``repeats``."""
-    from r2r_hf.core.engines import route_scores
+    from r2r_hf.core.layouts.model_calls import route_scores
 
     slm, router, k_logits = model.slm, model.router, model.config.num_topk_logits
     out = {}

@@ -217,7 +217,7 @@ def components(model, plan: Plan, batch: int, prompt: torch.Tensor, gen: dict, r
 
 def bf16_agreement(model, plan: Plan, report: Report) -> None:
     """Teacher-forced logits of the captured path against the eager one (dynamic cache), 2 rows."""
-    from r2r_hf.core.engines import EagerSteps
+    from r2r_hf.core.layouts.model_calls import EagerSteps
     from r2r_hf.testing.agreement import agreement, teacher_forced
 
     length = plan.prompt + sum(AGREEMENT_READS) + 8

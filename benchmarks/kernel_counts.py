@@ -38,9 +38,9 @@ from torch._inductor.utils import run_and_get_code
 from torch.utils._python_dispatch import _disable_current_modes
 from transformers.cache_utils import StaticCache
 
-from r2r_hf.core import fused_reads
-from r2r_hf.core.capture import read_fn, static_cache
-from r2r_hf.core.slots import SlotCache, forward_piece, piece_inputs
+from r2r_hf.core.fast import fused_reads
+from r2r_hf.core.fast.static_reads import read_fn, static_cache
+from r2r_hf.core.layouts.slot_cache import SlotCache, forward_piece, piece_inputs
 
 # Ops that only reshape or alias memory: no kernel runs for them.
 FREE = {"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t", "unsqueeze", "squeeze", "slice",

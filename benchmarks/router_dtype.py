@@ -22,7 +22,7 @@ import transformers
 
 from benchmarks.router_quality import ROUTER, roc_auc
 from r2r_hf import R2RForCausalLM
-from r2r_hf.core.router_step import SCORE_TOLERANCE, Scorer
+from r2r_hf.core.fast.router_copy import SCORE_TOLERANCE, Scorer
 from r2r_hf.pipeline import load_labels
 from r2r_hf.training import metrics_at, scores_on, threshold_for_rate
 

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from r2r_hf.core.layouts import PIECE
+from r2r_hf.core.layouts.slot_layout import PIECE
 from r2r_hf.core.policy import WaitPolicy, default_policy
 
 

@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from r2r_hf.compat import cache_argument
-from r2r_hf.core.capture import BUCKETS, CapturedState, kept_lengths, pieces, read_fn, static_cache
+from r2r_hf.core.fast.static_reads import BUCKETS, CapturedState, kept_lengths, pieces, read_fn, static_cache
 from r2r_hf.core.features import lm_forward
 from r2r_hf.router import Router
 

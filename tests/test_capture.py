@@ -13,8 +13,8 @@ import torch
 from transformers.generation.configuration_utils import CompileConfig
 
 from r2r_hf import R2RForCausalLM
-from r2r_hf.core.capture import BUCKETS, bucket_for, pieces
-from r2r_hf.core.graphs import CudaGraphStep
+from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for, pieces
+from r2r_hf.core.fast.graphs import CudaGraphStep
 from r2r_hf.testing import make_tiny_llm, make_tiny_slm
 from r2r_hf.testing.agreement import argmax_without_cache as _argmax_without_cache
 from r2r_hf.testing.graphs import EmulatedGraphStep, HostSyncError, emulated_store
@@ -232,7 +232,7 @@ def test_disable_compile_and_dynamic_cache_stay_eager(pair, graphs):
     (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0}), "rotary embedding"),
 ])
 def test_only_sdpa_or_eager_attention_and_static_rope_are_captured(change, reason, monkeypatch, caplog):
-    from r2r_hf.core.capture import capturable
+    from r2r_hf.core.fast.static_reads import capturable
 
     slm = make_tiny_slm()
     assert capturable(slm) is None
@@ -246,7 +246,7 @@ def test_only_sdpa_or_eager_attention_and_static_rope_are_captured(change, reaso
         _emulate(model, monkeypatch)
     model.to(DEVICE), slm.to(DEVICE), model.llm.to(DEVICE)
     ids = torch.tensor([[5, 6, 7]], device=DEVICE)
-    with caplog.at_level("WARNING", logger="r2r_hf.core.capture_store"):
+    with caplog.at_level("WARNING", logger="r2r_hf.core.fast.store"):
         for _ in range(3):
             model.generate(ids, **GREEDY, cache_implementation="static")
     assert model.capture_store.state is None, "the call ran eagerly"
@@ -290,7 +290,7 @@ def test_a_generate_inside_a_streamer_runs_eagerly_instead_of_waiting_for_itself
             pass
 
     expected = model.generate(**enc, **GREEDY)
-    with caplog.at_level("WARNING", logger="r2r_hf.core.capture_store"):
+    with caplog.at_level("WARNING", logger="r2r_hf.core.fast.store"):
         outer = model.generate(**enc, **GREEDY, cache_implementation="static", streamer=Nested())
     assert torch.equal(outer, expected) and torch.equal(inner[0], expected)
     assert any("same thread" in r.message for r in caplog.records)
@@ -298,7 +298,7 @@ def test_a_generate_inside_a_streamer_runs_eagerly_instead_of_waiting_for_itself
 
 # ------------------------------------------------------------------ numerics, teacher-forced
 def _engines(model, batch: int, capacity: int):
-    from r2r_hf.core.engines import EagerSteps
+    from r2r_hf.core.layouts.model_calls import EagerSteps
 
     eager = EagerSteps(model.slm, model.llm, model.router, model.config.num_topk_logits, None, capacity)
     captured = model.capture_store.lend(model.slm, model.llm, model.router, model.config.num_topk_logits, None,

@@ -16,9 +16,10 @@ from packaging.version import Version
 from conftest import PROMPTS, SMALL_ROUTER
 
 from r2r_hf import R2RForCausalLM
-from r2r_hf.core import fused, fused_reads
-from r2r_hf.core.capture import read_fn, static_cache
-from r2r_hf.core.fused_reads import PLAIN, fuse_problem, static_read
+from r2r_hf.core.fast import fused
+from r2r_hf.core.fast import fused_reads
+from r2r_hf.core.fast.static_reads import read_fn, static_cache
+from r2r_hf.core.fast.fused_reads import PLAIN, fuse_problem, static_read
 from r2r_hf.testing import make_tiny_llm, make_tiny_slm
 from r2r_hf.testing.graphs import EmulatedGraphStep, emulated_store
 

@@ -8,7 +8,7 @@ replay's output while another graph of the same pool replays.
 import pytest
 import torch
 
-from r2r_hf.core.graphs import CudaGraphStep
+from r2r_hf.core.fast.graphs import CudaGraphStep
 from r2r_hf.testing.graphs import EmulatedGraphStep, EmulatedPool, HostSyncError, ReplayMismatch, emulated_store
 
 CUDA = torch.cuda.is_available()
@@ -97,7 +97,7 @@ def test_the_emulation_is_the_real_step_with_only_the_cuda_primitives_replaced()
 
 @pytest.mark.parametrize("sampling", [True, False], ids=["router step", "folded into the SLM read"])
 def test_a_host_sync_inside_the_loops_router_step_fails_generate(model, tok, monkeypatch, sampling):
-    from r2r_hf.core import capture
+    from r2r_hf.core.fast import static_reads as capture
 
     real_step, real_fold = capture.router_fn, capture.folded
 

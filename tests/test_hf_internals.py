@@ -120,7 +120,7 @@ def test_a_served_answer_gets_the_processors_generate_builds(model, tok):
 def test_decoders_take_a_prepared_mask_and_a_slot_cache(slm, llm):
     """Slots (``core/slots.py``) hand the decoder a 4-D mask and a cache of their own; the self-check reads a
     sequence in two slots and in pieces and compares the logits with a plain forward."""
-    from r2r_hf.core.slots import slot_problem
+    from r2r_hf.core.layouts.slot_cache import slot_problem
 
     for model in (slm, llm):
         object.__setattr__(model, "_r2r_slot_problem", False)  # check anew, not a cached verdict

@@ -14,8 +14,8 @@ import torch
 from conftest import PROMPTS, SMALL_ROUTER
 
 from r2r_hf import R2RForCausalLM
-from r2r_hf.core import router_step
-from r2r_hf.core.router_step import SCORE_TOLERANCE, proposal_is_argmax, router_copy
+from r2r_hf.core.fast import router_copy as router_step
+from r2r_hf.core.fast.router_copy import SCORE_TOLERANCE, proposal_is_argmax, router_copy
 from r2r_hf.testing import make_tiny_llm, make_tiny_slm
 from r2r_hf.testing.graphs import emulated_store
 
@@ -130,7 +130,7 @@ def test_a_copy_past_the_tolerance_is_dropped_and_said_once(tok, caplog, monkeyp
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     full, _ = _fast_scores(model, enc, "float32")
     monkeypatch.setattr(router_step, "SCORE_TOLERANCE", -1.0)  # every difference is too large
-    with caplog.at_level(logging.WARNING, logger="r2r_hf.core.router_step"):
+    with caplog.at_level(logging.WARNING, logger="r2r_hf.core.fast.router_copy"):
         dropped, state = _fast_scores(model, enc, "model")
         _fast_scores(model, enc, "model")
     assert state.scorer.cast is None and torch.equal(dropped, full)
@@ -144,7 +144,7 @@ def test_an_unknown_router_dtype_is_one_sentence():
 
 
 def _server_router(model, router_dtype):
-    from r2r_hf.core.slot_capture import CapturedRouter
+    from r2r_hf.core.fast.slot_reads import CapturedRouter
 
     capturer = emulated_store()._capturer(None, torch.device("cpu"))
     return CapturedRouter(model.slm, model.router, model.config.num_topk_logits, capturer, 4, router_dtype)
@@ -159,7 +159,7 @@ def _features(model, rows=3):
 
 
 def test_the_servers_router_scores_in_bf16_within_the_tolerance_and_checks_real_proposals(monkeypatch):
-    from r2r_hf.core.engines import route_scores
+    from r2r_hf.core.layouts.model_calls import route_scores
 
     model, _, _ = _pair(torch.bfloat16)
     features = _features(model)
@@ -209,7 +209,7 @@ def test_a_router_with_per_step_state_is_neither_copied_nor_scored_ahead_of_its_
 
 @pytest.mark.parametrize("made_in_inference_mode", [True, False])
 def test_a_copy_made_in_inference_mode_still_follows_updates_made_outside(made_in_inference_mode):
-    from r2r_hf.core.router_step import RouterCopy
+    from r2r_hf.core.fast.router_copy import RouterCopy
 
     layer = torch.nn.Linear(4, 4)
     with torch.inference_mode(made_in_inference_mode):  # the server captures under inference mode
@@ -222,7 +222,7 @@ def test_a_copy_made_in_inference_mode_still_follows_updates_made_outside(made_i
 
 
 def test_a_copy_that_gives_nan_is_not_kept():
-    from r2r_hf.core.router_step import RouterCopy, keeps_cast
+    from r2r_hf.core.fast.router_copy import RouterCopy, keeps_cast
 
     model, _, _ = _pair(torch.bfloat16)
     cast = RouterCopy(model.router, torch.bfloat16)
@@ -232,8 +232,8 @@ def test_a_copy_that_gives_nan_is_not_kept():
 
 
 def test_the_check_reads_the_row_with_tokens_and_keeps_fp32_when_there_are_none(tok):
-    from r2r_hf.core.router_step import Scorer
-    from r2r_hf.core.steps import Committed
+    from r2r_hf.core.fast.router_copy import Scorer
+    from r2r_hf.core.layouts.rectangle import Committed
 
     model, _, _ = _pair(torch.bfloat16)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)

@@ -22,7 +22,8 @@ import torch
 from .budget import Budget
 from .choice import CallChoice, RowChoice, RowRule
 from .counters import Counters
-from .layouts import RectangleLayout, SlotLayout
+from .layouts.rectangle import RectangleLayout
+from .layouts.slot_layout import SlotLayout
 from .pair import RoutedPair
 
 

@@ -16,13 +16,15 @@ the LLM's own ``generate`` would process and draw it (``sampling.py`` keeps the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .sampling import Sampler, _widened
-from .steps import Processors
+
+# HF's LogitsProcessorList, or any callable of the same shape: (ids [B, L], logits [B, V]) -> scores [B, V].
+Processors = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _scores(logits: torch.Tensor, vocab: int) -> torch.Tensor:

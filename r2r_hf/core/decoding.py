@@ -27,12 +27,12 @@ from transformers.generation.streamers import BaseStreamer
 from .batch import RunningBatch
 from .choice import CallChoice
 from .counters import Counters
-from .layouts import RectangleLayout
+from .layouts.rectangle import RectangleLayout
 from .outputs import R2RGenerateOutput, RoutingAwareStreamer
 from .policy import IMMEDIATE
 from .routing import Routing, call_length
 from .step import decode_step
-from .steps import Committed
+from .layouts.rectangle import Committed
 
 
 def r2r_decode(

@@ -15,12 +15,12 @@ from torch import nn
 from transformers import GenerationConfig
 
 from .budget import check_budget
-from .capture_store import CaptureStore, choose_steps
-from .engines import Steps
+from .fast.store import CaptureStore, choose_steps
+from .layouts.model_calls import Steps
 from .pair import RoutedPair
-from .router_step import proposal_is_argmax
+from .fast.router_copy import proposal_is_argmax
 from .sampling import Sampler, seeded_generator
-from .steps import Processors
+from .choice import Processors
 
 
 def call_length(generation_config: GenerationConfig, prompt_length: int) -> int:

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrained
 from transformers.generation.configuration_utils import GenerationMode
 
 from ..config import R2RConfig
-from ..core.capture_store import CaptureStore
+from ..core.fast.store import CaptureStore
 from ..core.features import output_device
 from ..core.pair import ModelPair, RoutedPair
 from ..router import Router, build_router, init_router_module

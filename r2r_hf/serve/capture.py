@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import CompileConfig
 
-from ..core.capture import capturable, compiled
+from ..core.fast.static_reads import capturable, compiled
 from ..core.features import output_device
 from ..model.loading import context_length
 

@@ -34,15 +34,15 @@ import torch
 from ..core.batch import Joiner, RunningBatch
 from ..core.choice import CallChoice
 from ..core.counters import Counters
-from ..core.engines import EagerSteps
+from ..core.layouts.model_calls import EagerSteps
 from ..core.features import input_device
-from ..core.layouts import RectangleLayout
+from ..core.layouts.rectangle import RectangleLayout
 from ..core.policy import WaitPolicy, default_policy
 from ..core.sampling import Sampler
-from ..core.slot_capture import graph_memory
-from ..core.slots import slot_problem
+from ..core.fast.slot_reads import graph_memory
+from ..core.layouts.slot_cache import slot_problem
 from ..core.step import Synced, decode_step
-from ..core.steps import Committed
+from ..core.layouts.rectangle import Committed
 from .capture import capture_plan
 from .errors import APIError
 from .metrics import ServeMetrics

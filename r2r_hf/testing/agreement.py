@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.engines import Steps
+from ..core.layouts.model_calls import Steps
 from ..core.features import positions_from_mask
-from ..core.steps import Committed
+from ..core.layouts.rectangle import Committed
 
 
 def teacher_forced(steps: Steps, ids: torch.Tensor, prompt: int, reads: list[int]) -> dict[str, list[torch.Tensor]]:

@@ -33,7 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core.graphs import CudaGraphStep, Step
+from ..core.fast.graphs import CudaGraphStep, Step
 
 # Ops that copy device data to the host or need it to size their output.
 SYNC_OPS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item", "aten::nonzero", "aten::argwhere",
@@ -165,7 +165,7 @@ def _compiled_region(trace: _Trace):
 @contextlib.contextmanager
 def as_if_capturing(trace: _Trace | None = None) -> Iterator[_Trace]:
     """Run as under a real capture: transformers sees a capturing stream, host syncs raise; yields the op trace."""
-    from ..core import fused_reads
+    from ..core.fast import fused_reads
 
     trace = trace if trace is not None else _Trace()
     with mock.patch("transformers.utils.import_utils.is_cuda_stream_capturing", return_value=True), \
@@ -227,6 +227,6 @@ def emulated_store(graph_step: type[EmulatedGraphStep] = EmulatedGraphStep, fuse
 
     ``fuse``: capture fused reads (inductor compiles each region on the CPU: tens of seconds cold), not HF's forward.
     """
-    from ..core.capture_store import CaptureStore
+    from ..core.fast.store import CaptureStore
 
     return CaptureStore(graph_step=graph_step, graph_devices=("cuda", "cpu"), fuse=fuse)

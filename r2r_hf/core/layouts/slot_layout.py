@@ -23,64 +23,17 @@ from collections.abc import Callable
 
 import torch
 
-from .counters import Counters
-from .engines import Steps, route_scores
-from .features import input_device
-from .graphs import Step
-from .pair import RoutedPair
-from .slot_capture import CapturedReads, CapturedRouter
-from .slots import SlotCache, forward_piece, piece_inputs, read_piece
-from .steps import Committed
+from ..counters import Counters
+from .model_calls import route_scores
+from ..features import input_device
+from ..fast.graphs import Step
+from ..pair import RoutedPair
+from ..fast.slot_reads import CapturedReads, CapturedRouter
+from .slot_cache import SlotCache, forward_piece, piece_inputs, read_piece
 
 # Tokens per row one slot forward reads at most: a long prompt is read in pieces of this many (the
 # attention scores of one piece stay small, and a long read is several short forwards).
 PIECE = 256
-
-
-class RectangleLayout:
-    """HF's left-padded rectangle: every row commits at every step (see the module docstring).
-
-    Args:
-        steps: the model calls over HF caches (``Routing.steps``).
-        seq: the committed buffers, holding the prompt.
-        counters: where forwards are counted.
-    """
-
-    def __init__(self, steps: Steps, seq: Committed, counters: Counters) -> None:
-        self.steps, self.seq, self.counters = steps, seq, counters
-        self.slm_seen = 0  # columns the SLM has read
-        self.llm_seen = 0  # columns the LLM has read (one lag: it reads every row to the end)
-        self.rows = seq.ids.shape[0]
-
-    def lengths(self) -> list[int]:
-        return [self.seq.length] * self.rows
-
-    def processor_ids(self, rows: list[int] | None = None) -> torch.Tensor:
-        """What HF's processors see: the whole rectangle (left padding included, as in HF ``generate``)."""
-        return self.seq.view()
-
-    def append(self, rows: list[int], token: torch.Tensor) -> None:
-        if len(rows) != self.rows:
-            raise ValueError("every row of a rectangle commits a token at every step")
-        self.seq.append(token)
-
-    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        start, self.slm_seen = self.slm_seen, self.seq.length
-        self.counters.forward("slm", self.rows, self.seq.length - start)
-        return self.steps.slm_read(self.seq, start)
-
-    def llm_read(self, rows: list[int]) -> torch.Tensor:
-        """Every row's logits [B, V] (the rectangle catches every row up; ``rows`` are the ones that need them)."""
-        self.counters.forward("llm", self.rows, self.seq.length - self.llm_seen)
-        logits = self.steps.llm_read(self.seq, self.llm_seen)
-        self.llm_seen = self.seq.length
-        return logits
-
-    def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        return self.steps.route_scores(logits, hidden, token)
-
-    def close(self) -> None:
-        self.steps.close()
 
 
 class SlotLayout:

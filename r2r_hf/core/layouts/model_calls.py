@@ -19,8 +19,8 @@ from typing import Protocol
 import torch
 from transformers.cache_utils import Cache
 
-from .features import HiddenStateCapture, lm_forward, read_features, score
-from .steps import Committed, make_cache
+from ..features import HiddenStateCapture, lm_forward, read_features, score
+from .rectangle import Committed, make_cache
 
 
 class Steps(Protocol):

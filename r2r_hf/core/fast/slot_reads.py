@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 import torch
 
-from .capture import BUCKETS, bucket_for
-from .engines import route_scores
+from .static_reads import BUCKETS, bucket_for
+from ..layouts.model_calls import route_scores
 from .fused_reads import capture_fused, fused_regions, slot_read
 from .graphs import Step
-from .router_step import Scorer
-from .slots import SlotCache, forward_piece, piece_inputs
+from .router_copy import Scorer
+from ..layouts.slot_cache import SlotCache, forward_piece, piece_inputs
 
 
 def row_buckets(slots: int) -> tuple[int, ...]:

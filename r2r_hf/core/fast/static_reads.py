@@ -28,14 +28,14 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
-from ..compat import cache_argument
-from .engines import EagerSteps, route_scores
-from .features import input_device, output_device, slm_proposals
+from ...compat import cache_argument
+from ..layouts.model_calls import EagerSteps, route_scores
+from ..features import input_device, output_device, slm_proposals
 from .fused import attended
 from .fused_reads import capture_fused, fused_regions, static_read
 from .graphs import CompiledStep, Step, compile_options
-from .router_step import Scorer, folded, stateless
-from .steps import Committed
+from .router_copy import Scorer, folded, stateless
+from ..layouts.rectangle import Committed
 
 logger = logging.getLogger(__name__)
 

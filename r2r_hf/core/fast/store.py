@@ -21,11 +21,11 @@ from collections.abc import Sequence
 
 from transformers import GenerationConfig
 
-from .capture import SLACK, CapturedState, CapturedSteps, capturable, compiled
-from .engines import EagerSteps, Steps
-from .features import output_device
+from .static_reads import SLACK, CapturedState, CapturedSteps, capturable, compiled
+from ..layouts.model_calls import EagerSteps, Steps
+from ..features import output_device
 from .graphs import CudaGraphStep, GraphStep
-from .pair import RoutedPair
+from ..pair import RoutedPair
 
 logger = logging.getLogger(__name__)
 

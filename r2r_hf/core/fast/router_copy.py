@@ -30,8 +30,8 @@ from collections.abc import Sized
 import torch
 from torch import nn
 
-from ..router import Router
-from .engines import route_scores
+from ...router import Router
+from ..layouts.model_calls import route_scores
 from .graphs import Step
 
 logger = logging.getLogger(__name__)

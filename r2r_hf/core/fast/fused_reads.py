@@ -18,7 +18,7 @@ from transformers.cache_utils import StaticCache
 
 from . import fused
 from .graphs import Step
-from .slots import SlotCache, continuation_problem, piece_inputs
+from ..layouts.slot_cache import SlotCache, continuation_problem, piece_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..compat import cache_argument
-from .features import HiddenStateCapture
+from ...compat import cache_argument
+from ..features import HiddenStateCapture
 
 SLOT_ATTENTION = ("sdpa", "eager")
 
