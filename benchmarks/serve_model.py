@@ -170,13 +170,14 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
                 waits.append(step_no - rows[r].waiting_since)
                 rows[r].waiting_since = None
         writers = slm_writers + llm_writers
-        if writers:  # the SLM reads what was committed
-            cost += costs.forward("slm", len(writers), 1)
-            slm_forwards += 1
         for r in writers:
             rows[r].length += 1
             rows[r].written += 1
             pending.append(r)
+        readers = [r for r in writers if rows[r].written < len(rows[r].routed)]
+        if readers:  # the SLM reads what was committed, where a proposal follows
+            cost += costs.forward("slm", len(readers), 1)
+            slm_forwards += 1
         if busy:  # the engine steps only when a row decodes (not while every row is prefilling)
             clock += cost
             step_no += 1

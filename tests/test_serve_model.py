@@ -12,8 +12,9 @@ FLAT = Costs(slm=(0.01, 0.0, 0.0), llm=(0.1, 0.0, 0.0), router=(0.001, 0.0), ste
 
 def test_an_answer_that_never_routes_costs_its_prefill_and_one_step_per_token():
     got = simulate([(10, [False] * 20)], 1, WaitPolicy(), FLAT)
-    # the prefill (SLM and LLM, chunked), then 20 steps that commit a token each and one that only reads the last
-    want = 0.01 + 0.1 + 20 * (0.001 + 0.01) + 0.0
+    # the prefill (SLM and LLM, chunked), then 20 steps that commit a token each (the SLM reads each but the last:
+    # no proposal follows it) and one that only reads the last
+    want = 0.01 + 0.1 + 20 * 0.001 + 19 * 0.01 + 0.0
     assert got["wall_s"] == pytest.approx(want) and got["llm_forwards"] == 1 and got["llm_calls"] == 0
 
 

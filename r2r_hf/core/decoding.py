@@ -84,7 +84,7 @@ def r2r_decode(
         running = batch.running.clone()
         before = routing.sampler.state()
         out = decode_step(batch, IMMEDIATE, ended=lambda synced: set(range(rows)) if synced.also[0] else set(),
-                          also=(~running.any(),), read=seq.length + 1 < max_len)
+                          also=(~running.any(),))
         if not out.committed:  # every row had finished at the previous step: this step's draw is not committed
             routing.sampler.restore(before)
             break

@@ -98,7 +98,7 @@ def _sync(batch: RunningBatch, rows: list[int], routed: torch.Tensor, ok: torch.
 
 
 def decode_step(batch: RunningBatch, policy: WaitPolicy, ended: Callable[[Synced], set[int]] | None = None,
-                also: tuple[torch.Tensor, ...] = (), read: bool = True) -> StepResult:
+                also: tuple[torch.Tensor, ...] = ()) -> StepResult:
     """Advance ``batch`` by one step (see the module docstring).
 
     Args:
@@ -107,7 +107,6 @@ def decode_step(batch: RunningBatch, policy: WaitPolicy, ended: Callable[[Synced
         ended: given what the host read, the rows whose answer ended with the previous step's token (the server's
             stop checks); they propose nothing more and commit nothing.
         also: device values to read in the step's synchronisation (generate: whether every row had finished).
-        read: whether the SLM reads the committed tokens (False when no step follows).
     """
     counters, choice = batch.counters, batch.choice
     rows = batch.proposing()
@@ -202,9 +201,10 @@ def decode_step(batch: RunningBatch, policy: WaitPolicy, ended: Callable[[Synced
         state.max_new -= 1
         state.draining = state.max_new <= 0
     batch.last_token = committed
-    if read and writers_all:
-        logits_new, hidden_new = batch.layout.slm_read(writers_all)
-        at = batch.index(writers_all)
+    readers = [r for r in writers_all if not batch.rows[r].draining]  # a token no proposal follows is not read
+    if readers:
+        logits_new, hidden_new = batch.layout.slm_read(readers)
+        at = batch.index(readers)
         if at is None:
             batch.slm_logits, batch.slm_hidden = logits_new, hidden_new
         else:
