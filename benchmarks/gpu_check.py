@@ -217,7 +217,7 @@ def components(model, plan: Plan, batch: int, prompt: torch.Tensor, gen: dict, r
 
 def bf16_agreement(model, plan: Plan, report: Report) -> None:
     """Teacher-forced logits of the captured path against the eager one (dynamic cache), 2 rows."""
-    from r2r_hf.core.layouts.model_calls import EagerSteps
+    from r2r_hf.core.layouts.model_calls import EagerCalls
     from r2r_hf.testing.agreement import agreement, teacher_forced
 
     length = plan.prompt + sum(AGREEMENT_READS) + 8
@@ -225,7 +225,7 @@ def bf16_agreement(model, plan: Plan, report: Report) -> None:
     reads = [plan.prompt + AGREEMENT_READS[0], *AGREEMENT_READS[1:]]
     k = model.config.num_topk_logits
     model.capture_store.clear()
-    eager = EagerSteps(model.slm, model.llm, model.router, k, None, length)
+    eager = EagerCalls(model.slm, model.llm, model.router, k, None, length)
     captured = model.capture_store.lend(model.slm, model.llm, model.router, k, None, 2, length)
     try:
         found = agreement(teacher_forced(eager, ids, plan.prompt, reads), teacher_forced(captured, ids, plan.prompt, reads))

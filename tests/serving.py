@@ -65,11 +65,11 @@ def slow_decoding(monkeypatch, model, seconds: float = 0.02) -> None:
     long answer is still decoding when a test acts."""
     from r2r_hf.serve import engine
 
-    real = engine.decode_step
+    real = engine.turn
 
     def slow(*args, **kwargs):
         time.sleep(seconds)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "decode_step", slow)
+    monkeypatch.setattr(engine, "turn", slow)
     monkeypatch.setattr(model.generation_config, "eos_token_id", None)

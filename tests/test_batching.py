@@ -1,4 +1,4 @@
-"""The running batch (core/batch.py) and its one step (core/step.py): every row answers what it answers alone.
+"""The running batch (core/batch.py) and its turns (core/turn.py): every row answers what it answers alone.
 
 The loop here is the server's, driven by hand so the test decides when rows join: rows with their own
 thresholds, budgets, seeded sampling and a repetition penalty (a processor that reads the row's tokens) join a
@@ -11,7 +11,7 @@ import torch
 
 from r2r_hf.core.batch import Joiner, RunningBatch
 from r2r_hf.core.policy import WaitPolicy
-from r2r_hf.core.step import decode_step
+from r2r_hf.core.turn import turn
 from r2r_hf.model.row_settings import resolve_row
 
 PROMPTS = ["water", "the old man said that he was a good", "write a new line", "he",
@@ -45,7 +45,10 @@ class Driver:
         self.batch.join([Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name)],
                         prefill=self.prefill)
 
-    def _update(self, synced):
+    def reads(self):  # the stop rule of the turns (core.turn.Stops): EOS or the length limit
+        return ()
+
+    def ended(self, synced):
         ended = set()
         for r in self.batch.occupied():
             if synced.previous[r] < 0:
@@ -54,19 +57,13 @@ class Driver:
             self.out[name].append((synced.previous[r], synced.previous_by_llm[r]))
             if synced.previous[r] in self.eos[name] or len(self.out[name]) == self.limit[name]:
                 ended.add(r)
-        self.ended |= ended
         return ended
 
     def run(self, steps: int | None = None):
-        """``steps`` steps, or until every row ended."""
+        """``steps`` turns, or until every row ended."""
         done = 0
         while self.batch.occupied() and (steps is None or done < steps):
-            self.ended = set()
-            if self.prefill:
-                self.batch.prefill(self.prefill)
-            if self.batch.decoding():
-                decode_step(self.batch, self.policy, ended=self._update)
-            self.batch.leave(sorted(self.ended))
+            turn(self.batch, self.policy, self, self.prefill)
             done += 1
 
 

@@ -298,9 +298,9 @@ def test_a_generate_inside_a_streamer_runs_eagerly_instead_of_waiting_for_itself
 
 # ------------------------------------------------------------------ numerics, teacher-forced
 def _engines(model, batch: int, capacity: int):
-    from r2r_hf.core.layouts.model_calls import EagerSteps
+    from r2r_hf.core.layouts.model_calls import EagerCalls
 
-    eager = EagerSteps(model.slm, model.llm, model.router, model.config.num_topk_logits, None, capacity)
+    eager = EagerCalls(model.slm, model.llm, model.router, model.config.num_topk_logits, None, capacity)
     captured = model.capture_store.lend(model.slm, model.llm, model.router, model.config.num_topk_logits, None,
                                         batch, capacity)
     return eager, captured

@@ -258,7 +258,7 @@ def test_a_client_that_goes_away_stops_costing_compute(model, tok, slow_steps):
 def test_a_batch_that_fails_is_answered_500_and_the_server_goes_on(model, tok, monkeypatch):
     from r2r_hf.serve import engine
 
-    real, failures = engine.decode_step, []
+    real, failures = engine.turn, []
 
     def failing_once(*args, **kwargs):
         if not failures:
@@ -266,7 +266,7 @@ def test_a_batch_that_fails_is_answered_500_and_the_server_goes_on(model, tok, m
             raise RuntimeError("injected fault")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "decode_step", failing_once)
+    monkeypatch.setattr(engine, "turn", failing_once)
     with serving(model, tok) as (url, _):
         body = {"model": "tiny", "prompt": "water", "max_tokens": 4, "temperature": 0, "threshold": 0.0}
         failed = httpx.post(url + "/v1/completions", json=body, timeout=60)

@@ -206,8 +206,8 @@ def test_a_drain_that_runs_out_ends_each_open_answer_with_an_error_event(model, 
     from r2r_hf.serve.rows import Choice
     from r2r_hf.serve.settings import ServeSettings
 
-    real = engine_module.decode_step
-    monkeypatch.setattr(engine_module, "decode_step", lambda *a, **k: (clock.sleep(0.02), real(*a, **k))[1])
+    real = engine_module.turn
+    monkeypatch.setattr(engine_module, "turn", lambda *a, **k: (clock.sleep(0.02), real(*a, **k))[1])
     monkeypatch.setattr(model.generation_config, "eos_token_id", None)
     engine = Engine(model, tok, ServeSettings(max_batch_size=2, batch_wait_ms=0))
     prompt = tok(PROMPTS[0])["input_ids"]

@@ -117,14 +117,13 @@ def capture_mode(text: str) -> str:
 
 def min_rows(text: str) -> tuple[int, ...]:
     """``--llm-min-rows``: one whole number >= 1, or a comma-separated list of them."""
+    from ..core.policy import check_min_rows  # the one check (stdlib only: no torch before a command runs)
+
     try:
-        values = tuple(int(part) for part in text.split(","))
+        return check_min_rows(tuple(int(part) for part in text.split(",")))
     except ValueError:
-        values = ()
-    if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or a comma-separated list of them "
-                                         f"(e.g. 1,2,2,3), got {text!r}")
-    return values
+                                         f"(e.g. 1,2,2,3), got {text!r}") from None
 
 
 def widths(text: str) -> list[int]:

@@ -1,8 +1,10 @@
 """The running batch: one value holding every row a decoding loop advances, its caches and each row's progress.
 
-``generate`` builds one for its call (every row of its left-padded prompt, on HF's caches: a
-``RectangleLayout``); the server keeps one for its lifetime, in which requests ``join`` free slots and
-``leave`` them (a ``SlotLayout``). Both advance it with ``step.decode_step``.
+``generate`` builds one for its call (``for_call``: every row of its left-padded prompt on HF's caches, a
+``RectangleLayout``; the server builds the same for an answer of a model that cannot use slots); the server keeps
+one for its lifetime (``for_slots``), in which requests ``join`` free slots and ``leave`` them (a ``SlotLayout``).
+Both advance it with ``turn.decode_step``: ``propose``, ``sync`` and ``execute`` below are its device side
+(``step.py``), the host side — a ``RowState`` per slot and the step counter — is ``plan.BatchRows``.
 
 Per row: its committed tokens and both models' caches (the layout's, each model's read progress per row),
 the SLM's logits and hidden state after its last token (its next proposal comes from them), its threshold,
@@ -19,35 +21,16 @@ from typing import Any
 
 import torch
 
+from . import step
 from .budget import Budget
-from .choice import CallChoice, RowChoice, RowRule
+from .choice import CallChoice, Chooser, RowChoice, RowRule
 from .counters import Counters
-from .layouts.rectangle import RectangleLayout
+from .layouts import Layout
+from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
 from .pair import RoutedPair
-
-
-@dataclass
-class RowState:
-    """One row's host-side state between steps.
-
-    Args:
-        owner: what the row answers (the server's answer object; None in ``generate``).
-        max_new: tokens the row may still commit at most (it drains after the last: ``draining``).
-        waiting_since: the step it was routed at while it waits for the LLM (None: not waiting).
-        rng: its random stream before the SLM draw that routed it (the LLM draws from there).
-        by_llm: whether the token it committed last came from the LLM (its value reaches the host next step).
-        draining: it committed its last token; it proposes no more and leaves once the host has read it.
-        prefilling: its prompt is still being read (a piece per turn: ``RunningBatch.prefill``).
-    """
-
-    owner: Any = None
-    max_new: int = 2**62
-    waiting_since: int | None = None
-    rng: Any = None
-    by_llm: bool = False
-    draining: bool = False
-    prefilling: bool = False
+from .plan import BatchRows, RowState, StepPlan
+from .routing import Routing
 
 
 @dataclass
@@ -62,35 +45,38 @@ class Joiner:
     owner: Any = None
 
 
-class RunningBatch:
+class RunningBatch(BatchRows):
     """Every row one loop decodes (see the module docstring). Built by ``for_call`` or ``for_slots``."""
 
-    def __init__(self, pair: RoutedPair, layout, choice, counters: Counters, slots: int, device: torch.device,
-                 budget: Budget | None, pad: int | None = None) -> None:
+    def __init__(self, pair: RoutedPair, layout: Layout, choice: Chooser, counters: Counters, slots: int,
+                 device: torch.device, budget: Budget | None) -> None:
+        super().__init__(slots)
         self.pair, self.layout, self.choice, self.counters = pair, layout, choice, counters
         self.device = device
-        self.rows: list[RowState | None] = [None] * slots
         self.slm_logits: torch.Tensor | None = None  # [S, V] the SLM after each row's last token
         self.slm_hidden: torch.Tensor | None = None  # [S, H] its post-norm hidden state there
         self.thresholds = torch.full((slots,), math.inf, device=device)
         self.running = torch.ones(slots, dtype=torch.bool, device=device)  # generate: rows not finished
         self.last_token = torch.full((slots,), -1, dtype=torch.long, device=device)  # committed at the last step
-        self.budget, self.pad = budget, pad
-        self.step_no = 0
-        self.keep_outputs = False  # generate's output_scores/output_logits: the step returns what it chose from
+        self.budget = budget
 
     # ------------------------------------------------------------ building
     @classmethod
-    def for_call(cls, pair: RoutedPair, layout: RectangleLayout, choice: CallChoice, threshold: float,
-                 llm_budget: float | None, new_tokens: int, pad: int | None, counters: Counters) -> RunningBatch:
-        """A generate call's batch over its prompt (every row of the rectangle); the SLM reads the prompt."""
-        rows = layout.rows
-        device = layout.seq.ids.device
-        budget = None if llm_budget is None else Budget.start(llm_budget, rows, new_tokens, device)
-        batch = cls(pair, layout, choice, counters, rows, device, budget, pad)
+    def for_call(cls, routing: Routing, input_ids: torch.Tensor, new_tokens: int,
+                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                 pad: torch.Tensor | None = None, counters: Counters | None = None) -> RunningBatch:
+        """A generate call's batch over its left-padded prompts ``input_ids`` [B, P] (every row of the rectangle,
+        at most ``new_tokens`` each; finished rows commit ``pad``); the SLM reads the prompts."""
+        counters = counters or Counters()
+        seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.calls.capacity)
+        layout = RectangleLayout(routing.calls, seq, counters, pad)
+        choice = CallChoice(routing.processors, routing.sampler, routing.vocab_size, seq.view)
+        rows, device = input_ids.shape[0], input_ids.device
+        budget = None if routing.llm_budget is None else Budget.start(routing.llm_budget, rows, new_tokens, device)
+        batch = cls(routing.pair, layout, choice, counters, rows, device, budget)
         batch.rows = [RowState(max_new=new_tokens) for _ in range(rows)]
-        batch.thresholds.fill_(threshold)
-        batch.slm_logits, batch.slm_hidden = layout.slm_read(list(range(rows)))
+        batch.thresholds.fill_(routing.threshold)
+        batch.store_slm(list(range(rows)), *layout.slm_read(list(range(rows))))
         return batch
 
     @classmethod
@@ -105,28 +91,17 @@ class RunningBatch:
         batch.running.fill_(False)
         return batch
 
+    # ------------------------------------------------------------ the step's device side (``step.py``)
+    def propose(self) -> step.Proposal:
+        return step.propose(self)
+
+    def sync(self, proposal: step.Proposal, extra: tuple[torch.Tensor, ...] = ()) -> step.Synced:
+        return step.sync(self, proposal, extra)
+
+    def execute(self, proposal: step.Proposal, synced: step.Synced, plan: StepPlan) -> step.StepResult:
+        return step.execute(self, proposal, synced, plan)
+
     # ------------------------------------------------------------ rows
-    def occupied(self) -> list[int]:
-        return [r for r, row in enumerate(self.rows) if row is not None]
-
-    def proposing(self) -> list[int]:
-        """Rows that propose this step: in the batch, prompt read, not waiting for the LLM, not draining."""
-        return [r for r, row in enumerate(self.rows) if row is not None and row.waiting_since is None
-                and not row.draining and not row.prefilling]
-
-    def decoding(self) -> bool:
-        """Whether a step has anything to do (a row proposes, waits for the LLM or has a token to hand over)."""
-        return any(row is not None and not row.prefilling for row in self.rows)
-
-    def prefilling(self) -> list[int]:
-        return [r for r, row in enumerate(self.rows) if row is not None and row.prefilling]
-
-    def waiting(self) -> list[int]:
-        return [r for r, row in enumerate(self.rows) if row is not None and row.waiting_since is not None]
-
-    def free_slots(self) -> int:
-        return sum(row is None for row in self.rows)
-
     def join(self, joiners: list[Joiner], prefill: int | None = None) -> list[int]:
         """Put each joiner in a free slot (the lowest first); the SLM reads their prompts in one forward, or, with
         ``prefill``, both models read at most that many prompt tokens per ``prefill`` call (chunked prefill: a long
@@ -170,13 +145,21 @@ class RunningBatch:
 
     def _ready(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor) -> None:
         """Rows whose prompt the SLM has read: their first proposal comes from ``logits`` and ``hidden``."""
+        self.store_slm(rows, logits, hidden)
+        for r in rows:
+            self.rows[r].prefilling = False
+
+    def store_slm(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The SLM's logits [k, V] and hidden states [k, H] after the last token of each of ``rows``."""
+        at = self.index(rows)
+        if at is None:
+            self.slm_logits, self.slm_hidden = logits, hidden
+            return
         if self.slm_logits is None:
             self.slm_logits = logits.new_zeros(len(self.rows), logits.shape[-1])
             self.slm_hidden = hidden.new_zeros(len(self.rows), hidden.shape[-1])
-        index = torch.tensor(rows, device=self.slm_logits.device)
-        self.slm_logits[index], self.slm_hidden[index] = logits, hidden.to(self.slm_hidden.device)
-        for r in rows:
-            self.rows[r].prefilling = False
+        self.slm_logits[at.to(self.slm_logits.device)] = logits
+        self.slm_hidden[at.to(self.slm_hidden.device)] = hidden.to(self.slm_hidden.device)
 
     def leave(self, rows: list[int]) -> None:
         """Free the slots of ``rows`` (nothing is copied: a later row writes over them)."""

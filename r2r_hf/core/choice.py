@@ -12,12 +12,16 @@ the LLM's own ``generate`` would process and draw it (``sampling.py`` keeps the 
   row's draws only. Where the LLM writes a row, only that row's stream is rewound and drawn again. A row
   answers what it answers alone, whatever its neighbours do, and a row whose scores hold no probability
   (every score -inf or NaN) is flagged instead of failing the batch.
+
+Both are ``Chooser``s: the step (``step.py``) asks them for the streams' states, proposals, the LLM's redraw and
+the rows whose draw failed, and never asks which one it holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -25,6 +29,31 @@ from .sampling import Sampler, _widened
 
 # HF's LogitsProcessorList, or any callable of the same shape: (ids [B, L], logits [B, V]) -> scores [B, V].
 Processors = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Chooser(Protocol):
+    """How a running batch's rows turn logits into tokens (see the module docstring)."""
+
+    vocab: int  # ids both models can write
+
+    def state(self, rows: list[int]) -> Mapping[int, Any]:
+        """Where each row's random stream stands (None or absent: greedy), taken before its draw."""
+
+    def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(processed scores [k, V], tokens [k], whether each draw had a probability [k] or None)."""
+
+    def redraw(self, logits: torch.Tensor, rows: list[int], writers: list[int],
+               states: Mapping[int, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The LLM's choice for ``writers`` from the logits [r, V] of ``rows``, each stream rewound to ``states``."""
+
+    def flags(self) -> torch.Tensor | None:
+        """[S] rows whose last LLM draw failed (read in the next synchronisation), or None: none can fail."""
+
+    def flag(self, rows: torch.Tensor, ok: torch.Tensor | None) -> None:
+        """Record which of ``rows`` drew from a probability (``ok``) in the LLM's redraw."""
+
+    def set(self, row: int, rule: RowRule | None) -> None:
+        """Slot ``row`` chooses by ``rule`` from now on (None: it is free)."""
 
 
 def _scores(logits: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -45,8 +74,9 @@ class CallChoice:
     def __init__(self, processors: Processors, sampler: Sampler, vocab: int, ids) -> None:
         self.processors, self.sampler, self.vocab, self.ids = processors, sampler, vocab, ids
 
-    def state(self, rows: list[int]):
-        return self.sampler.state()
+    def state(self, rows: list[int]) -> dict[int, Any]:
+        state = self.sampler.state()  # one stream for the call: every row's is the same
+        return {r: state for r in rows}
 
     def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(processed scores [B, V], tokens [B], None) for every row of the batch."""
@@ -58,10 +88,21 @@ class CallChoice:
         at (as ``llm.generate`` draws), of which ``writers`` keep theirs. Outputs are the writers', in order."""
         if len(rows) != len(self.ids()):
             raise ValueError("a generate call's LLM reads every row of its batch")
-        self.sampler.restore(states)
+        if len({id(states[w]) for w in writers}) > 1:
+            raise ValueError("a generate call's rows share one stream: the LLM writes them in the step they route")
+        self.sampler.restore(states[writers[0]])
         scores, tokens, _ = self.propose(logits, rows)
         picked = torch.tensor(writers, device=tokens.device)
         return scores[picked], tokens[picked], None
+
+    def flags(self) -> None:
+        return None  # an argmax or a batch draw over HF's processors fails loudly, as HF's own would
+
+    def flag(self, rows: torch.Tensor, ok: torch.Tensor | None) -> None:
+        pass
+
+    def set(self, row: int, rule: RowRule | None) -> None:
+        pass  # the call's rows share its processors and stream: nothing per row to keep or forget
 
 
 @dataclass(frozen=True)
@@ -100,6 +141,13 @@ class RowChoice:
     def state(self, rows: list[int]) -> dict[int, torch.Tensor]:
         return {r: self.rules[r].generator.get_state() for r in rows if self.rules[r].generator is not None}
 
+    def flags(self) -> torch.Tensor:
+        return self.bad
+
+    def flag(self, rows: torch.Tensor, ok: torch.Tensor | None) -> None:
+        if ok is not None:
+            self.bad[rows] = ~ok
+
     def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(processed scores [k, V], tokens [k], ok [k]) for ``rows`` from their logits [k, V]."""
         scores = _scores(logits, self.vocab).to(self.device)
@@ -127,7 +175,7 @@ class RowChoice:
         at = {r: i for i, r in enumerate(rows)}
         picked = [at[r] for r in writers]
         for r in writers:
-            if r in states:
+            if states.get(r) is not None:
                 self.rules[r].generator.set_state(states[r])
         return self.propose(logits[torch.tensor(picked, device=logits.device)], writers)
 

@@ -60,6 +60,16 @@ class Counters:
         if self.shapes is not None:
             self.shapes.append((role, rows, tokens))
 
+    def step(self, plan) -> None:
+        """Count one step that ran ``plan`` (a ``plan.StepPlan``)."""
+        self.steps += 1
+        self.generated += len(plan.writers)
+        self.llm_tokens += len(plan.llm_writers)
+        if plan.llm_writers:
+            self.llm_calls += 1
+            self.llm_rows += len(plan.llm_writers)
+            self.waits.extend(plan.waited)
+
     def summary(self) -> dict[str, float | int | None]:
         """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet)."""
         per_token = (lambda n: n / self.generated) if self.generated else (lambda n: None)  # noqa: E731

@@ -1,8 +1,8 @@
 """``generate``'s R2R loop: HF's records, streaming and stopping around the one decoding step.
 
-The step itself (propose, route, catch up, commit, SLM step) is ``step.decode_step``, over a ``RunningBatch``
-(``batch.py``) that the server's engine advances with the same step. Here the batch is the call's
-left-padded rectangle on HF's own caches (eager, static, captured or compiled: ``capture.py``), in which every
+The step itself (propose, route, plan, catch up, commit, SLM read) is ``turn.decode_step``, over a
+``RunningBatch`` (``batch.py``) that the server's engine advances with the same step. Here the batch is the call's
+left-padded rectangle on HF's own caches (eager, static, captured or compiled: ``core/fast``), in which every
 row commits a token at every step, and the LLM runs in the step a row routes (``policy.IMMEDIATE``): HF's
 contracts — ``sequences``, streamers and stopping criteria all see one token per row per step — leave no room
 for a row that waits, so waiting for a shared LLM forward is the server's (``r2r_hf/serve``).
@@ -25,14 +25,25 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from .batch import RunningBatch
-from .choice import CallChoice
-from .counters import Counters
-from .layouts.rectangle import RectangleLayout
 from .outputs import R2RGenerateOutput, RoutingAwareStreamer
 from .policy import IMMEDIATE
 from .routing import Routing, call_length
-from .step import decode_step
-from .layouts.rectangle import Committed
+from .step import StepResult, Synced
+from .turn import decode_step
+
+
+class Finished:
+    """A generate call's stop rule: the loop ends once every row has finished (HF's stopping criteria mark rows
+    finished in ``batch.running``; whether any row still runs is read in the step's one synchronisation)."""
+
+    def __init__(self, batch: RunningBatch) -> None:
+        self.batch = batch
+
+    def reads(self) -> tuple[torch.Tensor, ...]:
+        return (~self.batch.running.any(),)
+
+    def ended(self, synced: Synced) -> set[int]:
+        return set(range(len(self.batch.rows))) if synced.extra[0] else set()
 
 
 def r2r_decode(
@@ -47,7 +58,7 @@ def r2r_decode(
     """Generate with token-level routing, once HF ``generate`` has prepared everything.
 
     Args:
-        routing: the call's router, threshold, processors, sampler and engine.
+        routing: the call's router, threshold, processors, sampler and model calls.
         input_ids: [B, P] left-padded prompts.
         stopping_criteria, generation_config: as prepared by HF ``generate``.
         attention_mask: [B, P], or None when nothing is padded.
@@ -56,72 +67,92 @@ def r2r_decode(
             is also told which rows the LLM wrote.
     """
     rows, prompt_len = input_ids.shape
-    device = input_ids.device
     return_dict = bool(generation_config.return_dict_in_generate)
     keep_scores = return_dict and bool(generation_config.output_scores)
     keep_logits = return_dict and bool(generation_config.output_logits)
     pad = generation_config._pad_token_tensor
     pad_finished = pad is not None and any(hasattr(c, "eos_token_id") for c in stopping_criteria)
-    max_len = call_length(generation_config, prompt_len)
-    new_max = max_len - prompt_len
-
-    routed_record = torch.zeros(rows, new_max, dtype=torch.bool, device=device)
-    score_record = torch.full((rows, new_max), float("nan"), device=device)
-    generated_record = torch.zeros(rows, new_max, dtype=torch.bool, device=device)
-    scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
-    logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
-
-    counters = Counters()
-    seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.steps.capacity)
-    layout = RectangleLayout(routing.steps, seq, counters)
-    choice = CallChoice(routing.processors, routing.sampler, routing.vocab_size, seq.view)
-    batch = RunningBatch.for_call(routing.pair, layout, choice, routing.threshold, routing.llm_budget, new_max,
-                                  pad if pad_finished else None, counters)
-    batch.keep_outputs = keep_scores or keep_logits
-    step = 0
+    new_max = call_length(generation_config, prompt_len) - prompt_len
+    batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
+                                  pad if pad_finished else None)
+    records = _Records(rows, new_max, input_ids.device, keep_scores, keep_logits)
+    stops = Finished(batch)
     while True:
-        # The step's one host synchronisation also reads whether every row had finished at the previous step.
         running = batch.running.clone()
         before = routing.sampler.state()
-        out = decode_step(batch, IMMEDIATE, ended=lambda synced: set(range(rows)) if synced.also[0] else set(),
-                          also=(~running.any(),))
-        if not out.committed:  # every row had finished at the previous step: this step's draw is not committed
+        out = decode_step(batch, IMMEDIATE, stops)
+        if not out.plan.writers:  # every row had finished at the previous step: this step's draw is not committed
             routing.sampler.restore(before)
             break
-        routed_record[:, step] = out.routed
-        score_record[:, step] = torch.where(running, out.router_scores, float("nan"))
-        generated_record[:, step] = running
-        if keep_scores:
-            scores_out += (out.scores,)
-        if keep_logits:
-            logits_out += (out.raw_logits,)
+        records.add(out, running, routing.vocab_size)
         if streamer is not None:
             if isinstance(streamer, RoutingAwareStreamer):
-                streamer.put_routing(out.routed.cpu(), score_record[:, step].cpu())
+                streamer.put_routing(out.routed.cpu(), records.scores[:, records.step - 1].cpu())
             streamer.put(out.token.cpu())
-        batch.running = running & ~stopping_criteria(seq.view(), scores_out)
-        step += 1
-        if seq.length >= max_len:
+        sequence = batch.layout.seq.view()
+        batch.running = running & ~stopping_criteria(sequence, records.scores_out)
+        if all(row.draining for row in batch.rows):  # every row committed its last token
             break
 
     if streamer is not None:
         streamer.end()
-    sequences = seq.view().clone()
+    sequences = batch.layout.seq.view().clone()
     if not return_dict:
         return sequences
-    generated, routed_out = generated_record[:, :step], routed_record[:, :step]
-    llm_tokens = (routed_out & generated).sum(-1)
-    counters.generated, counters.llm_tokens = int(generated.sum()), int(llm_tokens.sum())
-    return R2RGenerateOutput(
-        sequences=sequences,
-        scores=scores_out,
-        logits=logits_out,
-        routed=routed_out,
-        router_scores=score_record[:, :step],
-        generated_mask=generated,
-        llm_token_rate=routed_out.sum().item() / max(generated.sum().item(), 1),
-        threshold=routing.threshold,
-        llm_budget=None if routing.llm_budget is None else float(routing.llm_budget),
-        llm_tokens=llm_tokens,
-        counters=counters.summary(),
-    )
+    return records.output(sequences, routing, batch.counters)
+
+
+class _Records:
+    """What ``generate`` returns beside the sequences, one column per step."""
+
+    def __init__(self, rows: int, columns: int, device: torch.device, keep_scores: bool, keep_logits: bool) -> None:
+        self.routed = torch.zeros(rows, columns, dtype=torch.bool, device=device)
+        self.scores = torch.full((rows, columns), float("nan"), device=device)
+        self.generated = torch.zeros(rows, columns, dtype=torch.bool, device=device)
+        self.scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
+        self.logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
+        self.step = 0
+
+    def add(self, out: StepResult, running: torch.Tensor, vocab: int) -> None:
+        self.routed[:, self.step] = out.routed
+        self.scores[:, self.step] = torch.where(running, out.router_scores, float("nan"))
+        self.generated[:, self.step] = running
+        if self.scores_out is not None or self.logits_out is not None:
+            scores, logits = chosen_from(out, vocab)
+            if self.scores_out is not None:
+                self.scores_out += (scores,)
+            if self.logits_out is not None:
+                self.logits_out += (logits,)
+        self.step += 1
+
+    def output(self, sequences: torch.Tensor, routing: Routing, counters) -> R2RGenerateOutput:
+        generated, routed = self.generated[:, : self.step], self.routed[:, : self.step]
+        llm_tokens = (routed & generated).sum(-1)
+        counters.generated, counters.llm_tokens = int(generated.sum()), int(llm_tokens.sum())
+        return R2RGenerateOutput(
+            sequences=sequences, scores=self.scores_out, logits=self.logits_out, routed=routed,
+            router_scores=self.scores[:, : self.step], generated_mask=generated,
+            llm_token_rate=routed.sum().item() / max(generated.sum().item(), 1), threshold=routing.threshold,
+            llm_budget=None if routing.llm_budget is None else float(routing.llm_budget), llm_tokens=llm_tokens,
+            counters=counters.summary())
+
+
+def chosen_from(out: StepResult, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What each row's token was chosen from at one step (HF's output_scores and output_logits): the SLM's
+    processed scores and logits, the LLM's where it wrote. Every row of a rectangle proposes: rows are slots."""
+    scores, logits = out.proposal.scores, out.proposal.logits[:, :vocab].float()
+    writers = list(out.plan.llm_writers)
+    if not writers:
+        return scores, logits
+    where = torch.zeros(len(scores), dtype=torch.bool, device=scores.device)
+    where[writers] = True
+    scores = torch.where(where[:, None], _placed(out.llm_scores, writers, scores), scores)
+    llm_logits = out.llm_logits[:, :vocab].to(logits.device).float()
+    return scores, torch.where(where[:, None], _placed(llm_logits, list(out.plan.llm_reads), logits), logits)
+
+
+def _placed(values: torch.Tensor, rows: list[int], like: torch.Tensor) -> torch.Tensor:
+    """``values`` [k, ...] of ``rows`` placed in a tensor shaped like ``like`` (zeros elsewhere)."""
+    out = torch.zeros_like(like)
+    out[torch.tensor(rows, device=like.device)] = values.to(like.device, like.dtype)
+    return out

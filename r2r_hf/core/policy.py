@@ -49,7 +49,8 @@ class WaitPolicy:
     max_wait: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "min_rows", check_min_rows(self.min_rows))
+        if check_min_rows(self.min_rows) != self.min_rows:
+            raise ValueError(f"min_rows must be a tuple of whole numbers >= 1, got {self.min_rows!r}.")
         check_max_wait(self.max_wait)
 
     @property
@@ -85,3 +86,12 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
     if device_type == "cpu":
         return IMMEDIATE
     return WaitPolicy(tuple(max(1, round(rows / 3)) for rows in range(1, max_rows + 1)), 16)
+
+
+def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | None = None,
+                   max_wait: int | None = None) -> WaitPolicy:
+    """The server's policy: what its settings name, the rest from the device's default (``default_policy``)."""
+    if min_rows is None and max_wait is None:
+        return default_policy(device_type, max_rows)
+    default = default_policy("cuda", max_rows)  # what waiting means where it pays
+    return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait)

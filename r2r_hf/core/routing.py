@@ -2,7 +2,7 @@
 
 It is built once per call from the call's own generation config (HF makes a per-call copy of it, so
 concurrent calls never share one) and handed to the loop. Nothing about a call lives anywhere else:
-not on the model, not in a global. (The server's rows carry their own settings: ``batch.py``.)
+not on the model, not in a global. (The server's rows carry their own settings: ``batch.Joiner``.)
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from transformers import GenerationConfig
 
 from .budget import check_budget
-from .fast.store import CaptureStore, choose_steps
-from .layouts.model_calls import Steps
+from .fast.store import CaptureStore, choose_calls
+from .layouts.model_calls import EagerCalls, ModelCalls
 from .pair import RoutedPair
 from .fast.router_copy import proposal_is_argmax
 from .sampling import Sampler, seeded_generator
@@ -40,25 +39,26 @@ class Routing:
     """What one batch routes with.
 
     Args:
-        router: scores the SLM's proposals (``router.for_call()``: per-call state is this call's own).
-        vocab_size: the vocabulary both models can write; logits are cut to it.
+        pair: the models and this call's router (``RoutedPair.for_call``: per-call router state is this call's own).
         threshold: route where ``score >= threshold``.
         processors: HF's logits processors, applied to both models' logits.
         sampler: argmax or draws; its random stream advances once per committed token.
-        steps: the batch's model calls and caches (eager, compiled or captured; ``capture.py``).
+        calls: the batch's model calls and caches (eager, compiled or captured: ``fast/store.py``).
         llm_budget: the share of each answer's tokens the LLM may write (inf: none), or None for no budget at all
             (``budget.py``).
-        pair: the models and this call's router (``RoutedPair.for_call``).
     """
 
-    router: nn.Module
-    vocab_size: int
+    pair: RoutedPair
     threshold: float
     processors: Processors
     sampler: Sampler
-    steps: Steps
+    calls: ModelCalls
     llm_budget: float | None = None
-    pair: RoutedPair | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary both models can write; logits are cut to it."""
+        return self.pair.vocab_size
 
     @classmethod
     def for_call(
@@ -76,7 +76,7 @@ class Routing:
             generation_config: the call's generation config, with ``threshold`` (and maybe ``seed``, ``llm_budget``).
             processors: the call's logits processors.
             input_ids: [B, P] the prompts (their shape sizes the caches).
-            store: where captured steps are kept between calls (None: always eager).
+            store: where captured calls are kept between generate calls (None: always eager).
         """
         threshold = check_threshold(getattr(generation_config, "threshold", None))
         budget = getattr(generation_config, "llm_budget", None)
@@ -87,5 +87,12 @@ class Routing:
         pair = pair.for_call()
         needed = call_length(generation_config, input_ids.shape[1])
         fold = proposal_is_argmax(sampler.do_sample, processors)
-        steps = choose_steps(pair, generation_config, input_ids.shape[0], needed, store, fold)
-        return cls(pair.router, pair.vocab_size, threshold, processors, sampler, steps, budget, pair)
+        calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold)
+        return cls(pair, threshold, processors, sampler, calls, budget)
+
+    @classmethod
+    def eager(cls, pair: RoutedPair, threshold: float, processors: Processors, sampler: Sampler, length: int,
+              llm_budget: float | None = None) -> Routing:
+        """One answer's routing on HF's dynamic caches (the server's answers for models that cannot use slots)."""
+        calls = EagerCalls(pair.slm, pair.llm, pair.router, pair.num_topk, None, length)
+        return cls(pair, threshold, processors, sampler, calls, llm_budget)

@@ -111,4 +111,4 @@ class R2RGenerationMixin(GenerationMixin):
                               attention_mask=model_kwargs.get("attention_mask"),
                               position_ids=model_kwargs.get("position_ids"), streamer=streamer)
         finally:
-            routing.steps.close()  # captured steps go back to the model's store
+            routing.calls.close()  # captured steps go back to the model's store

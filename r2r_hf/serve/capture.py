@@ -8,6 +8,8 @@ refuses, the server runs eagerly and says why once; ``graphs`` refuses to start 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import CompileConfig
 
@@ -41,3 +43,10 @@ def capture_plan(model, settings, device: torch.device):
         return compiled(CompileConfig(fullgraph=False, dynamic=False, mode="default")), None, columns
     step, pool = store.graph_step, store.graph_step.new_pool(device)
     return (lambda fn, example: step(fn, example, pool)), None, columns
+
+
+def graph_memory(device: torch.device) -> Callable[[], int]:
+    """A function that gives the device memory allocated so far (0 where torch does not count it)."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.memory_allocated(device)
+    return lambda: 0

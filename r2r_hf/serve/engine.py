@@ -1,9 +1,10 @@
 """The server's decoding thread: a queue of requests and one running batch, advanced one step at a time.
 
 Each turn of the loop: **decide** (``_schedule``: which queued requests join the free slots, which rows leave
-because their client went away; a plain ``Plan``), **do** (leave, join, one ``decode_step`` of the batch,
-the same step ``generate`` runs), **update** the requests (text, end and error events, from the tokens the
-step's one host synchronisation read). A request arriving while long answers decode joins at the next
+because their client went away; a plain ``Admission``), **do** (leave, join, one ``core.turn.turn`` of the batch:
+a piece of each prompt being read, one step — the step ``generate`` runs — and the ended rows leave), **update**
+the requests (text, end and error events, from what the turn's ``rows.Delivery`` recorded of the tokens the step's
+one host synchronisation read). A request arriving while long answers decode joins at the next
 step ("continuous" batching); a client that goes away stops costing compute at the next step.
 
 The batch gives every row a slot of its own (``core/slots.py``): joining prefills the newcomers' prompts into
@@ -32,21 +33,17 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.batch import Joiner, RunningBatch
-from ..core.choice import CallChoice
 from ..core.counters import Counters
-from ..core.layouts.model_calls import EagerSteps
 from ..core.features import input_device
-from ..core.layouts.rectangle import RectangleLayout
-from ..core.policy import WaitPolicy, default_policy
-from ..core.sampling import Sampler
-from ..core.fast.slot_reads import graph_memory
 from ..core.layouts.slot_cache import slot_problem
-from ..core.step import Synced, decode_step
-from ..core.layouts.rectangle import Committed
-from .capture import capture_plan
+from ..core.policy import serving_policy
+from ..core.routing import Routing
+from ..core.sampling import Sampler
+from ..core.turn import turn
+from .capture import capture_plan, graph_memory
 from .errors import APIError
 from .metrics import ServeMetrics
-from .rows import Choice, Row
+from .rows import Choice, Delivery, Row
 from .settings import ServeSettings
 from .trace import Trace
 
@@ -75,7 +72,7 @@ class Request:
 
 
 @dataclass
-class Plan:
+class Admission:
     """What one turn does before its step: the requests that join, the slots whose rows leave."""
 
     joining: list[Request] = field(default_factory=list)
@@ -95,7 +92,8 @@ class Engine:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.pair = model.routed_pair().for_call()  # one router state for the server's one running batch
         self.device = input_device(model.slm)
-        self.policy = _policy(settings, self.device)
+        self.policy = serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
+                                     settings.llm_max_wait)
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
@@ -212,17 +210,15 @@ class Engine:
                     self._leave(plan.leaving)
                     if plan.joining:
                         self._join(plan.joining)
-                    if self.slotted and self.batch.prefilling():  # one piece of each prompt per turn
-                        self.batch.prefill(self.settings.prefill_chunk)
-                    if self.batch is not None and self.batch.decoding():
-                        self._step()
+                    if self.batch is not None:
+                        self._turn()
                 except Exception as err:  # noqa: BLE001 - one batch fails, the server goes on
                     logger.exception("a decoding step failed")
                     self._fail_all(plan.joining, err)
                 if self.trace is not None:
                     self.trace.turn(started, time.monotonic(), len(self.rows))
 
-    def _schedule(self) -> Plan | None:
+    def _schedule(self) -> Admission | None:
         """Decide the turn: who joins (waiting while idle), who leaves; None when the engine stops."""
         s = self.settings
         batch = self.batch
@@ -245,12 +241,13 @@ class Engine:
                 request = self.queue.popleft()
                 joining.append(request)
                 room = room - request.rows if self.slotted else 0
-            return Plan(joining, leaving)
+            return Admission(joining, leaving)
 
     def _join(self, requests: list[Request]) -> None:
         if not self.slotted:  # one answer at a time on HF's caches
             self.later.extend((request, i) for request in requests for i in range(request.rows))
-            self.batch = self._rectangle(*self.later.popleft())
+            if self.batch is None:
+                self._next_answer()
             return
         joiners = []
         for request in requests:
@@ -262,65 +259,60 @@ class Engine:
             self.joins_running += 1
         self.batch.join(joiners, prefill=self.settings.prefill_chunk)
 
-    def _rectangle(self, request: Request, index: int) -> RunningBatch:
-        """A batch of one answer on HF's caches (models that cannot use slots)."""
+    def _next_answer(self) -> None:
+        """Models that cannot use slots: the next queued answer alone, on HF's caches, built as ``generate`` builds
+        its batch (``RunningBatch.for_call``); None when no answer waits."""
+        while self.later and self.later[0][0].cancelled:
+            self.later.popleft()
+        if self.batch is not None:
+            self.batch.close()
+        self.batch = None
+        if not self.later:
+            return
+        request, index = self.later.popleft()
         prompt, choice = request.prompts[index], request.choices[index]
-        s, p = choice.settings, self.pair
+        s = choice.settings
+        sampler = Sampler(s.do_sample, self.device, s.rule(self.device, _fresh_seed()).generator)
+        routing = Routing.eager(self.pair, s.threshold, s.processors, sampler, len(prompt) + s.max_new_tokens + 1,
+                                s.llm_budget)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        steps = EagerSteps(p.slm, p.llm, p.router, p.num_topk, None, len(prompt) + s.max_new_tokens + 1)
-        seq = Committed.from_prompt(ids, None, None, steps.capacity)
-        layout = RectangleLayout(steps, seq, self.counters)
-        generator = s.rule(self.device, _fresh_seed()).generator
-        sampler = Sampler(s.do_sample, self.device, generator)
-        batch = RunningBatch.for_call(p, layout, CallChoice(s.processors, sampler, p.vocab_size, seq.view),
-                                      s.threshold, s.llm_budget, s.max_new_tokens, None, self.counters)
-        batch.rows[0].owner = Row(request, index, choice, self.tokenizer)
+        self.batch = RunningBatch.for_call(routing, ids, s.max_new_tokens, counters=self.counters)
+        self.batch.rows[0].owner = Row(request, index, choice, self.tokenizer)
         self.counters.joins += 1
-        return batch
 
-    def _step(self) -> None:
-        batch = self.batch
-        self.peak_rows = max(self.peak_rows, len(batch.occupied()))
-        ended: set[int] = set()
-        failed = decode_step(batch, self.policy, ended=lambda synced: self._update(synced, ended)).synced.failed
-        for r in failed - ended:  # a row whose scores held no probability: its request ends, no other
-            self._fail(batch.rows[r].owner.owner, APIError(
-                500, "Sampling failed for this answer: its scores held no finite probability (a temperature or "
-                     "processor setting leaves nothing to draw); retry with other settings.", kind="server_error"))
-        self._leave(sorted(ended | failed))
+    def _turn(self) -> None:
+        """One turn of the batch (``core.turn.turn``), then what the clients are to be told."""
+        batch, delivery = self.batch, Delivery(self.batch)
+        result = turn(batch, self.policy, delivery, self.settings.prefill_chunk)
+        if result is not None:
+            self.peak_rows = max(self.peak_rows, len(batch.occupied()) + len(result.plan.ended))
+        self._deliver(delivery)
+        self._leave([])
 
-    def _update(self, synced: Synced, ended: set[int]) -> set[int]:
-        """The tokens the previous step committed reach their answers; the rows whose answer ended."""
-        batch = self.batch
-        now = time.monotonic()
-        for r in batch.occupied():
-            token = synced.previous[r]
-            if token < 0:
-                continue
-            row: Row = batch.rows[r].owner
-            piece = row.add(token, synced.previous_by_llm[r])
+    def _deliver(self, delivery: Delivery) -> None:
+        """Each token's text, each ended answer's end event (counted before the client hears of it: it may scrape
+        /metrics next), and an error for a row whose draw failed (its request ends, no other)."""
+        for row, now, piece in delivery.texts:
             self.metrics.token(row, now)
             if piece:
                 self._emit(row.owner, ("text", row.index, piece))
-            if row.finish is not None:  # counted before the client hears of it (it may scrape /metrics next)
-                ended.add(r)
+            if row.finish is not None:
                 if self.trace is not None:
                     self.trace.answer(row)
                 row.owner.open -= 1
                 if not row.owner.open and not row.owner.cancelled:
                     self.metrics.finished("completed")
                 self._emit(row.owner, ("end", row.index, row.finish, row.generated, row.llm_tokens))
-        return ended
+        for row in delivery.failed:
+            self._fail(row.owner, APIError(
+                500, "Sampling failed for this answer: its scores held no finite probability (a temperature or "
+                     "processor setting leaves nothing to draw); retry with other settings.", kind="server_error"))
 
     def _leave(self, rows: list[int]) -> None:
-        if not rows:
-            return
-        if self.slotted:
+        if rows:
             self.batch.leave(rows)
-            return
-        while self.later and self.later[0][0].cancelled:
-            self.later.popleft()
-        self.batch = self._rectangle(*self.later.popleft()) if self.later else None
+        if not self.slotted and self.batch is not None and not self.batch.occupied():
+            self._next_answer()
 
     def _emit(self, request: Request, event: tuple) -> None:
         try:
@@ -356,17 +348,9 @@ class Engine:
             self._fail(request, error)
         if self.slotted:  # every slot freed (a captured batch keeps its static slots and graphs)
             self.batch.leave(self.batch.occupied())
-        else:
+        elif self.batch is not None:
+            self.batch.close()
             self.batch = None
-
-
-def _policy(settings: ServeSettings, device: torch.device) -> WaitPolicy:
-    """The flags' policy; what they leave unset comes from the device's default (``policy.default_policy``)."""
-    if settings.llm_min_rows is None and settings.llm_max_wait is None:
-        return default_policy(device.type, settings.max_batch_size)
-    default = default_policy("cuda", settings.max_batch_size)  # what waiting means where it pays
-    return WaitPolicy(settings.llm_min_rows or default.min_rows,
-                      default.max_wait if settings.llm_max_wait is None else settings.llm_max_wait)
 
 
 def _fresh_seed() -> int:

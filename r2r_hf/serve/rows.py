@@ -3,12 +3,15 @@
 A ``Choice`` is one answer a request asks for: its settings, resolved as ``generate`` resolves a call's
 (``model/row_settings.py``: the same precedence, the same HF processors, the same checks), and its stop
 strings. ``Row`` is the answer being written: it decodes the tokens the decoding thread hands it, holds
-back text that could be the start of a stop string, and says why it ended.
+back text that could be the start of a stop string, and says why it ended. ``Delivery`` is the server's stop
+rule for one step (``core.turn.Stops``): it hands each row the token that reached the host and keeps, in order,
+what the clients are to be told once the step has run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from ..model.row_settings import RowSettings
 from ..views.text import IncrementalText
@@ -51,8 +54,9 @@ class Row:
         self.routed: list[bool] = []  # who wrote each token (the LLM: True), for traces
         self.finish: str | None = None
 
-    def add(self, token: int, routed: bool) -> str:
-        """Take the row's next token; returns the text that may be sent now (possibly empty)."""
+    def add(self, token: int, routed: bool, last: bool = False) -> str:
+        """Take the row's next token (``last``: the length limit allows no more); returns the text that may be sent
+        now (possibly empty)."""
         self.generated += 1
         self.llm_tokens += int(routed)
         self.routed.append(routed)
@@ -65,7 +69,7 @@ class Row:
         if stop_at is not None:
             self.finish = "stop"
             return self._release(stop_at)
-        if self.generated >= self.choice.max_tokens:
+        if last:
             self.finish = "length"
             return self._release(len(full))
         return self._release(len(full) - self._held(full))
@@ -87,5 +91,32 @@ class Row:
         self.sent = max(upto, self.sent)
         return piece
 
-    def answer_text(self) -> str:
-        return self.text.text[: self.sent]
+
+@dataclass
+class Delivery:
+    """One step's stop rule for the server's rows (``core.turn.Stops``; see the module docstring).
+
+    Args:
+        batch: the running batch (each slot's ``RowState.owner`` is its ``Row``).
+        texts: (row, when, text piece) for every token that reached its row, in order.
+        failed: rows whose draw failed (their request gets an error).
+    """
+
+    batch: object
+    texts: list[tuple[Row, float, str]] = field(default_factory=list)
+    failed: list[Row] = field(default_factory=list)
+
+    def reads(self) -> tuple:
+        return ()
+
+    def ended(self, synced) -> set[int]:
+        now, ended = time.monotonic(), set()
+        for r, state in enumerate(self.batch.rows):
+            if state is None or synced.previous[r] < 0:
+                continue
+            row: Row = state.owner
+            self.texts.append((row, now, row.add(synced.previous[r], synced.previous_by_llm[r], last=state.draining)))
+            if row.finish is not None:
+                ended.add(r)
+        self.failed = [self.batch.rows[r].owner for r in sorted(synced.failed - ended)]
+        return ended

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.layouts.model_calls import Steps
+from ..core.layouts.model_calls import ModelCalls
 from ..core.features import positions_from_mask
 from ..core.layouts.rectangle import Committed
 
 
-def teacher_forced(steps: Steps, ids: torch.Tensor, prompt: int, reads: list[int]) -> dict[str, list[torch.Tensor]]:
+def teacher_forced(steps: ModelCalls, ids: torch.Tensor, prompt: int, reads: list[int]) -> dict[str, list[torch.Tensor]]:
     """Logits of the SLM at every step and of the LLM at every catch-up, reading ``ids`` [B, T].
 
     Args:

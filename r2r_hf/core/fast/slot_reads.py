@@ -148,16 +148,3 @@ class CapturedRouter:
             logits, hidden = (torch.zeros(k, n, dtype=dtype, device=device) for n in (vocab, width))
             self._scores(logits, hidden, torch.zeros(k, dtype=torch.long, device=device))
         return len(self.steps)
-
-
-def graph_memory(device: torch.device) -> Callable[[], int]:
-    """A function that gives the device memory allocated so far (0 where torch does not count it)."""
-    if device.type == "cuda":
-        return lambda: torch.cuda.memory_allocated(device)
-    return lambda: 0
-
-
-def timed(fn: Callable[[], int]) -> tuple[int, float]:
-    start = time.perf_counter()
-    count = fn()
-    return count, time.perf_counter() - start

@@ -14,7 +14,7 @@ call of the loop can be given a fixed shape, so it is captured once and replayed
   (``router_step.py``).
 
 How a step is captured (a CUDA graph of its eager forward, or ``torch.compile``) is ``graphs.py``;
-which calls run on what is ``CapturedSteps``; the static caches and captured calls of one batch
+which calls run on what is ``CapturedCalls``; the static caches and captured calls of one batch
 size live in a ``CapturedState``, which a model's ``CaptureStore`` keeps between generate calls (as
 HF keeps its static cache) and lends to one call at a time.
 """
@@ -29,7 +29,7 @@ import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
 from ...compat import cache_argument
-from ..layouts.model_calls import EagerSteps, route_scores
+from ..layouts.model_calls import EagerCalls, route_scores
 from ..features import input_device, output_device, slm_proposals
 from .fused import attended
 from .fused_reads import capture_fused, fused_regions, static_read
@@ -255,7 +255,7 @@ def compiled(compile_config) -> Callable[[Step, dict], Step]:
     return lambda fn, example: CompiledStep(fn, options)
 
 
-class CapturedSteps:
+class CapturedCalls:
     """The loop's calls for one generate call over a lent ``CapturedState`` (see the module docstring).
 
     What cannot be captured (a stateful router, an LLM that cannot be captured) runs on the eager
@@ -269,7 +269,7 @@ class CapturedSteps:
 
     def __init__(self, state: CapturedState, release: Callable[[], None], fold: bool = False) -> None:
         self.state, self.capacity, self._release = state, state.capacity, release
-        self.eager = EagerSteps(state.slm, state.llm, state.router, state.num_topk, "static", state.capacity,
+        self.eager = EagerCalls(state.slm, state.llm, state.router, state.num_topk, "static", state.capacity,
                                 caches=(state.slm_cache, state.llm_cache))
         self.capture_router = getattr(state.router, "capturable", True)
         self.fold = fold and self.capture_router and stateless(state.router)

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 from transformers import GenerationConfig
 
-from .static_reads import SLACK, CapturedState, CapturedSteps, capturable, compiled
-from ..layouts.model_calls import EagerSteps, Steps
+from .static_reads import SLACK, CapturedState, CapturedCalls, capturable, compiled
+from ..layouts.model_calls import EagerCalls, ModelCalls
 from ..features import output_device
 from .graphs import CudaGraphStep, GraphStep
 from ..pair import RoutedPair
@@ -66,7 +66,7 @@ class CaptureStore:
         return device.type in self.graph_devices
 
     def lend(self, slm, llm, router, num_topk: int, compile_config, batch: int, needed: int, vocab: int | None = None,
-             fold: bool = False) -> CapturedSteps | None:
+             fold: bool = False) -> CapturedCalls | None:
         """Captured steps for one call, held by it until their ``close()``; None when the call runs eagerly.
 
         Args:
@@ -90,7 +90,7 @@ class CaptureStore:
         if state is None:
             self._release()
             return None
-        return CapturedSteps(state, self._release, fold=fold)
+        return CapturedCalls(state, self._release, fold=fold)
 
     def _release(self) -> None:
         self._holder = None
@@ -130,14 +130,14 @@ class CaptureStore:
             logger.warning(message)
 
 
-def choose_steps(pair: RoutedPair, generation_config: GenerationConfig, batch: int, needed: int,
-                 store: CaptureStore | None, fold: bool = False) -> Steps:
+def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: int, needed: int,
+                 store: CaptureStore | None, fold: bool = False) -> ModelCalls:
     """The engine one call runs on, decided as HF decides to compile.
 
     Eager unless ``cache_implementation="static"`` and not ``disable_compile``; then captured
     through ``torch.compile`` when a ``compile_config`` is given, through the store's graphs on its
     graph devices (CUDA), and eager otherwise (or when the SLM cannot be captured). Captured steps
-    must be closed when the call ends (``Steps.close``).
+    must be closed when the call ends (``ModelCalls.close``).
 
     Args:
         pair: the models, the router and the logits it reads.
@@ -154,4 +154,4 @@ def choose_steps(pair: RoutedPair, generation_config: GenerationConfig, batch: i
     p = pair
     steps = None if eager else store.lend(p.slm, p.llm, p.router, p.num_topk, compile_config, batch, needed,
                                           p.vocab_size, fold)
-    return steps if steps is not None else EagerSteps(p.slm, p.llm, p.router, p.num_topk, kind, needed)
+    return steps if steps is not None else EagerCalls(p.slm, p.llm, p.router, p.num_topk, kind, needed)

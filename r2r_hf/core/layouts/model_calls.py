@@ -6,8 +6,8 @@ Every engine offers the same three calls over its own KV caches:
 * ``route_scores(logits, hidden, token)``  the router's scores for the SLM's proposed tokens;
 * ``llm_read(seq, start)``  the LLM catches up on ``seq[start:]`` in one forward; its next-token logits.
 
-``EagerSteps`` (here) runs them as plain forwards over a dynamic or static cache.
-``capture.CapturedSteps`` replays captured ones, and ``capture_store.choose_steps`` decides
+``EagerCalls`` (here) runs them as plain forwards over a dynamic or static cache.
+``capture.CapturedCalls`` replays captured ones, and ``capture_store.choose_calls`` decides
 which engine a call gets. ``close()`` ends the call's use of the engine (captured steps go back
 to their store).
 """
@@ -23,7 +23,7 @@ from ..features import HiddenStateCapture, lm_forward, read_features, score
 from .rectangle import Committed, make_cache
 
 
-class Steps(Protocol):
+class ModelCalls(Protocol):
     """The three model calls of one generate call (see the module docstring)."""
 
     capacity: int  # columns the call's buffers and caches hold
@@ -42,7 +42,7 @@ def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, 
     return score(router, read_features(slm, logits, hidden, token, k))
 
 
-class EagerSteps:
+class EagerCalls:
     """Plain forwards over a dynamic or static cache per model (fresh for every call).
 
     Args:

@@ -1,8 +1,10 @@
-"""A generate call's committed tokens in HF's left-padded rectangle, and the KV caches HF would use.
+"""HF's left-padded rectangle: a generate call's committed tokens and the layout that decodes over them.
 
-``Committed`` holds the tokens written so far in buffers allocated once per call (``layouts.RectangleLayout``
-decodes over it). The model calls themselves (SLM step, router, LLM catch-up) live in ``engines.py``:
-eager, compiled or captured, with the same signatures. How a token is chosen is ``choice.py``.
+``Committed`` holds the tokens written so far in buffers allocated once per call; ``RectangleLayout`` is the
+running batch's layout over them (``layouts/__init__.py``). The model calls themselves (the SLM's read, the router,
+the LLM's catch-up) are ``model_calls.py``'s, eager, or captured by the fast path (``core/fast``), with the same
+signatures. It is exactly what ``slm.generate``/``llm.generate`` compute, with every HF cache and attention
+implementation.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from transformers.cache_utils import Cache, DynamicCache, StaticCache
 from ..counters import Counters
 
 if TYPE_CHECKING:  # model_calls reads these buffers: only the type goes the other way
-    from .model_calls import Steps
+    from .model_calls import ModelCalls
 
 
 @dataclass
@@ -76,46 +78,50 @@ def make_cache(model: torch.nn.Module, implementation: str | None, length: int) 
 
 
 class RectangleLayout:
-    """HF's left-padded rectangle: every row commits at every step (see the module docstring).
+    """HF's left-padded rectangle over HF's own caches: every row commits at every step, and the LLM reads every
+    row to the end whenever it runs (one cache length for the batch).
 
     Args:
-        steps: the model calls over HF caches (``Routing.steps``).
+        calls: the model calls over HF caches (``Routing.calls``: eager, compiled or captured).
         seq: the committed buffers, holding the prompt.
         counters: where forwards are counted.
+        pad: the token a finished row commits (HF pads finished rows), or None.
     """
 
-    def __init__(self, steps: Steps, seq: Committed, counters: Counters) -> None:
-        self.steps, self.seq, self.counters = steps, seq, counters
+    reads_every_row = True
+
+    def __init__(self, calls: ModelCalls, seq: Committed, counters: Counters, pad: torch.Tensor | None = None) -> None:
+        self.calls, self.seq, self.counters, self.pad = calls, seq, counters, pad
         self.slm_seen = 0  # columns the SLM has read
         self.llm_seen = 0  # columns the LLM has read (one lag: it reads every row to the end)
         self.rows = seq.ids.shape[0]
 
-    def lengths(self) -> list[int]:
-        return [self.seq.length] * self.rows
-
-    def processor_ids(self, rows: list[int] | None = None) -> torch.Tensor:
-        """What HF's processors see: the whole rectangle (left padding included, as in HF ``generate``)."""
-        return self.seq.view()
-
-    def append(self, rows: list[int], token: torch.Tensor) -> None:
+    def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+        """Commit ``token`` [B] (the pad where a row is no longer ``running``); what was committed."""
         if len(rows) != self.rows:
             raise ValueError("every row of a rectangle commits a token at every step")
+        if self.pad is not None:
+            token = torch.where(running, token, self.pad)
         self.seq.append(token)
+        return token
 
     def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         start, self.slm_seen = self.slm_seen, self.seq.length
         self.counters.forward("slm", self.rows, self.seq.length - start)
-        return self.steps.slm_read(self.seq, start)
+        return self.calls.slm_read(self.seq, start)
 
     def llm_read(self, rows: list[int]) -> torch.Tensor:
-        """Every row's logits [B, V] (the rectangle catches every row up; ``rows`` are the ones that need them)."""
+        """Every row's logits [B, V] (the rectangle catches every row up)."""
         self.counters.forward("llm", self.rows, self.seq.length - self.llm_seen)
-        logits = self.steps.llm_read(self.seq, self.llm_seen)
+        logits = self.calls.llm_read(self.seq, self.llm_seen)
         self.llm_seen = self.seq.length
         return logits
 
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        return self.steps.route_scores(logits, hidden, token)
+        return self.calls.route_scores(logits, hidden, token)
+
+    def free(self, row: int) -> None:
+        pass  # the rectangle's rows end together with the call
 
     def close(self) -> None:
-        self.steps.close()
+        self.calls.close()

@@ -1,20 +1,9 @@
-"""Where a running batch keeps its committed tokens and both models' caches, and how the models read them.
+"""The server's layout: one slot per row, each row at its own length (``slot_cache.py`` holds the KV).
 
-A layout offers the same calls to the decoding step (``step.py``):
-
-* ``append(rows, token)``  commit ``token[r]`` to each row of ``rows``;
-* ``slm_read(rows)``       the SLM reads every committed token of those rows it has not read; its logits and
-                           post-norm hidden state after each row's last token;
-* ``llm_read(rows)``       the LLM does the same (its catch-up); its logits;
-* ``route(logits, hidden, token)``  the router's scores for the SLM's proposals of every row.
-
-``SlotLayout`` gives each row a slot and its own length (``slots.py``): rows join, leave and wait for the LLM
-independently, and the LLM reads only the rows asked for, each from where it last stopped. It is what
-the server runs. ``RectangleLayout`` is HF's: a left-padded rectangle over HF's own caches (eager,
-static, captured or compiled: ``engines.py``, ``capture.py``), in which every row commits a token at every
-step and the LLM reads every row up to the end whenever it runs. ``generate`` runs on it: it is exactly
-what ``slm.generate``/``llm.generate`` compute, with every HF cache and attention implementation.
-"""
+Rows join free slots, leave them and wait for the LLM independently: the LLM reads only the rows asked for, each
+from where it last stopped, and a long prompt is read in chunks between the others' steps (``prefill``). The
+slots grow (amortised doubling) until the fast path captures them (``capture``: static from then on,
+``fast/slot_reads.py``)."""
 
 from __future__ import annotations
 
@@ -37,7 +26,7 @@ PIECE = 256
 
 
 class SlotLayout:
-    """One slot per row, each at its own length (see the module docstring and ``slots.py``).
+    """One slot per row, each at its own length (see the module docstring and ``slot_cache.py``).
 
     Args:
         pair: the models and the router.
@@ -45,6 +34,8 @@ class SlotLayout:
         capacity: columns per row to start with (``reserve`` grows it).
         counters: where forwards, joins and copies are counted.
     """
+
+    reads_every_row = False
 
     def __init__(self, pair: RoutedPair, slots: int, capacity: int, counters: Counters) -> None:
         self.pair, self.counters = pair, counters
@@ -65,9 +56,6 @@ class SlotLayout:
     @property
     def capacity(self) -> int:
         return self.tokens.shape[1]
-
-    def lengths(self) -> list[int]:
-        return list(self.length)
 
     def reserve(self, slots: int, columns: int) -> int:
         """Room for ``slots`` rows of ``columns`` tokens; the KV bytes copied to make it (0 when it fits)."""
@@ -97,14 +85,15 @@ class SlotLayout:
         """[1, L] the committed tokens of one row (what its processors see, as they would alone)."""
         return self.tokens[row : row + 1, : self.length[row]]
 
-    def append(self, rows: list[int], token: torch.Tensor) -> None:
-        if not rows:
-            return
-        index = torch.tensor(rows, device=self.device)
-        columns = torch.tensor([self.length[r] for r in rows], device=self.device)
-        self.tokens[index, columns] = token.to(self.device)[index]
-        for r in rows:
-            self.length[r] += 1
+    def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor | None = None) -> torch.Tensor:
+        """Commit ``token[r]`` [S] to each row of ``rows`` (each at its own length); ``token``."""
+        if rows:
+            index = torch.tensor(rows, device=self.device)
+            columns = torch.tensor([self.length[r] for r in rows], device=self.device)
+            self.tokens[index, columns] = token.to(self.device)[index]
+            for r in rows:
+                self.length[r] += 1
+        return token
 
     def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """[k, V] logits and [k, H] hidden states of the SLM after each row's last committed token."""
