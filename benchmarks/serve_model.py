@@ -5,12 +5,12 @@
 
 An answer's routing belongs to the answer (a row answers what it answers alone, whatever the policy or its
 neighbours), so the answers a load run served, with which of their tokens the LLM wrote, can be replayed
-under another policy, another concurrency or another machine's forward costs. ``simulate`` runs the engine's
-schedule (``r2r_hf/serve/engine.py`` and ``core/step.py``) on them: closed-loop clients, free slots filled
-between steps, the SLM's prefill of newcomers, each step's proposals, the real ``WaitPolicy``, the LLM's
-catch-up over the rows it writes (each from where it last read, in pieces of 256 tokens), the SLM reading
-what was committed, and the host reading a token one step after it was committed. Time is the sum of the
-forwards' costs plus a fixed host cost per step.
+under another policy, another concurrency or another machine's forward costs. ``simulate`` serves them
+through the engine's own schedule (``replay.py``: the real ``core.turn.turn`` and ``core.plan.plan_step`` over a
+batch whose forwards are priced instead of run): closed-loop clients, free slots filled between turns, chunked
+prefill, each step's proposals, the real ``WaitPolicy``, the LLM's catch-up over the rows it writes (each from
+where it last read, in pieces of 256 tokens), the SLM reading what was committed, and the host reading a token
+one step after it was committed. Time is the sum of the forwards' costs plus a fixed host cost per step.
 
 Costs: on this CPU the fits of ``benchmarks/forward_costs.py`` (``t = a + b k + c k g`` for k rows of g tokens);
 on an H200 the component costs of docs/performance.md (cost model, no device run yet), below. The validation
@@ -23,11 +23,12 @@ import argparse
 import json
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from r2r_hf.core.layouts.slot_layout import PIECE
 from r2r_hf.core.policy import WaitPolicy, default_policy
+
+from .replay import replay
 
 
 @dataclass(frozen=True)
@@ -85,111 +86,21 @@ H200_EAGER = Costs(slm=(18.5e-3, 0.0, 6e-6), llm=(50e-3, 0.0, 1.3e-4), router=(1
                    name="H200, eager steps (measured step costs)")
 
 
-@dataclass
-class _Row:
-    prompt: int
-    routed: list[bool]
-    length: int = 0  # committed tokens (prompt included)
-    llm_seen: int = 0
-    written: int = 0  # answer tokens committed
-    waiting_since: int | None = None
-    slm_left: int = 0  # prompt tokens each model has still to read (chunked prefill)
-    llm_left: int = 0
-    times: list[float] = field(default_factory=list)  # when each token reached the host
-
-
 def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: WaitPolicy, costs: Costs,
-             slots: int = 16, catch_up_all: bool = False, chunk: int = 256) -> dict:
-    """Serve ``answers`` (prompt length, routed flag per token) in order, ``concurrency`` at a time (closed loop:
-    a request is sent when an earlier one ends), through the engine's schedule; tokens/s, latencies, counters.
-
-    ``catch_up_all``: the LLM's forward also reads the unread tokens of the rows it does not write for (the
-    engine reads only the writers'; this measures the alternative).
-    """
-    queue = list(range(len(answers)))
-    clock, step_no, in_flight = 0.0, 0, 0
-    rows: dict[int, _Row] = {}
-    pending: list[int] = []  # rows whose token committed in the previous step reaches the host now
-    done: list[_Row] = []
-    llm_forwards = llm_calls = llm_rows = slm_forwards = 0
-    waits: list[int] = []
-    while queue or rows:
-        # Decide: queued requests join free slots; then one chunk of every joining prompt is read by both models
-        # (the LLM all but the last token: the engine's chunked prefill), before the others' step.
-        while queue and in_flight < concurrency and len(rows) < slots:
-            prompt, routed = answers[queue.pop(0)]
-            slot = min(set(range(slots)) - set(rows))
-            rows[slot] = _Row(prompt, routed, length=prompt, slm_left=prompt, llm_left=prompt - 1)
-            in_flight += 1
-        for side in ("slm", "llm"):
-            left = [r for r in rows.values() if getattr(r, f"{side}_left") > 0]
-            if left:
-                width = min(chunk, max(getattr(r, f"{side}_left") for r in left))
-                clock += costs.forward(side, len(left), width)
-                slm_forwards += side == "slm"
-                llm_forwards += side == "llm"
-                for r in left:
-                    setattr(r, f"{side}_left", max(0, getattr(r, f"{side}_left") - chunk))
-                    if side == "llm" and not r.llm_left:
-                        r.llm_seen = r.prompt - 1
-        busy = any(not row.slm_left for row in rows.values())  # a step is taken (decoding() in the engine)
-        # The step's host sync: the previous step's tokens reach the host; finished rows leave.
-        for r in pending:
-            row = rows[r]
-            row.times.append(clock)
-            if len(row.times) == len(row.routed):
-                done.append(rows.pop(r))
-                in_flight -= 1
-        pending = []
-        proposing = [r for r, row in rows.items() if row.waiting_since is None and row.written < len(row.routed)
-                     and not row.slm_left]
-        slm_writers = []
-        for r in proposing:
-            row = rows[r]
-            if row.routed[row.written]:
-                row.waiting_since = step_no
-            else:
-                slm_writers.append(r)
-        waiting = [r for r, row in rows.items() if row.waiting_since is not None]
-        oldest = max((step_no - rows[r].waiting_since for r in waiting), default=0)
-        cost = costs.step + (costs.router[0] + costs.router[1] * len(proposing) if proposing else 0.0)
-        llm_writers = waiting if policy.runs(len(waiting), len(rows), oldest, stalled=not slm_writers) else []
-        if llm_writers:  # the catch-up: each writer from where the LLM last read it, pieces of PIECE tokens
-            read = [r for r in rows if rows[r].length > rows[r].llm_seen and not rows[r].slm_left] if catch_up_all \
-                else llm_writers
-            left = [rows[r].length - rows[r].llm_seen for r in read]
-            while left:
-                cost += costs.forward("llm", len(left), min(PIECE, max(left)))
-                llm_forwards += 1
-                left = [n - PIECE for n in left if n > PIECE]
-            llm_calls += 1
-            llm_rows += len(llm_writers)
-            for r in read:
-                rows[r].llm_seen = rows[r].length
-            for r in llm_writers:
-                waits.append(step_no - rows[r].waiting_since)
-                rows[r].waiting_since = None
-        writers = slm_writers + llm_writers
-        for r in writers:
-            rows[r].length += 1
-            rows[r].written += 1
-            pending.append(r)
-        readers = [r for r in writers if rows[r].written < len(rows[r].routed)]
-        if readers:  # the SLM reads what was committed, where a proposal follows
-            cost += costs.forward("slm", len(readers), 1)
-            slm_forwards += 1
-        if busy:  # the engine steps only when a row decodes (not while every row is prefilling)
-            clock += cost
-            step_no += 1
-    tokens = sum(len(row.routed) for row in done)
-    gaps = [b - a for row in done for a, b in zip(row.times, row.times[1:])]
-    return {"concurrency": concurrency, "tokens_per_s": tokens / clock, "wall_s": clock, "steps": step_no,
-            "llm_forwards_per_token": llm_forwards / tokens, "slm_forwards_per_token": slm_forwards / tokens,
-            "llm_calls": llm_calls, "llm_forwards": llm_forwards, "slm_forwards": slm_forwards,
-            "rows_per_llm_call": llm_rows / llm_calls if llm_calls else None,
-            "wait_p50": _quantile(waits, 0.5), "wait_p95": _quantile(waits, 0.95),
+             slots: int = 16, chunk: int = 256) -> dict:
+    """Serve ``answers`` (prompt length, routed flag per token) through the real schedule (``replay.py``), ``concurrency``
+    at a time; tokens/s, latencies and counters."""
+    batch, done = replay(answers, concurrency, policy, costs, slots, chunk)
+    c = batch.counters
+    tokens = sum(len(a.routed) for a in done)
+    gaps = [b - a for answer in done for a, b in zip(answer.times, answer.times[1:])]
+    return {"concurrency": concurrency, "tokens_per_s": tokens / batch.clock, "wall_s": batch.clock, "steps": c.steps,
+            "llm_forwards_per_token": c.llm_forwards / tokens, "slm_forwards_per_token": c.slm_forwards / tokens,
+            "llm_calls": c.llm_calls, "llm_forwards": c.llm_forwards, "slm_forwards": c.slm_forwards,
+            "rows_per_llm_call": c.llm_rows / c.llm_calls if c.llm_calls else None,
+            "wait_p50": _quantile(c.waits, 0.5), "wait_p95": _quantile(c.waits, 0.95),
             "itl_p50_ms": 1000 * _quantile(gaps, 0.5), "itl_p95_ms": 1000 * _quantile(gaps, 0.95),
-            "llm_token_rate": sum(sum(row.routed) for row in done) / tokens}
+            "llm_token_rate": sum(sum(a.routed) for a in done) / tokens}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -287,14 +198,6 @@ def main(argv: list[str] | None = None) -> dict:
             out["policies"][f"{costs.name} | {label}"] = ranked[:5]
     policies = {"m = 1": WaitPolicy(), "GPU default (m = rows / 3, w = 16)": default_policy("cuda", 16)}
     out["prediction"] = predict(routings, policies)
-    for costs in (H200_CAPTURED, cpu):  # 3. the LLM's forward reading the other rows too: what would it change?
-        for c in (8, 16):
-            answers = routings["p = 0.1, 256 tokens"]
-            writers, everyone = (simulate(answers, c, default_policy("cuda", 16), costs, catch_up_all=a)["tokens_per_s"]
-                                 for a in (False, True))
-            out.setdefault("catch_up_all", []).append({"machine": costs.name, "concurrency": c,
-                                                       "writers_only_tokens_per_s": writers,
-                                                       "every_row_tokens_per_s": everyone})
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(tables(out))
     return out
@@ -312,11 +215,6 @@ def tables(out: dict) -> str:
         lines.append(f"| {p['machine']} | {p['routing']} | {p['concurrency']} | {p['policy']} | {p['tokens_per_s']:.0f} | "
                      f"{p['vs_llm_alone']:.2f}x | {p['llm_forwards_per_token']:.3f} | {rows} | "
                      f"{p['itl_p50_ms']:.1f} / {p['itl_p95_ms']:.1f} |")
-    lines += ["", "| machine | concurrency | LLM reads the writers only (tokens/s) | every row's unread tokens too |",
-              "|---|---|---|---|"]
-    for c in out.get("catch_up_all", []):
-        lines.append(f"| {c['machine']} | {c['concurrency']} | {c['writers_only_tokens_per_s']:.1f} | "
-                     f"{c['every_row_tokens_per_s']:.1f} |")
     return "\n".join(lines)
 
 

@@ -1,11 +1,13 @@
-"""The server's cost model (benchmarks/serve_model.py) replays the engine's schedule: the same steps, the same LLM
-forwards and the same rows per forward as the real running batch, under every waiting policy."""
+"""The server's cost model (benchmarks/serve_model.py) replays recorded routing through the engine's own schedule
+(benchmarks/replay.py: the real turn and plan): the same steps and the same forwards, each of the same rows and
+tokens, as the real running batch, under every waiting policy."""
 
 import pytest
 
+from benchmarks.replay import replay
 from benchmarks.serve_model import Costs, llm_alone, simulate, synthetic
 from r2r_hf.core.policy import WaitPolicy
-from test_batching import PROMPTS, Driver, _threshold
+from test_batching import POLICIES, PROMPTS, Driver, _threshold
 
 FLAT = Costs(slm=(0.01, 0.0, 0.0), llm=(0.1, 0.0, 0.0), router=(0.001, 0.0), step=0.0)
 
@@ -23,21 +25,22 @@ def test_the_llm_alone_reads_the_prompts_then_every_token_once_per_step():
     assert llm_alone(answers, 4, FLAT) == pytest.approx(32 / (9 * 0.1))  # one prefill forward, 8 steps
 
 
-@pytest.mark.parametrize("policy", [WaitPolicy(), WaitPolicy((2,), 4), WaitPolicy((4,), 64)],
-                         ids=["m1", "m2-w4", "m4-w64"])
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: f"m{p.min_rows[0]}-w{p.max_wait}")
 def test_the_replay_schedules_as_the_running_batch_does(model, tok, policy):
     tau = _threshold(model, tok, 0.7)
-    run = Driver(model, tok, slots=6, policy=policy, prefill=256)
+    run = Driver(model, tok, slots=6, policy=policy, prefill=8)  # chunked prefill: prompts read over several turns
+    run.batch.counters.shapes = []
     for i in range(6):
         run.join(i, i, max_new_tokens=12, do_sample=False, threshold=tau)
     run.run()
     counters = run.batch.counters
     answers = [(len(tok(PROMPTS[i])["input_ids"]), [by_llm for _, by_llm in run.out[i]]) for i in range(6)]
-    got = simulate(answers, 6, policy, FLAT, slots=6)
-    assert got["steps"] == counters.steps
-    assert (got["llm_calls"], got["llm_forwards"], got["slm_forwards"]) == \
-        (counters.llm_calls, counters.llm_forwards, counters.slm_forwards)
-    assert got["rows_per_llm_call"] == pytest.approx(counters.llm_rows / counters.llm_calls)
+    assert any(r for _, routed in answers for r in routed), "the LLM wrote some tokens"
+    batch, _ = replay(answers, 6, policy, FLAT, slots=6, chunk=8, trace=True)
+    assert batch.counters.steps == counters.steps
+    assert batch.counters.shapes == counters.shapes, "every forward of the same model, rows and tokens, in order"
+    assert (batch.counters.llm_calls, batch.counters.llm_rows) == (counters.llm_calls, counters.llm_rows)
+    assert batch.counters.waits == counters.waits
 
 
 def test_waiting_pays_where_a_forward_reads_weights_and_a_synthetic_share_routes_as_asked():

@@ -18,12 +18,8 @@ from ..features import input_device
 from ..fast.graphs import Step
 from ..pair import RoutedPair
 from ..fast.slot_reads import CapturedReads, CapturedRouter
+from .slot_book import PIECE, SlotBook
 from .slot_cache import SlotCache, forward_piece, piece_inputs, read_piece
-
-# Tokens per row one slot forward reads at most: a long prompt is read in pieces of this many (the
-# attention scores of one piece stay small, and a long read is several short forwards).
-PIECE = 256
-
 
 class SlotLayout:
     """One slot per row, each at its own length (see the module docstring and ``slot_cache.py``).
@@ -43,9 +39,7 @@ class SlotLayout:
         self.tokens = torch.zeros(slots, capacity, dtype=torch.long, device=self.device)
         self.slm_cache = SlotCache(pair.slm.config.num_hidden_layers, slots, capacity)
         self.llm_cache = SlotCache(pair.llm.config.num_hidden_layers, slots, capacity)
-        self.length = [0] * slots  # committed tokens of each row (prompt included)
-        self.slm_seen = [0] * slots  # of those, how many each model has read: a row's own progress
-        self.llm_seen = [0] * slots
+        self.book = SlotBook(slots)  # each row's length and how far each model has read it
         self.captured: dict[str, CapturedReads] | None = None  # per model, once ``capture`` ran: static slots
         self.router_step: CapturedRouter | None = None
 
@@ -69,30 +63,29 @@ class SlotLayout:
         tokens = self.tokens.new_zeros(slots, columns)
         tokens[: self.slots, : self.capacity] = self.tokens
         self.tokens = tokens
-        grown = [0] * (slots - len(self.length))
-        self.length, self.slm_seen, self.llm_seen = self.length + grown, self.slm_seen + grown, self.llm_seen + grown
+        self.book.grow(slots)
         return self.slm_cache.grow(slots, columns) + self.llm_cache.grow(slots, columns)
 
     def place(self, row: int, prompt: list[int]) -> None:
         """A new answer's prompt in slot ``row`` (which must have room: ``reserve``); neither model read it yet."""
         self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=self.device)
-        self.length[row], self.slm_seen[row], self.llm_seen[row] = len(prompt), 0, 0
+        self.book.place(row, len(prompt))
 
     def free(self, row: int) -> None:
-        self.length[row] = self.slm_seen[row] = self.llm_seen[row] = 0
+        self.book.free(row)
 
     def row_ids(self, row: int) -> torch.Tensor:
         """[1, L] the committed tokens of one row (what its processors see, as they would alone)."""
-        return self.tokens[row : row + 1, : self.length[row]]
+        return self.tokens[row : row + 1, : self.book.length[row]]
 
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor | None = None) -> torch.Tensor:
         """Commit ``token[r]`` [S] to each row of ``rows`` (each at its own length); ``token``."""
         if rows:
             index = torch.tensor(rows, device=self.device)
-            columns = torch.tensor([self.length[r] for r in rows], device=self.device)
+            columns = torch.tensor([self.book.length[r] for r in rows], device=self.device)
             self.tokens[index, columns] = token.to(self.device)[index]
             for r in rows:
-                self.length[r] += 1
+                self.book.length[r] += 1
         return token
 
     def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,12 +97,12 @@ class SlotLayout:
         """[k, V] logits of the LLM after each row's last committed token (it reads what it has not)."""
         return self._read("llm", rows)[1]
 
-    def prefill(self, rows: list[int], limit: int) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+    def prefill(self, rows: list[int], limit: int | None) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
         """Both models read at most ``limit`` more prompt tokens of each row (a long prompt is read over several
         turns, between the others' steps); the rows whose prompt is now read, with the SLM's logits and hidden
         states after it. The LLM reads the prompt here too, all but its last token (its first catch-up reads at
         least that one, and its logits there are the LLM's first token), so that catch-up is short."""
-        llm_rows = [r for r in rows if self.llm_seen[r] < self.length[r] - 1]
+        llm_rows = [r for r in rows if self.book.unread("llm", r) > 1]
         if llm_rows:
             self._read("llm", llm_rows, limit, short=1)
         done, logits, hidden = self._read("slm", rows, limit)
@@ -148,41 +141,31 @@ class SlotLayout:
         return report
 
     def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0):
-        """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them) in pieces of
-        ``PIECE``; returns the rows read to their end, with the logits (and, for the SLM, the hidden states) after
-        their last token."""
+        """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them), in the forwards
+        ``SlotBook.read`` plans; returns the rows read to their end, with the logits (and, for the SLM, the hidden
+        states) after their last token."""
         model, cache = (self.pair.slm, self.slm_cache) if role == "slm" else (self.pair.llm, self.llm_cache)
-        seen = self.slm_seen if role == "slm" else self.llm_seen
-        want = {i: self.length[r] - short - seen[r] for i, r in enumerate(rows)}
-        if any(n < 1 for n in want.values()):
-            raise ValueError("a row is read only when it holds a token the model has not read")
-        left = {i: n if limit is None else min(n, limit) for i, n in want.items()}
+        captured = None if self.captured is None else self.captured[role]
+        forwards = self.book.read(role, rows, limit, short, PIECE if captured is None else captured.piece)
         outputs: dict[int, tuple] = {}
         before = cache.gathered_bytes
-        captured = None if self.captured is None else self.captured[role]
-        piece = PIECE if captured is None else captured.piece
-        while left:
-            part = sorted(left)
-            counts = [min(left[i], piece) for i in part]
-            starts, who = [seen[rows[i]] for i in part], [rows[i] for i in part]
+        for forward in forwards:
+            who, starts, counts = (list(column) for column in zip(*forward))
             if captured is None:
                 logits, hidden = read_piece(model, cache, self.tokens, who, starts, counts, hidden=role == "slm")
             else:
                 logits, hidden = captured.read(self.tokens, who, starts, counts)
-            self.counters.forward(role, len(part), max(counts))
-            for j, (i, n) in enumerate(zip(part, counts)):
-                seen[rows[i]] += n
-                left[i] -= n
-                if not left[i]:
-                    del left[i]
-                    outputs[i] = (logits[j], None if hidden is None else hidden[j])
+            self.counters.forward(role, len(who), max(counts))
+            for j, (r, start, n) in enumerate(forward):
+                if start + n == self.book.length[r]:  # read to its end: its next-token outputs
+                    outputs[r] = (logits[j], None if hidden is None else hidden[j])
         self.counters.gathered_bytes += cache.gathered_bytes - before
-        done = [i for i in sorted(outputs) if seen[rows[i]] == self.length[rows[i]]]
+        done = [r for r in rows if r in outputs]
         if not done:
             return [], None, None
-        stacked = torch.stack([outputs[i][0] for i in done])
-        hidden = torch.stack([outputs[i][1] for i in done]) if role == "slm" else None
-        return [rows[i] for i in done], stacked, hidden
+        stacked = torch.stack([outputs[r][0] for r in done])
+        hidden = torch.stack([outputs[r][1] for r in done]) if role == "slm" else None
+        return done, stacked, hidden
 
     def close(self) -> None:
         pass

@@ -1,0 +1,66 @@
+"""Where each slot's row stands, in host values: its committed length, how far each model has read it, and the
+forwards a read of several rows takes.
+
+``SlotLayout`` keeps one beside its device buffers and runs the forwards it plans; the cost model's replay
+(``benchmarks/serve_model.py``) keeps one and prices the same forwards, so both read the same shapes.
+"""
+
+from __future__ import annotations
+
+# Tokens per row one slot forward reads at most: a long prompt is read in pieces of this many (the
+# attention scores of one piece stay small, and a long read is several short forwards).
+PIECE = 256
+
+ROLES = ("slm", "llm")
+
+
+class SlotBook:
+    """Per slot: committed tokens (prompt included) and, per model, how many of them it has read.
+
+    Args:
+        slots: rows at most (``grow`` adds more).
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.length = [0] * slots
+        self.seen = {role: [0] * slots for role in ROLES}
+
+    def grow(self, slots: int) -> None:
+        extra = [0] * (slots - len(self.length))
+        self.length += extra
+        for role in ROLES:
+            self.seen[role] += extra
+
+    def place(self, row: int, tokens: int) -> None:
+        """Slot ``row`` holds a new prompt of ``tokens`` tokens; no model has read it."""
+        self.length[row] = tokens
+        for role in ROLES:
+            self.seen[role][row] = 0
+
+    def free(self, row: int) -> None:
+        self.place(row, 0)
+
+    def unread(self, role: str, row: int) -> int:
+        return self.length[row] - self.seen[role][row]
+
+    def read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
+             piece: int = PIECE) -> list[list[tuple[int, int, int]]]:
+        """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them), ``piece`` at a
+        time: the forwards this takes, each a list of (row, first column, tokens) over the rows it reads. The
+        tokens count as read once planned (the caller runs every forward)."""
+        seen = self.seen[role]
+        left = {r: self.length[r] - short - seen[r] for r in rows}
+        if any(n < 1 for n in left.values()):
+            raise ValueError("a row is read only when it holds a token the model has not read")
+        if limit is not None:
+            left = {r: min(n, limit) for r, n in left.items()}
+        forwards = []
+        while left:
+            forward = [(r, seen[r], min(left[r], piece)) for r in rows if r in left]
+            for r, _, n in forward:
+                seen[r] += n
+                left[r] -= n
+                if not left[r]:
+                    del left[r]
+            forwards.append(forward)
+        return forwards
