@@ -103,7 +103,7 @@ def test_auto_follows_the_measurement_and_a_forced_dtype_wins(home, monkeypatch,
         model, _ = load_for_serving(router, slm_dir, llm_dir, "cpu", "auto")
         assert model.slm.dtype == expected and model.llm.dtype == expected
         assert calls == [TINY_WIDTH], "measured at the SLM's own width"
-        assert sum("--dtype auto on this CPU: one decode step" in r.message for r in caplog.records) == 1
+        assert sum("dtype 'auto' on this CPU: one decode step" in r.message for r in caplog.records) == 1
     for forced in ("bfloat16", "float32"):
         calls.clear()
         model, _ = load_for_serving(router, slm_dir, llm_dir, "cpu", forced)
@@ -130,7 +130,7 @@ def _seeded_env(home: Path, dtype: str) -> dict:
             "HF_HUB_OFFLINE": "1"}
 
 
-LINE = ("--dtype auto on this CPU: one decode step at the SLM's width 64 took 12.3 ms in bfloat16 and 4.5 ms in "
+LINE = ("dtype 'auto' on this CPU: one decode step at the SLM's width 64 took 12.3 ms in bfloat16 and 4.5 ms in "
         "float32 (1 threads)")
 
 
@@ -144,7 +144,7 @@ def test_generate_and_chat_print_the_choice(tmp_path, bf16_router, command, stdi
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert LINE in result.stderr and "loading the models in float32" in result.stderr and "cached in" in result.stderr
-    assert result.stderr.count("--dtype auto") == 1
+    assert result.stderr.count("dtype 'auto'") == 1
 
 
 def test_serve_prints_the_choice(tmp_path, bf16_router):

@@ -118,10 +118,11 @@ def test_a_served_answer_gets_the_processors_generate_builds(model, tok):
 
 
 def test_decoders_take_a_prepared_mask_and_a_slot_cache(slm, llm):
-    """Slots (``core/slots.py``) hand the decoder a 4-D mask and a cache of their own; the self-check reads a
+    """Slots (``core/layouts/slot_cache.py``) hand the decoder a 4-D mask and a cache of their own; the self-check reads a
     sequence in two slots and in pieces and compares the logits with a plain forward."""
     from r2r_hf.core.layouts.slot_cache import slot_problem
+    from r2r_hf.core.notes import notes
 
     for model in (slm, llm):
-        object.__setattr__(model, "_r2r_slot_problem", False)  # check anew, not a cached verdict
+        notes(model).pop("slot_problem", None)  # check anew, not a cached verdict
         assert slot_problem(model) is None, type(model).__name__

@@ -79,8 +79,8 @@ def test_a_run_without_a_single_mismatch_gets_its_labels(models, tmp_path):
 # ------------------------------------------------------------------ 6. everything checked before anything is written
 def test_max_new_tokens_past_the_context_is_refused_before_writing(models, tmp_path, capsys):
     prompts = write_prompts(tmp_path / "prompts.jsonl", 4)
-    with pytest.raises(ValueError, match=r"with --max-new-tokens 1020 \(max_new_tokens=\) it exceeds the models' "
-                                         r"context of 1024 tokens: lower --max-new-tokens to \d+ or less"):
+    with pytest.raises(ValueError, match=r"with max_new_tokens=1020 \(--max-new-tokens\) it exceeds the models' "
+                                         r"context of 1024 tokens: lower max_new_tokens \(--max-new-tokens\) to \d+ or less"):
         label(fast_settings(*models, max_new_tokens=1020), prompts, tmp_path / "work", progress=False)
     assert not (tmp_path / "work").exists()
     rc = cli_main(["--quiet", "label", "--slm", models[0], "--llm", models[1], "--prompts", prompts,

@@ -91,8 +91,9 @@ class DtypeChoice:
         """One line: what was measured and chosen."""
         times = " and ".join(f"{1e3 * s:.1f} ms in {name}" for name, s in self.seconds.items())
         source = f" (measured earlier, cached in {self.cached}; delete it to re-measure)" if self.cached else ""
-        return (f"--dtype auto on this CPU: one decode step at the SLM's width {self.width} took {times} "
-                f"({self.threads} threads){source}: loading the models in {_name(self.dtype)} (--dtype overrides).")
+        return (f"dtype 'auto' on this CPU: one decode step at the SLM's width {self.width} took {times} "
+                f"({self.threads} threads){source}: loading the models in {_name(self.dtype)} (a dtype given, or "
+                "--dtype on the command line, overrides).")
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -41,7 +41,7 @@ def check_label_set(work: WorkDir, name: str, chain_settings: list[dict[str, Any
         old = read_json(path, "settings")
         if old != settings:
             raise ValueError(f"{path.parent} holds labels from other verifier settings ({old['verifiers']}); label "
-                             "into a new label set with --labels NAME (earlier labels are never overwritten).")
+                             "into a new label set with labels=NAME (--labels NAME; earlier labels are never overwritten).")
     elif record:
         write_json(path, settings)
 

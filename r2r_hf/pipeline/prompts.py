@@ -102,7 +102,8 @@ def check_context(prompts: list[Prompt], tokenizer, max_new_tokens: int, context
     for prompt in prompts if context else ():
         length = len(prompt.ids(tokenizer))
         if length + max_new_tokens > context:
-            fix = f"lower --max-new-tokens to {context - length} or less, or " if length < context else ""
-            raise ValueError(f"The prompt {prompt.id!r} of {path} has {length} tokens; with --max-new-tokens "
-                             f"{max_new_tokens} (max_new_tokens=) it exceeds the models' context of {context} tokens: "
+            fix = f"lower max_new_tokens (--max-new-tokens) to {context - length} or less, or " if length < context \
+                else ""
+            raise ValueError(f"The prompt {prompt.id!r} of {path} has {length} tokens; with max_new_tokens="
+                             f"{max_new_tokens} (--max-new-tokens) it exceeds the models' context of {context} tokens: "
                              f"{fix}shorten or remove that prompt.")

@@ -26,16 +26,18 @@ def capture_plan(model, settings, device: torch.device):
     """(capturer or None, why not or None, columns per slot or None) for the server's batch."""
     mode = settings.capture
     if mode == "off":
-        return None, "--capture off", None
+        return None, "capture is off (capture='off', --capture off)", None
     why = capturable(model.slm) or capturable(model.llm)
     if why is None and output_device(model.llm) != output_device(model.slm):
         why = "the LLM is on another device than the SLM"
     store = model.capture_store
     if why is None and mode != "compile" and not store.captures_on(device):
-        why = f"the models run on {device.type} (CUDA graphs capture on CUDA; --capture compile uses torch.compile)"
+        why = (f"the models run on {device.type} (CUDA graphs capture on CUDA; capture='compile', --capture compile, "
+               "uses torch.compile)")
     if why is not None:
         if mode == "graphs":
-            raise ValueError(f"--capture graphs cannot capture these models: {why}. Use --capture auto or off.")
+            raise ValueError(f"capture='graphs' (--capture graphs) cannot capture these models: {why}. Use 'auto' or "
+                             "'off'.")
         return None, why, None
     context = context_length(model.slm, model.llm) or DEFAULT_MAX_CONTEXT
     columns = (settings.max_context or min(context, DEFAULT_MAX_CONTEXT)) + 1

@@ -17,6 +17,7 @@ import torch
 from transformers.cache_utils import StaticCache
 
 from . import fused
+from ..notes import notes
 from .graphs import Step
 from ..layouts.slot_cache import SlotCache, continuation_problem, piece_inputs
 
@@ -62,24 +63,23 @@ PLAIN = Regions(compile=False)
 
 
 def fused_regions(model: torch.nn.Module) -> Regions | None:
-    """``model``'s compiled regions (made on first use, kept on the model), or None where it cannot be fused
+    """``model``'s compiled regions (made on first use, kept in the core's notes on it), or None where it cannot be fused
     (the reason is logged once per model)."""
     problem = fuse_problem(model)
     if problem is not None:
-        if not getattr(model, "_r2r_fuse_logged", False):
-            object.__setattr__(model, "_r2r_fuse_logged", True)
+        if not notes(model).get("fuse_logged"):
+            notes(model)["fuse_logged"] = True
             logger.warning("R2R captures %s's HF forward, unfused: %s.", type(model).__name__, problem)
         return None
     return compiled_regions(model)
 
 
 def compiled_regions(model: torch.nn.Module) -> Regions:
-    """``model``'s compiled regions (made on first use, kept on the model)."""
-    regions = getattr(model, "_r2r_fused_regions", None)
-    if regions is None:
-        regions = Regions(compile=True)
-        object.__setattr__(model, "_r2r_fused_regions", regions)
-    return regions
+    """``model``'s compiled regions (made on first use, kept in the core's notes on it)."""
+    known = notes(model)
+    if "fused_regions" not in known:
+        known["fused_regions"] = Regions(compile=True)
+    return known["fused_regions"]
 
 
 def capture_fused(capture, read: Callable[[], Step], example: dict, who: str) -> Step | None:
@@ -155,14 +155,11 @@ def fuse_problem(model: torch.nn.Module) -> str | None:
     The structure is checked by name; then the fused read (uncompiled) of a short sequence in two slots is
     compared with the model's own forward, so a variant that computes otherwise is caught.
     """
-    known = getattr(model, "_r2r_fuse_problem", False)
-    if known is not False:
-        return known
-    problem = _structure_problem(model)
-    if problem is None:
-        problem = _self_check(model)
-    object.__setattr__(model, "_r2r_fuse_problem", problem)
-    return problem
+    known = notes(model)
+    if "fuse_problem" not in known:
+        problem = _structure_problem(model)
+        known["fuse_problem"] = problem if problem is not None else _self_check(model)
+    return known["fuse_problem"]
 
 
 def _structure_problem(model: torch.nn.Module) -> str | None:

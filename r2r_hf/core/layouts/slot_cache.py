@@ -30,6 +30,7 @@ import torch
 
 from ...compat import cache_argument
 from ..features import HiddenStateCapture
+from ..notes import notes
 
 SLOT_ATTENTION = ("sdpa", "eager")
 
@@ -196,15 +197,15 @@ def slot_problem(model: torch.nn.Module) -> str | None:
     Beyond the attention path, the check reads a short sequence in two slots and in pieces and compares the
     logits with one plain forward: an architecture that ignores a prepared mask or the cache fails it.
     """
-    known = getattr(model, "_r2r_slot_problem", False)
-    if known is not False:
-        return known
+    known = notes(model)
+    if "slot_problem" in known:
+        return known["slot_problem"]
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
     if attention not in SLOT_ATTENTION:
         problem = f"its attention is {attention!r} (slots need {' or '.join(SLOT_ATTENTION)} attention)"
     else:
         problem = _self_check(model)
-    object.__setattr__(model, "_r2r_slot_problem", problem)
+    known["slot_problem"] = problem
     return problem
 
 

@@ -58,7 +58,8 @@ class SlotLayout:
             return 0
         if self.captured is not None:  # captured steps point at these buffers: they never move
             raise ValueError(f"An answer needs {columns} tokens of context; this server's static slots hold "
-                             f"{self.capacity} (--max-context). Shorten the prompt or max_tokens.")
+                             f"{self.capacity} (max_context; --max-context on the command line). Shorten the prompt or "
+                             "max_tokens.")
         columns = max(columns, 2 * self.capacity) if columns > self.capacity else columns  # amortised growth
         tokens = self.tokens.new_zeros(slots, columns)
         tokens[: self.slots, : self.capacity] = self.tokens

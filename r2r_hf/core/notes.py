@@ -1,0 +1,25 @@
+"""What the core learns once about a model (or one of its layers) and keeps beside it, never on it.
+
+The models are the user's HF modules: the core sets no attribute on them (an attribute would travel with a
+``copy.deepcopy`` of the module, show in its ``__dict__`` and collide with other libraries'). What it learnt — why a
+model cannot use slots or be fused, its compiled regions, a layer's packed weights — lives here, keyed weakly by
+the module, and goes when the module goes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from torch import nn
+
+_NOTES: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def notes(module: nn.Module) -> dict[str, Any]:
+    """The core's notes on ``module``: a dict, empty until something is learnt. A note must not refer back to the
+    module (it would keep it alive)."""
+    found = _NOTES.get(module)
+    if found is None:
+        found = _NOTES[module] = {}
+    return found
