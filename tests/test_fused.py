@@ -176,3 +176,28 @@ def test_packed_weights_are_views_of_the_models_own_and_save_and_train_as_before
     ids = torch.tensor([[5, 6, 7, 8]])
     model(input_ids=ids, labels=ids).loss.backward()  # not inference tensors: a training step still works
     assert attn.k_proj.weight.grad is not None and mlp.up_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "hf-forward"])
+def test_weights_replaced_between_calls_are_read_as_they_are_now(pair, tok, monkeypatch, fuse):
+    """``weight.data = new`` (EMA, some weight loaders) and ``load_state_dict(assign=True)`` move a model's weights:
+    the captured calls (fused reads over packed weights, or graphs of HF's forward) must read the new ones."""
+    model, slm, llm = pair
+    monkeypatch.setattr(model, "capture_store", emulated_store(fuse=fuse))
+    monkeypatch.setattr(fused, "MIN_ATTENDED", 8)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    before = _generate(model, enc, 0.0, False, cache_implementation="static")
+    up, kept = llm.model.layers[0].mlp.up_proj, llm.model.layers[0].mlp.up_proj.weight.data
+    original = {name: value for name, value in slm.state_dict().items()}
+    try:
+        up.weight.data = kept * -3  # a new tensor, not a write into the old one
+        eager = _generate(model, enc, 0.0, False)
+        assert not torch.equal(eager.sequences, before.sequences), "the new weight changes the LLM's answer"
+        _same(_generate(model, enc, 0.0, False, cache_implementation="static"), eager)
+        moved = {name: value.clone() * (1.5 if "layers.0.self_attn.q_proj" in name else 1.0)
+                 for name, value in original.items()}
+        slm.load_state_dict(moved, assign=True)  # every SLM parameter replaced
+        _same(_generate(model, enc, INF, False, cache_implementation="static"), _generate(model, enc, INF, False))
+    finally:
+        up.weight.data = kept
+        slm.load_state_dict(original, assign=True)

@@ -31,6 +31,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from ..notes import notes
+
 logger = logging.getLogger(__name__)
 
 # Decoders whose layer is: x + attn(norm(x)) then x + mlp(norm(x)), rotary positions, no sliding window.
@@ -80,13 +82,22 @@ def packable(linears: list[torch.nn.Module]) -> bool:
 
 
 def layer_weights(layer: torch.nn.Module) -> tuple[torch.Tensor, ...]:
-    """(q/k/v weight, its bias or None, gate/up weight, its bias or None) of a layer, packed on first use."""
-    packed = getattr(layer, "_r2r_packed", None)
-    if packed is None:
-        attn, mlp = layer.self_attn, layer.mlp
-        packed = (*pack([attn.q_proj, attn.k_proj, attn.v_proj]), *pack([mlp.gate_proj, mlp.up_proj]))
-        object.__setattr__(layer, "_r2r_packed", packed)  # not a submodule or parameter: state_dict is unchanged
-    return packed
+    """(q/k/v weight, its bias or None, gate/up weight, its bias or None) of a layer, packed on first use and again
+    whenever one of its linears' weights was replaced (``weight.data = ...``, ``load_state_dict(assign=True)``):
+    packed weights that are no longer the linears' own would be read stale. Kept in the core's notes on the layer
+    (not a submodule or parameter: state_dict is unchanged)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+    known = notes(layer)
+    if known.get("packed_at") != addresses(linears):
+        known["packed"] = (*pack([attn.q_proj, attn.k_proj, attn.v_proj]), *pack([mlp.gate_proj, mlp.up_proj]))
+        known["packed_at"] = addresses(linears)
+    return known["packed"]
+
+
+def addresses(modules) -> tuple[int, ...]:
+    """Where each parameter of ``modules`` lives: a weight replaced (not written in place) moves."""
+    return tuple(p.data_ptr() for m in modules for p in m.parameters())
 
 
 # ------------------------------------------------------------------ the regions (pure functions of tensors)

@@ -31,7 +31,7 @@ from transformers.cache_utils import StaticCache, StaticLayer
 from ...compat import cache_argument
 from ..layouts.model_calls import EagerCalls, route_scores
 from ..features import input_device, output_device, slm_proposals
-from .fused import attended
+from .fused import addresses, attended
 from .fused_reads import capture_fused, fused_regions, static_read
 from .graphs import CompiledStep, Step, compile_options
 from .router_copy import Scorer, folded, stateless
@@ -176,6 +176,7 @@ class CapturedState:
         self.reads: dict[tuple[str, int, int, bool], Step] = {}  # (role, bucket, span, folded) -> captured read
         self.fused = {role: fused_regions(model) if fuse else None for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
+        self.weights = addresses((slm, llm))  # where the weights lived when last lent (``CaptureStore``)
         # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy.
         self.counts = torch.arange(SLACK + 1, device=output_device(llm))
 
@@ -299,4 +300,5 @@ class CapturedCalls:
     def close(self) -> None:
         release, self._release = self._release, None
         if release is not None:
+            self.state.weights = addresses((self.state.slm, self.state.llm))  # (fused reads pack them on first use)
             release()
