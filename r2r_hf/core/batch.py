@@ -3,8 +3,8 @@
 ``generate`` builds one for its call (``for_call``: every row of its left-padded prompt on HF's caches, a
 ``RectangleLayout``; the server builds the same for an answer of a model that cannot use slots); the server keeps
 one for its lifetime (``for_slots``), in which requests ``join`` free slots and ``leave`` them (a ``SlotLayout``).
-Both advance it with ``turn.decode_step``: ``propose``, ``sync`` and ``execute`` below are its device side
-(``step.py``), the host side — a ``RowState`` per slot and the step counter — is ``plan.BatchRows``.
+Both advance it with ``turn.decode_step``: its device side (``propose``, ``sync``, ``execute``) is
+``step.DeviceStep``'s, its host side — a ``RowState`` per slot and the step counter — ``plan.BatchRows``'.
 
 Per row: its committed tokens and both models' caches (the layout's, each model's read progress per row),
 the SLM's logits and hidden state after its last token (its next proposal comes from them), its threshold,
@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-from . import step
 from .budget import Budget
 from .choice import CallChoice, Chooser, RowChoice, RowRule
 from .counters import Counters
@@ -29,8 +28,9 @@ from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
 from .pair import RoutedPair
-from .plan import BatchRows, RowState, StepPlan
+from .plan import RowState
 from .routing import Routing
+from .step import DeviceStep
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Joiner:
     owner: Any = None
 
 
-class RunningBatch(BatchRows):
+class RunningBatch(DeviceStep):
     """Every row one loop decodes (see the module docstring). Built by ``for_call`` or ``for_slots``."""
 
     def __init__(self, pair: RoutedPair, layout: Layout, choice: Chooser, counters: Counters, slots: int,
@@ -90,16 +90,6 @@ class RunningBatch(BatchRows):
         batch = cls(pair, layout, choice, counters, slots, device, budget)
         batch.running.fill_(False)
         return batch
-
-    # ------------------------------------------------------------ the step's device side (``step.py``)
-    def propose(self) -> step.Proposal:
-        return step.propose(self)
-
-    def sync(self, proposal: step.Proposal, extra: tuple[torch.Tensor, ...] = ()) -> step.Synced:
-        return step.sync(self, proposal, extra)
-
-    def execute(self, proposal: step.Proposal, synced: step.Synced, plan: StepPlan) -> step.StepResult:
-        return step.execute(self, proposal, synced, plan)
 
     # ------------------------------------------------------------ rows
     def join(self, joiners: list[Joiner], prefill: int | None = None) -> list[int]:

@@ -15,7 +15,8 @@ from transformers import GenerationConfig
 
 from .budget import check_budget
 from .fast.store import CaptureStore, choose_calls
-from .layouts.model_calls import EagerCalls, ModelCalls
+from .layouts.model_calls import EagerCalls
+from .layouts.rectangle import ModelCalls
 from .pair import RoutedPair
 from .fast.router_copy import proposal_is_argmax
 from .sampling import Sampler, seeded_generator

@@ -1,6 +1,7 @@
 """The device side of one step over a ``RunningBatch``: propose, the one host synchronisation, execute a plan.
 
-``turn.decode_step`` runs them in order, with ``plan.plan_step`` deciding in between:
+``DeviceStep`` holds them (``RunningBatch`` is one); ``turn.decode_step`` runs them in order, with
+``plan.plan_step`` deciding in between:
 
 1. ``propose``  every row that is not waiting proposes its next token from the SLM's logits, through its
                 processors and its random stream (``choice.py``); the router scores the proposals; a row routes
@@ -21,14 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .plan import StepPlan
-
-if TYPE_CHECKING:
-    from .batch import RunningBatch
+from .plan import BatchRows, StepPlan
 
 
 @dataclass(frozen=True)
@@ -102,71 +100,76 @@ def _taken(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
     return values if index is None else values[index.to(values.device)]
 
 
-def propose(batch: RunningBatch) -> Proposal:
-    """Every proposing row's token, router score and routing decision (device values; nothing waits)."""
-    rows = batch.proposing()
-    if not rows:
-        nothing = torch.zeros(0, device=batch.device)
-        return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {})
-    index = batch.index(rows)
-    logits, hidden = _taken(batch.slm_logits, index), _taken(batch.slm_hidden, index)
-    states = batch.choice.state(rows)  # kept so the LLM can draw in the SLM's place
-    scores, token, ok = batch.choice.propose(logits, rows)
-    batch.pair.router.step()
-    router_scores = batch.layout.route(logits, hidden, token).to(token.device)
-    live = _taken(batch.running, index)
-    routed = (router_scores >= _taken(batch.thresholds, index)) & live
-    if batch.budget is not None:
-        budget_rows = None if index is None else index.to(batch.budget.share.device)
-        routed &= batch.budget.allows(router_scores, budget_rows)
-        batch.budget.spend(router_scores, routed, live, budget_rows)
-    return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states)
+class DeviceStep(BatchRows):
+    """The device side of a running batch's step (see the module docstring). ``RunningBatch`` provides what these
+    read: ``pair``, ``layout``, ``choice``, ``counters``, ``device``, ``slm_logits``/``slm_hidden``, ``thresholds``,
+    ``running``, ``last_token``, ``budget``, ``index`` and ``store_slm``."""
 
+    def propose(self) -> Proposal:
+        """Every proposing row's token, router score and routing decision (device values; nothing waits)."""
+        rows = self.proposing()
+        if not rows:
+            nothing = torch.zeros(0, device=self.device)
+            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {})
+        index = self.index(rows)
+        logits, hidden = _taken(self.slm_logits, index), _taken(self.slm_hidden, index)
+        states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
+        scores, token, ok = self.choice.propose(logits, rows)
+        self.pair.router.step()
+        router_scores = self.layout.route(logits, hidden, token).to(token.device)
+        live = _taken(self.running, index)
+        routed = (router_scores >= _taken(self.thresholds, index)) & live
+        if self.budget is not None:
+            budget_rows = None if index is None else index.to(self.budget.share.device)
+            routed &= self.budget.allows(router_scores, budget_rows)
+            self.budget.spend(router_scores, routed, live, budget_rows)
+        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states)
 
-def sync(batch: RunningBatch, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
-    """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
-    k, s, device = len(proposal.rows), len(batch.rows), proposal.routed.device
-    failed_draws = (~proposal.ok).long() if proposal.ok is not None else proposal.routed.new_zeros(k, dtype=torch.long)
-    flags = batch.choice.flags()
-    parts = [proposal.routed.long(), batch.last_token.to(device), failed_draws.to(device)]
-    parts.append(flags.long().to(device) if flags is not None else parts[0].new_zeros(0))
-    parts += [value.reshape(-1).long().to(device) for value in extra]
-    flat = torch.cat(parts).tolist()
-    batch.counters.host_syncs += 1
-    failed = {proposal.rows[i] for i, v in enumerate(flat[k + s : 2 * k + s]) if v}
-    flagged = flat[2 * k + s : 2 * k + s + (s if flags is not None else 0)]
-    failed |= {r for r, v in enumerate(flagged) if v}
-    by_llm = [row is not None and row.by_llm for row in batch.rows]
-    return Synced([bool(v) for v in flat[:k]], flat[k : k + s], by_llm, failed, flat[2 * k + s + len(flagged):])
+    def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
+        """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
+        k, s, device = len(proposal.rows), len(self.rows), proposal.routed.device
+        zeros = proposal.routed.new_zeros(k, dtype=torch.long)
+        failed_draws = (~proposal.ok).long() if proposal.ok is not None else zeros
+        flags = self.choice.flags()
+        parts = [proposal.routed.long(), self.last_token.to(device), failed_draws.to(device)]
+        parts.append(flags.long().to(device) if flags is not None else parts[0].new_zeros(0))
+        parts += [value.reshape(-1).long().to(device) for value in extra]
+        flat = torch.cat(parts).tolist()
+        self.counters.host_syncs += 1
+        failed = {proposal.rows[i] for i, v in enumerate(flat[k + s : 2 * k + s]) if v}
+        flagged = flat[2 * k + s : 2 * k + s + (s if flags is not None else 0)]
+        failed |= {r for r, v in enumerate(flagged) if v}
+        by_llm = [row is not None and row.by_llm for row in self.rows]
+        return Synced([bool(v) for v in flat[:k]], flat[k : k + s], by_llm, failed, flat[2 * k + s + len(flagged):])
 
-
-def execute(batch: RunningBatch, proposal: Proposal, synced: Synced, plan: StepPlan) -> StepResult:
-    """Run ``plan`` on the device (see the module docstring) and advance the rows' host state."""
-    batch.start_waiting(plan, proposal.states)
-    slots = len(batch.rows)
-    committed = torch.full((slots,), -1, dtype=torch.long, device=batch.device)
-    routed = torch.zeros(slots, dtype=torch.bool, device=batch.device)
-    router_scores = torch.full((slots,), float("nan"), device=batch.device)
-    if proposal.rows:
-        at = torch.arange(len(proposal.rows), device=batch.device) if proposal.index is None else proposal.index
-        committed[at], routed[at], router_scores[at] = proposal.token, proposal.routed, proposal.router_scores.float()
-    llm_scores = llm_logits = None
-    if plan.llm_writers:  # the catch-up: the LLM reads what it has not read and writes in the SLM's place
-        llm_logits = batch.layout.llm_read(list(plan.llm_reads))
-        states = {r: batch.rows[r].rng for r in plan.llm_writers}
-        llm_scores, token, ok = batch.choice.redraw(llm_logits, list(plan.llm_reads), list(plan.llm_writers), states)
-        writers = torch.tensor(plan.llm_writers, device=batch.device)
-        committed[writers] = token
-        batch.choice.flag(writers, ok)  # read in the next step's synchronisation
-    if set(plan.proposed) != set(plan.writers):  # a routed row that waits, or one that ended, commits nothing
-        wrote = torch.zeros(slots, dtype=torch.bool, device=batch.device)
-        wrote[torch.tensor(plan.writers, dtype=torch.long, device=batch.device)] = True
-        committed = torch.where(wrote, committed, -1)
-    if plan.writers:  # (a rectangle commits the pad for its finished rows)
-        committed = batch.layout.append(list(plan.writers), committed, batch.running)
-    batch.last_token = committed
-    if plan.slm_reads:
-        batch.store_slm(list(plan.slm_reads), *batch.layout.slm_read(list(plan.slm_reads)))
-    batch.advance(plan)
-    batch.counters.step(plan)
-    return StepResult(plan, synced, committed, routed, router_scores, proposal, llm_scores, llm_logits)
+    def execute(self, proposal: Proposal, synced: Synced, plan: StepPlan) -> StepResult:
+        """Run ``plan`` on the device (see the module docstring) and advance the rows' host state."""
+        self.start_waiting(plan, proposal.states)
+        slots = len(self.rows)
+        committed = torch.full((slots,), -1, dtype=torch.long, device=self.device)
+        routed = torch.zeros(slots, dtype=torch.bool, device=self.device)
+        router_scores = torch.full((slots,), float("nan"), device=self.device)
+        if proposal.rows:
+            at = torch.arange(len(proposal.rows), device=self.device) if proposal.index is None else proposal.index
+            committed[at], routed[at] = proposal.token, proposal.routed
+            router_scores[at] = proposal.router_scores.float()
+        llm_scores = llm_logits = None
+        if plan.llm_writers:  # the catch-up: the LLM reads what it has not read and writes in the SLM's place
+            llm_logits = self.layout.llm_read(list(plan.llm_reads))
+            states = {r: self.rows[r].rng for r in plan.llm_writers}
+            llm_scores, token, ok = self.choice.redraw(llm_logits, list(plan.llm_reads), list(plan.llm_writers), states)
+            writers = torch.tensor(plan.llm_writers, device=self.device)
+            committed[writers] = token
+            self.choice.flag(writers, ok)  # read in the next step's synchronisation
+        if set(plan.proposed) != set(plan.writers):  # a routed row that waits, or one that ended, commits nothing
+            wrote = torch.zeros(slots, dtype=torch.bool, device=self.device)
+            wrote[torch.tensor(plan.writers, dtype=torch.long, device=self.device)] = True
+            committed = torch.where(wrote, committed, -1)
+        if plan.writers:  # (a rectangle commits the pad for its finished rows)
+            committed = self.layout.append(list(plan.writers), committed, self.running)
+        self.last_token = committed
+        if plan.slm_reads:
+            self.store_slm(list(plan.slm_reads), *self.layout.slm_read(list(plan.slm_reads)))
+        self.advance(plan)
+        self.counters.step(plan)
+        return StepResult(plan, synced, committed, routed, router_scores, proposal, llm_scores, llm_logits)

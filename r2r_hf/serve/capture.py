@@ -8,14 +8,18 @@ refuses, the server runs eagerly and says why once; ``graphs`` refuses to start 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 from transformers import CompileConfig
 
+from ..core.fast.slot_reads import capture_slots
 from ..core.fast.static_reads import capturable, compiled
 from ..core.features import output_device
 from ..model.loading import context_length
+
+logger = logging.getLogger(__name__)
 
 # Static slots hold this many tokens per answer unless --max-context says otherwise (the pair's context can be
 # 32K or more, and every slot of both models is allocated at start).
@@ -52,3 +56,17 @@ def graph_memory(device: torch.device) -> Callable[[], int]:
     if device.type == "cuda":
         return lambda: torch.cuda.memory_allocated(device)
     return lambda: 0
+
+
+def capture_batch(model, settings, batch, capturer, device: torch.device) -> dict:
+    """Capture the server's batch of slots now (``core.fast.slot_reads.capture_slots``); what it took, for /health."""
+    memory = graph_memory(device)
+    before = memory()
+    with torch.inference_mode():  # as the decoding thread replays them
+        fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
+        report = capture_slots(batch.layout, capturer, warm=settings.capture != "compile", fuse=fuse,
+                               router_dtype=model.capture_store.router_dtype)
+    used = memory() - before
+    logger.info("captured %d steps in %.1f s (%d slots x %d tokens, %.0f MB)", report["steps"], report["seconds"],
+                report["slots"], report["columns"], used / 2**20)
+    return {"path": settings.capture if settings.capture != "auto" else "graphs", **report, "graph_memory_bytes": used}

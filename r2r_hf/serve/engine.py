@@ -40,7 +40,7 @@ from ..core.policy import serving_policy
 from ..core.routing import Routing
 from ..core.sampling import Sampler
 from ..core.turn import turn
-from .capture import capture_plan, graph_memory
+from .capture import capture_batch, capture_plan
 from .errors import APIError
 from .metrics import ServeMetrics
 from .rows import Choice, Delivery, Row
@@ -123,17 +123,7 @@ class Engine:
                 logger.warning("the server's steps run eagerly: %s", why)
             self.capture_report = {"path": "eager", "why": why}
         else:
-            memory = graph_memory(self.device)
-            before = memory()
-            with torch.inference_mode():  # as the decoding thread replays them
-                fuse = (self.settings.capture in ("auto", "graphs") and not self.settings.unfused_graphs
-                        and self.model.capture_store.fuse)
-                report = batch.layout.capture(capturer, warm=self.settings.capture != "compile", fuse=fuse,
-                                              router_dtype=self.model.capture_store.router_dtype)
-            self.capture_report = {"path": self.settings.capture if self.settings.capture != "auto" else "graphs",
-                                   **report, "graph_memory_bytes": memory() - before}
-            logger.info("captured %d steps in %.1f s (%d slots x %d tokens, %.0f MB)", report["steps"],
-                        report["seconds"], report["slots"], report["columns"], (memory() - before) / 2**20)
+            self.capture_report = capture_batch(self.model, self.settings, batch, capturer, self.device)
         return batch
 
     @property

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.layouts.model_calls import ModelCalls
+from ..core.layouts.rectangle import ModelCalls
 from ..core.features import positions_from_mask
 from ..core.layouts.rectangle import Committed
 

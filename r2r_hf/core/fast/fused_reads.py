@@ -63,8 +63,8 @@ PLAIN = Regions(compile=False)
 
 
 def fused_regions(model: torch.nn.Module) -> Regions | None:
-    """``model``'s compiled regions (made on first use, kept in the core's notes on it), or None where it cannot be fused
-    (the reason is logged once per model)."""
+    """``model``'s compiled regions (made on first use, kept in the core's notes on it), or None where it cannot be
+    fused (the reason is logged once per model)."""
     problem = fuse_problem(model)
     if problem is not None:
         if not notes(model).get("fuse_logged"):

@@ -148,3 +148,30 @@ class CapturedRouter:
             logits, hidden = (torch.zeros(k, n, dtype=dtype, device=device) for n in (vocab, width))
             self._scores(logits, hidden, torch.zeros(k, dtype=torch.long, device=device))
         return len(self.steps)
+
+
+def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False,
+              router_dtype: str = "float32") -> dict:
+    """From now on every read of the slot ``layout`` (a ``layouts.slot_layout.SlotLayout``) replays a captured call:
+    the slots become static (their current size), every bucket is captured now with ``warm``, fused reads where
+    ``fuse``, the router in ``router_dtype`` (``router_copy.py``); what it took."""
+    p = layout.pair
+    for model, cache in ((p.slm, layout.slm_cache), (p.llm, layout.llm_cache)):  # allocate outside any capture
+        inputs = piece_inputs(layout.tokens, list(range(layout.slots)), [0] * layout.slots, [0] * layout.slots, 1,
+                              cache.trash)
+        cache.plan(list(range(layout.slots)), inputs["column"], 1)
+        forward_piece(model, cache, **inputs, used=1, hidden=False)
+    layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse),
+                     "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse)}
+    layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
+    report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
+    if warm:
+        start = time.perf_counter()
+        report["steps"] = sum(c.warm(layout.tokens) for c in layout.captured.values())
+        head = p.slm.get_output_embeddings().weight
+        if getattr(p.router, "capturable", True):
+            report["steps"] += layout.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
+                                                     head.dtype)
+        report["seconds"] = time.perf_counter() - start
+    report["fused"] = {role: reads.fused for role, reads in layout.captured.items()}  # after warming: what ran
+    return report

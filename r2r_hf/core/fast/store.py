@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from transformers import GenerationConfig
 
 from .static_reads import SLACK, CapturedState, CapturedCalls, capturable, compiled
-from ..layouts.model_calls import EagerCalls, ModelCalls
+from ..layouts.model_calls import EagerCalls
+from ..layouts.rectangle import ModelCalls
 from ..features import output_device
 from .fused import addresses
 from .graphs import CudaGraphStep, GraphStep

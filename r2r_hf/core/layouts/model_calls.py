@@ -1,40 +1,24 @@
-"""The model calls of the R2R loop: their interface, and the eager engine.
+"""The rectangle's model calls (``rectangle.ModelCalls``) as plain forwards over HF's caches, dynamic or static.
 
-Every engine offers the same three calls over its own KV caches:
-
-* ``slm_read(seq, start)``  the SLM reads ``seq[start:]``; its next-token logits and post-norm hidden state;
-* ``route_scores(logits, hidden, token)``  the router's scores for the SLM's proposed tokens;
-* ``llm_read(seq, start)``  the LLM catches up on ``seq[start:]`` in one forward; its next-token logits.
-
-``EagerCalls`` (here) runs them as plain forwards over a dynamic or static cache.
-``capture.CapturedCalls`` replays captured ones, and ``capture_store.choose_calls`` decides
-which engine a call gets. ``close()`` ends the call's use of the engine (captured steps go back
-to their store).
+``fast/static_reads.CapturedCalls`` replays the same calls captured, and ``fast/store.choose_calls`` decides which
+a generate call gets.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from ..features import HiddenStateCapture, lm_forward, read_features, score
-from .rectangle import Committed, make_cache
+from .rectangle import Committed
 
 
-class ModelCalls(Protocol):
-    """The three model calls of one generate call (see the module docstring)."""
+def make_cache(model: torch.nn.Module, implementation: str | None, length: int) -> Cache:
+    """A fresh KV cache for one model; R2R never crops, so a static cache is always allowed."""
+    if implementation == "static":
+        return StaticCache(config=model.config, max_cache_len=length)
+    return DynamicCache(config=model.config)
 
-    capacity: int  # columns the call's buffers and caches hold
-
-    def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor: ...
-
-    def llm_read(self, seq: Committed, start: int) -> torch.Tensor: ...
-
-    def close(self) -> None: ...
 
 
 def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, hidden, token) -> torch.Tensor:

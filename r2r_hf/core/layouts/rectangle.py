@@ -10,15 +10,11 @@ implementation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
 from ..counters import Counters
-
-if TYPE_CHECKING:  # model_calls reads these buffers: only the type goes the other way
-    from .model_calls import ModelCalls
 
 
 @dataclass
@@ -70,11 +66,26 @@ class Committed:
         self.length += 1
 
 
-def make_cache(model: torch.nn.Module, implementation: str | None, length: int) -> Cache:
-    """A fresh KV cache for one model; R2R never crops, so a static cache is always allowed."""
-    if implementation == "static":
-        return StaticCache(config=model.config, max_cache_len=length)
-    return DynamicCache(config=model.config)
+class ModelCalls(Protocol):
+    """The three model calls a rectangle runs, over caches of their own (``model_calls.EagerCalls``; the fast
+    path's ``fast/static_reads.CapturedCalls``):
+
+    * ``slm_read(seq, start)``  the SLM reads ``seq[start:]``: its next-token logits and post-norm hidden state;
+    * ``route_scores(logits, hidden, token)``  the router's scores for the SLM's proposed tokens;
+    * ``llm_read(seq, start)``  the LLM catches up on ``seq[start:]`` in one forward: its next-token logits.
+
+    ``close()`` ends the call's use of them (captured calls go back to their store).
+    """
+
+    capacity: int  # columns the call's buffers and caches hold
+
+    def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor: ...
+
+    def llm_read(self, seq: Committed, start: int) -> torch.Tensor: ...
+
+    def close(self) -> None: ...
 
 
 class RectangleLayout:

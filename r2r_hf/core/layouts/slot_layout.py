@@ -7,19 +7,14 @@ slots grow (amortised doubling) until the fast path captures them (``capture``: 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import torch
 
 from ..counters import Counters
-from .model_calls import route_scores
 from ..features import input_device
-from ..fast.graphs import Step
 from ..pair import RoutedPair
-from ..fast.slot_reads import CapturedReads, CapturedRouter
+from .model_calls import route_scores
 from .slot_book import PIECE, SlotBook
-from .slot_cache import SlotCache, forward_piece, piece_inputs, read_piece
+from .slot_cache import SlotCache, read_piece
 
 class SlotLayout:
     """One slot per row, each at its own length (see the module docstring and ``slot_cache.py``).
@@ -40,8 +35,10 @@ class SlotLayout:
         self.slm_cache = SlotCache(pair.slm.config.num_hidden_layers, slots, capacity)
         self.llm_cache = SlotCache(pair.llm.config.num_hidden_layers, slots, capacity)
         self.book = SlotBook(slots)  # each row's length and how far each model has read it
-        self.captured: dict[str, CapturedReads] | None = None  # per model, once ``capture`` ran: static slots
-        self.router_step: CapturedRouter | None = None
+        # Once the fast path captured the slots (``fast/slot_reads.capture_slots``): each model's captured reads and the
+        # captured router; the slots are static from then on.
+        self.captured: dict | None = None
+        self.router_step = None
 
     @property
     def slots(self) -> int:
@@ -114,32 +111,6 @@ class SlotLayout:
         if self.router_step is not None and getattr(p.router, "capturable", True):
             return self.router_step(logits, hidden, token)
         return route_scores(p.slm, p.router, p.num_topk, logits, hidden, token)
-
-    def capture(self, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False,
-                router_dtype: str = "float32") -> dict:
-        """From now on every read replays a captured step (``slot_capture.py``): the slots become static (their
-        current size), every bucket is captured now with ``warm``, fused reads where ``fuse``, the router in
-        ``router_dtype`` (``router_step.py``); what it took."""
-        p = self.pair
-        for model, cache in ((p.slm, self.slm_cache), (p.llm, self.llm_cache)):  # allocate outside any capture
-            inputs = piece_inputs(self.tokens, list(range(self.slots)), [0] * self.slots, [0] * self.slots, 1,
-                                  cache.trash)
-            cache.plan(list(range(self.slots)), inputs["column"], 1)
-            forward_piece(model, cache, **inputs, used=1, hidden=False)
-        self.captured = {"slm": CapturedReads(p.slm, self.slm_cache, capture, hidden=True, fuse=fuse),
-                         "llm": CapturedReads(p.llm, self.llm_cache, capture, hidden=False, fuse=fuse)}
-        self.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, self.slots, router_dtype)
-        report = {"slots": self.slots, "columns": self.capacity, "steps": 0, "seconds": 0.0}
-        if warm:
-            start = time.perf_counter()
-            report["steps"] = sum(c.warm(self.tokens) for c in self.captured.values())
-            head = p.slm.get_output_embeddings().weight
-            if getattr(p.router, "capturable", True):
-                report["steps"] += self.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
-                                                         head.dtype)
-            report["seconds"] = time.perf_counter() - start
-        report["fused"] = {role: reads.fused for role, reads in self.captured.items()}  # after warming: what ran
-        return report
 
     def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0):
         """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them), in the forwards
