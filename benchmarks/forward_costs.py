@@ -3,7 +3,7 @@
     python -m benchmarks.forward_costs        # the real pair (benchmarks/models.py), --dtype auto, 1 torch thread
 
 The server's model calls are reads of ``k`` rows of ``g`` new tokens each, over slots that already hold a
-150-token context (``core/slots.py``): the SLM's step (g = 1), a prompt's prefill, the LLM's catch-up. This
+150-token context (``core/layouts/slot_cache.py``): the SLM's step (g = 1), a prompt's prefill, the LLM's catch-up. This
 times that call over a grid of (k, g) and the router over k rows, and fits ``t = a + b k + c k g`` per model
 (what ``benchmarks/serve_model.py`` replays a served run with). Where a batch-8 step costs nearly 8 batch-1
 steps the machine is compute-bound and batching cannot amortise much. Writes

@@ -13,14 +13,14 @@ last: an H200 measured them before. Each budget is that phase's deadline (H200, 
 estimated from the review's cost model, x ~2.5):
 
   conditions 1 / 30 s, build (random weights) 20 / 90 s,
-  r2r_captured_1   R2R on CUDA graphs of fused reads (core/fused.py) at p = 0 / 0.05 / 0.1 / 0.2, the
+  r2r_captured_1   R2R on CUDA graphs of fused reads (core/fast/fused.py) at p = 0 / 0.05 / 0.1 / 0.2, the
                    regions' cold compile inside its first calls: what the device is lent for     60 / 120 s
   llm_graphs_1     the LLM's one-token step replayed on graphs: R2R's denominator              10 / 40 s
   slm_graphs_1     the SLM's, the same way: the never-route target's baseline                   3 / 20 s
   components_1     captured t_SLM, t_router, t_LLM per bucket; the cost model (loop efficiency) 15 / 45 s
   r2r_unfused_1    the same at p = 0.1 on graphs of HF's forward (--unfused-graphs): fusing's gain 15 / 40 s
   r2r_router_1     the real router at its 90th-percentile threshold, folded into the SLM's read and in
-                   bf16 (core/router_step.py; a forced schedule cannot be folded): p as measured  15 / 40 s
+                   bf16 (core/fast/router_copy.py; a forced schedule cannot be folded): p as measured  15 / 40 s
   agreement        teacher-forced bf16 logits, captured (fused) vs eager (the README's tolerance) 20 / 60 s
   serving          the engine under load at concurrency 1 / 8 / 16 (gpu_serve.py), p = 0.1: captured
                    waiting, the LLM alone, captured m = 1, eager; HF's generate_batch         ~100 / 120 s
@@ -172,7 +172,7 @@ def r2r_unfused(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Repo
 
 def r2r_router(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Report) -> None:
     """R2R at batch 1 with the real router, which the forced schedules cannot have (they keep per-step state): the
-    router folded into the SLM's captured read and in the models' dtype (``router_step.py``). The threshold is the
+    router folded into the SLM's captured read and in the models' dtype (``core/fast/router_copy.py``). The threshold is the
     90th percentile of its never-routed scores, so about 10 % of tokens route; the share it routed is reported."""
     def call(threshold: float):
         return model.generate(prompt, **gen, cache_implementation="static", threshold=threshold,

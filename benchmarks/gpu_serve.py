@@ -134,7 +134,7 @@ def serving_phase(model, device: torch.device, share: float, concurrencies: tupl
         if time.monotonic() > deadline:
             put(name, {"skipped": "the phase's deadline passed"})
             continue
-        # HF's forward on graphs: the slot regions' cold compile (core/fused.py) would not fit the phase's budget.
+        # HF's forward on graphs: the slot regions' cold compile (core/fast/fused.py) would not fit the phase's budget.
         settings = ServeSettings(max_batch_size=slots, max_queue=1024, batch_wait_ms=0, unfused_graphs=True,
                                  max_context=prompt_tokens + max_tokens + 8, **options)
         started = time.perf_counter()

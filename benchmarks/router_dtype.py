@@ -3,7 +3,7 @@
     python -m benchmarks.router_dtype --labels work/coder [--label-set code+divergent] [--router DIR] \
         [--dtypes float32,bfloat16] [--rates 0.05,0.1,0.2,0.4]
 
-The captured path scores with a copy of the router cast to the SLM's dtype (``r2r_hf/core/router_step.py``);
+The captured path scores with a copy of the router cast to the SLM's dtype (``r2r_hf/core/fast/router_copy.py``);
 this benchmark makes that very copy (``Scorer``) and scores the labelling run's validation split (prompts
 the router never trained on) with each dtype: the ROC AUC, the recall at equal LLM token rates, the largest and
 typical score change, and how many routing decisions change at the router's own threshold. Writes

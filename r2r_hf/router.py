@@ -140,7 +140,7 @@ class MLPRouter(Router):
         return self.backbone(self.combined_projection(x))
 
     def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        # The sigmoid in fp32: in a bf16 copy (router_step.py) a bf16 score near the threshold moves in steps of
+        # The sigmoid in fp32: in a bf16 copy (core/fast/router_copy.py) a bf16 score near the threshold moves in steps of
         # 2^-8, which ties scores a rate-calibrated threshold must separate; the logit's own steps are ~4x finer.
         return torch.sigmoid(self(topk_logits, token_embedding, hidden).float())
 

@@ -116,3 +116,21 @@ def test_training_a_router_runs_on_its_defaults_after_make_demo(after_demo):
     out = _run([sys.executable, str(ROOT / "examples" / "train_your_router.py"), "--limit", "4", "--max-new-tokens",
                 "16", "--epochs", "1", "--dtype", "float32", "--llm-rate", "0.2"], env, work)
     assert "threshold" in out.stdout and (work / "my-run" / "router" / "config.json").exists()
+
+
+def test_the_layout_section_names_every_module_in_its_folders_row():
+    """The README's Layout table is the map a newcomer reads: each package row names every module of that package
+    (a module added, moved or renamed without the map changing fails here)."""
+    layout = README[README.index("## Layout"):README.index("## Citation")]
+    rows = {}
+    for line in layout.splitlines():
+        match = re.match(r"\| `(r2r_hf/[\w/]+)/` \|(.*)\|$", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    assert {"r2r_hf/core", "r2r_hf/core/layouts", "r2r_hf/core/fast", "r2r_hf/serve"} <= set(rows)
+    missing = []
+    for folder, text in rows.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if path.name != "__init__.py" and f"`{path.name}`" not in text:
+                missing.append(f"{folder}/{path.name}")
+    assert not missing, f"the README's Layout table does not name {missing}"

@@ -8,7 +8,7 @@ the LLM's own ``generate`` would process and draw it (``sampling.py`` keeps the 
   where the SLM's draw started and the whole batch is drawn again from the LLM's scores, as ``llm.generate``
   draws; the rows the SLM writes keep the SLM's token.
 * ``RowChoice`` is the server's: each row has its own processors (built from its own generation settings:
-  ``model/settings.py``) that see only that row's tokens, and its own random stream, which advances by that
+  ``model/row_settings.py``) that see only that row's tokens, and its own random stream, which advances by that
   row's draws only. Where the LLM writes a row, only that row's stream is rewound and drawn again. A row
   answers what it answers alone, whatever its neighbours do, and a row whose scores hold no probability
   (every score -inf or NaN) is flagged instead of failing the batch.

@@ -7,7 +7,7 @@ the requests (text, end and error events, from what the turn's ``rows.Delivery``
 one host synchronisation read). A request arriving while long answers decode joins at the next
 step ("continuous" batching); a client that goes away stops costing compute at the next step.
 
-The batch gives every row a slot of its own (``core/slots.py``): joining prefills the newcomers' prompts into
+The batch gives every row a slot of its own (``core/layouts/slot_layout.py``): joining prefills the newcomers' prompts into
 free slots, leaving frees the slot, and no running row's cache is copied. Routed rows wait for the LLM until
 ``ServeSettings.llm_min_rows`` rows wait or the oldest has waited ``llm_max_wait`` steps (``core/policy.py``),
 so one LLM forward serves several rows; a row's answer never depends on the policy or its neighbours. A model
@@ -113,7 +113,7 @@ class Engine:
         self.thread = threading.Thread(target=self._run, name="r2r-engine", daemon=True)
 
     def _new_batch(self) -> RunningBatch:
-        """An empty batch of slots: static and captured where ``capture.plan`` allows, else growing and eager."""
+        """An empty batch of slots: static and captured where ``capture.capture_plan`` allows, else growing and eager."""
         capturer, why, columns = capture_plan(self.model, self.settings, self.device)
         batch = RunningBatch.for_slots(self.pair, self.settings.max_batch_size, columns or START_COLUMNS,
                                        self.device, self.counters)

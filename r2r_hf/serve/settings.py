@@ -57,7 +57,7 @@ class ServeSettings:
             eagerly otherwise, saying why once; ``graphs`` the same but refuses to start eagerly; ``compile``
             through ``torch.compile``; ``off`` eager.
         unfused_graphs: the graphs replay HF's own eager forward; by default (and where a model can be fused:
-            ``core/fused.py``) they replay fused reads, one inductor-compiled region per decoder layer (compiled at
+            ``core/fast/fused.py``) they replay fused reads, one inductor-compiled region per decoder layer (compiled at
             start-up: tens of seconds cold, cached on disk afterwards).
         max_context: with captured steps the slots are static (allocated at start, never moved): each holds this
             many tokens (prompt + answer); longer requests get a 400.

@@ -1,7 +1,7 @@
 """Fused reads over the two caches, and when a model's reads may be fused.
 
-``static_read`` has the signature of ``capture.read_fn`` (generate's reads over HF's ``StaticCache``) and
-``slot_read`` that of ``slot_capture.CapturedReads._fn`` (the server's reads over slots): the capture code
+``static_read`` has the signature of ``static_reads.read_fn`` (generate's reads over HF's ``StaticCache``) and
+``slot_read`` that of ``slot_reads.CapturedReads._fn`` (the server's reads over slots): the capture code
 chooses one or the other and captures it the same way. Both leave the caches exactly as HF's forward would
 (keys and values at the same columns, the static layers' lengths), so an eager read over the same cache can
 follow a fused one. The regions are ``fused.py``'s.
@@ -99,7 +99,7 @@ def _groups(model: torch.nn.Module) -> int:
 
 
 def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: int, regions: Regions) -> Step:
-    """``capture.read_fn`` fused: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> logits [B, V] (, hidden).
+    """``static_reads.read_fn`` fused: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> logits [B, V] (, hidden).
 
     New tokens go to the columns after the cache's length, every row at the same ones (HF's rectangle); the
     read attends the first ``span`` columns; the cache's lengths advance by the piece less ``rewind``.
@@ -119,9 +119,9 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
 
 
 def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: Regions) -> Step:
-    """``slots.forward_piece`` fused, over the first k slots: (ids, position, column, real [k, g]) -> outputs.
+    """``slot_cache.forward_piece`` fused, over the first k slots: (ids, position, column, real [k, g]) -> outputs.
 
-    Padding is written to the spare column and its queries see column 0 (``slots.piece_masks``); the read
+    Padding is written to the spare column and its queries see column 0 (``slot_cache.piece_masks``); the read
     attends every column of the slots' capacity (captured reads have fixed shapes).
     """
     groups, span = _groups(model), cache.capacity

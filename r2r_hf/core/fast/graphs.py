@@ -5,7 +5,7 @@ A captured step is called like the function and returns copies of its outputs: a
 its outputs into the same memory every time (and graphs sharing a pool may overwrite each other's),
 so nothing a caller keeps may point into that memory.
 
-What is captured, over which caches and when, is ``capture.py``'s business; this module only
+What is captured, over which caches and when, is ``static_reads.py``'s and ``slot_reads.py``'s business; this module only
 knows how. ``GraphStep`` is the interface a ``CaptureStore`` is given (the CPU emulation in
 ``r2r_hf.testing.graphs`` implements it too).
 """

@@ -1,10 +1,10 @@
 """The server's fast path: slot reads and the router captured once per shape bucket and replayed.
 
 On a GPU an eager step is launch-bound (an eager 1.5B step 18.5 ms against ~1 ms of weight reads). A slot read
-(``slots.py``) becomes a fixed-shape step once its shapes are fixed: the slots it reads are the first ``k``
+(``layouts/slot_cache.py``) becomes a fixed-shape step once its shapes are fixed: the slots it reads are the first ``k``
 of a rows bucket (1, 2, 4, 8, 16 ... up to the batch: a read pads to the bucket holding its highest slot, and
 the slots it does not read get no tokens: their padding goes to the spare column), its width is a tokens
-bucket (``capture.BUCKETS``: 1 ... 64), and it attends the slots' whole capacity (the caches are static). So
+bucket (``static_reads.BUCKETS``: 1 ... 64), and it attends the slots' whole capacity (the caches are static). So
 every read of the decoding loop — the SLM's step, a prompt's chunk, the LLM's catch-up — is a few replays of
 captured steps, and so is the router on the proposals (per rows bucket). vLLM and SGLang capture per batch
 size the same way.
@@ -91,7 +91,7 @@ class CapturedReads:
         return self.regions is not None
 
     def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int]):
-        """Like ``slots.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or None."""
+        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or None."""
         k = next(b for b in self.rows if b > max(rows))
         width = bucket_for(max(counts))
         full_starts, full_counts = [0] * k, [0] * k
@@ -114,7 +114,7 @@ class CapturedReads:
 class CapturedRouter:
     """The router on the proposals, captured per rows bucket (inputs padded with zeros).
 
-    With ``router_dtype="model"`` it scores with a copy of the router in the SLM's dtype (``router_step.py``),
+    With ``router_dtype="model"`` it scores with a copy of the router in the SLM's dtype (``router_copy.py``),
     checked against the router on the first real proposals: past the tolerance it captures the router itself.
     """
 

@@ -11,7 +11,7 @@ call of the loop can be given a fixed shape, so it is captured once and replayed
   piece overwrites the padding. So every read, however long, is a few replays of at most seven shapes;
 * the router on the SLM's proposal (top-k logits, the proposal's embedding, the hidden state): its own captured
   step, or folded into the SLM's read where the proposal is the raw argmax, in the models' dtype or fp32
-  (``router_step.py``).
+  (``router_copy.py``).
 
 How a step is captured (a CUDA graph of its eager forward, or ``torch.compile``) is ``graphs.py``;
 which calls run on what is ``CapturedCalls``; the static caches and captured calls of one batch
@@ -161,7 +161,7 @@ class CapturedState:
         fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere.
         vocab: the ids both models write (a folded read proposes the argmax among them).
         router_dtype: ``"model"`` scores with a copy of the router in the SLM's dtype, ``"float32"`` with the
-            router itself (``router_step.py``).
+            router itself (``router_copy.py``).
     """
 
     def __init__(self, slm, llm, router, num_topk: int, capture: Callable[[Step, dict], Step], batch: int,
@@ -207,7 +207,7 @@ class CapturedState:
 
     def read(self, role: str, bucket: int, span: int, fold: bool = False, **inputs: torch.Tensor) -> tuple:
         """``role``'s model reads one piece of ``bucket`` columns attending ``span`` (captured on first use); with
-        ``fold`` (the SLM) the read also scores its argmax proposal (``router_step.folded``)."""
+        ``fold`` (the SLM) the read also scores its argmax proposal (``router_copy.folded``)."""
         key = (role, bucket, span if self.fused[role] is not None else self.capacity, fold)
         if key not in self.reads:
             key = self._capture(role, key, span, inputs)
@@ -264,7 +264,7 @@ class CapturedCalls:
 
     Args:
         state, release: the lent state, and what gives it back.
-        fold: the call's proposal is the SLM's raw argmax (``router_step.proposal_is_argmax``): each SLM read
+        fold: the call's proposal is the SLM's raw argmax (``router_copy.proposal_is_argmax``): each SLM read
             scores it too, and ``route_scores`` of those very logits returns those scores.
     """
 

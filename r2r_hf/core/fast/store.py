@@ -49,7 +49,7 @@ class CaptureStore:
         fuse: capture fused reads (``fused.py``: one compiled region per decoder layer, then captured) where a
             model can be fused; False captures HF's eager forward. Settable: ``model.capture_store.fuse = False``.
         router_dtype: ``"model"`` (default) scores with a copy of the router in the SLM's dtype where its scores
-            stay within ``router_step.SCORE_TOLERANCE`` of fp32's; ``"float32"`` with the router itself. Settable.
+            stay within ``router_copy.SCORE_TOLERANCE`` of fp32's; ``"float32"`` with the router itself. Settable.
     """
 
     def __init__(self, graph_step: type[GraphStep] = CudaGraphStep, graph_devices: Sequence[str] = ("cuda",),
@@ -78,7 +78,7 @@ class CaptureStore:
             compile_config: the call's ``CompileConfig`` (None: ``graph_step``).
             batch, needed: the call's rows and longest sequence.
             vocab: the ids both models write.
-            fold: the call proposes the SLM's raw argmax, so its SLM reads score it too (``router_step.py``).
+            fold: the call proposes the SLM's raw argmax, so its SLM reads score it too (``router_copy.py``).
         """
         if self._holder == threading.get_ident():
             self._warn("R2R runs this call eagerly: a generate call of the same thread (a streamer that generates?) "
@@ -150,7 +150,7 @@ def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: i
         batch: rows in the call.
         needed: the call's longest sequence (prompt + max_new_tokens).
         store: the model's ``CaptureStore``, or None to run eagerly.
-        fold: the call proposes the SLM's raw argmax (``router_step.proposal_is_argmax``).
+        fold: the call proposes the SLM's raw argmax (``router_copy.proposal_is_argmax``).
     """
     kind, compile_config = generation_config.cache_implementation, generation_config.compile_config
     eager = kind != "static" or generation_config.disable_compile or store is None
