@@ -18,7 +18,8 @@ from typing import Protocol
 
 from r2r_hf.core.counters import Counters
 from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
-from r2r_hf.core.plan import BatchRows, RowState, StepPlan
+from r2r_hf.core.plan import StepPlan
+from r2r_hf.core.rows import BatchRows, RowState
 from r2r_hf.core.policy import WaitPolicy
 from r2r_hf.core.step import Synced
 from r2r_hf.core.turn import turn
@@ -77,17 +78,16 @@ class ReplayBatch(BatchRows):
         for r in rows:
             self.rows[r].prefilling = self.book.unread("slm", r) > 0
 
-    def propose(self) -> SimpleNamespace:
+    def propose(self, speculate: bool = False) -> SimpleNamespace:
         rows = self.proposing()
         if rows:
             self.clock += self.costs.router[0] + self.costs.router[1] * len(rows)
         routed = [self.rows[r].owner.routed[len(self.rows[r].owner.routed) - self.rows[r].max_new] for r in rows]
-        return SimpleNamespace(rows=rows, routed=routed, states={})
+        return SimpleNamespace(rows=rows, routed=routed, states={}, after={})
 
     def sync(self, proposal: SimpleNamespace, extra: tuple = ()) -> Synced:
-        by_llm = [row is not None and row.by_llm for row in self.rows]
         self.counters.host_syncs += 1
-        return Synced(list(proposal.routed), list(self.last), by_llm, set(), [])
+        return Synced(list(proposal.routed), self.arrive(self.last), set(), [])
 
     def execute(self, proposal: SimpleNamespace, synced: Synced, plan: StepPlan) -> SimpleNamespace:
         self.start_waiting(plan, proposal.states)
@@ -123,12 +123,11 @@ class Arrivals:
     def ended(self, synced: Synced) -> set[int]:
         ended = set()
         for r in self.batch.occupied():
-            if synced.previous[r] >= 0:
-                answer = self.batch.rows[r].owner
-                answer.times.append(self.batch.clock)
-                if len(answer.times) == len(answer.routed):
-                    ended.add(r)
-                    self.done.append(answer)
+            answer = self.batch.rows[r].owner
+            answer.times += [self.batch.clock] * len(synced.delivered[r])
+            if synced.delivered[r] and len(answer.times) == len(answer.routed):
+                ended.add(r)
+                self.done.append(answer)
         return ended
 
 

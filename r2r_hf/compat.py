@@ -13,6 +13,7 @@ a loud refusal at install time beats routing silently wrong.
 
 from __future__ import annotations
 
+import torch
 import transformers
 from packaging.version import Version
 
@@ -47,3 +48,17 @@ def cache_argument(cache) -> dict:
 def cache_of(kwargs: dict):
     """The KV cache in a model forward's keyword arguments, under either name (a hook sees what generate passed)."""
     return kwargs.get(CACHE_ARGUMENT, kwargs.get("past_key_values"))
+
+
+def crop_cache(cache, tokens: int) -> None:
+    """Drop the last ``tokens`` tokens of an HF cache in place (a rollback). Dynamic layers crop by a negative count
+    on every supported release; a static layer keeps its memory and moves back its device length (5.17's has no
+    ``crop``), so captured calls over it stay valid."""
+    if tokens <= 0:
+        return
+    for layer in cache.layers:
+        length = getattr(layer, "cumulative_length", None)
+        if isinstance(length, torch.Tensor):
+            length.sub_(tokens)
+        else:
+            layer.crop(-tokens)

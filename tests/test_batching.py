@@ -51,12 +51,12 @@ class Driver:
     def ended(self, synced):
         ended = set()
         for r in self.batch.occupied():
-            if synced.previous[r] < 0:
-                continue
             name = self.batch.rows[r].owner
-            self.out[name].append((synced.previous[r], synced.previous_by_llm[r]))
-            if synced.previous[r] in self.eos[name] or len(self.out[name]) == self.limit[name]:
-                ended.add(r)
+            for token, by_llm, _ in synced.delivered[r]:
+                self.out[name].append((token, by_llm))
+                if token in self.eos[name] or len(self.out[name]) == self.limit[name]:
+                    ended.add(r)
+                    break
         return ended
 
     def run(self, steps: int | None = None):

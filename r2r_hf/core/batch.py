@@ -28,7 +28,7 @@ from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
 from .pair import RoutedPair
-from .plan import RowState
+from .rows import RowState
 from .routing import Routing
 from .step import DeviceStep
 
@@ -50,7 +50,7 @@ class RunningBatch(DeviceStep):
 
     def __init__(self, pair: RoutedPair, layout: Layout, choice: Chooser, counters: Counters, slots: int,
                  device: torch.device, budget: Budget | None) -> None:
-        super().__init__(slots)
+        super().__init__(slots, cuts_together=layout.reads_every_row)
         self.pair, self.layout, self.choice, self.counters = pair, layout, choice, counters
         self.device = device
         self.slm_logits: torch.Tensor | None = None  # [S, V] the SLM after each row's last token
@@ -59,6 +59,7 @@ class RunningBatch(DeviceStep):
         self.running = torch.ones(slots, dtype=torch.bool, device=device)  # generate: rows not finished
         self.last_token = torch.full((slots,), -1, dtype=torch.long, device=device)  # committed at the last step
         self.budget = budget
+        self.budget_log: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # step -> budget state (speculation)
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -70,7 +71,8 @@ class RunningBatch(DeviceStep):
         counters = counters or Counters()
         seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.calls.capacity)
         layout = RectangleLayout(routing.calls, seq, counters, pad)
-        choice = CallChoice(routing.processors, routing.sampler, routing.vocab_size, seq.view)
+        choice = CallChoice(routing.processors, routing.sampler, routing.vocab_size,
+                            lambda index=None: layout.row_ids(0, index))
         rows, device = input_ids.shape[0], input_ids.device
         budget = None if routing.llm_budget is None else Budget.start(routing.llm_budget, rows, new_tokens, device)
         batch = cls(routing.pair, layout, choice, counters, rows, device, budget)
@@ -160,6 +162,22 @@ class RunningBatch(DeviceStep):
             self.running[r] = False
             self.last_token[r] = -1
             self.thresholds[r] = math.inf
+
+    def log_budget(self, plan) -> None:
+        """While rows speculate, keep the budget state after each step (a rollback restores a row's from the step
+        that committed the token it is cut back to); forget what no rollback can reach."""
+        if self.budget is None or not (plan.speculating or self.speculating()):
+            self.budget_log.clear()
+            return
+        self.budget_log[plan.step] = (self.budget.used.clone(), self.budget.seen.clone())
+        first = min((row.tail[0][0] for row in self.rows if row is not None and row.tail), default=plan.step)
+        self.budget_log = {step: state for step, state in self.budget_log.items() if step >= first}
+
+    def restore_budget(self, row: int, step: int) -> None:
+        """Row ``row``'s budget back to where it stood after step ``step``."""
+        if self.budget is not None:
+            used, seen = self.budget_log[step]
+            self.budget.used[row], self.budget.seen[row] = used[row], seen[row]
 
     def index(self, rows: list[int]) -> torch.Tensor | None:
         """Rows as an index tensor, or None when they are every slot in order (no gather needed)."""

@@ -46,6 +46,17 @@ class Chooser(Protocol):
                states: Mapping[int, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The LLM's choice for ``writers`` from the logits [r, V] of ``rows``, each stream rewound to ``states``."""
 
+    def verify(self, logits: Mapping[int, torch.Tensor], indices: Mapping[int, list[int]],
+               pending: Mapping[int, list]) -> dict[int, tuple[torch.Tensor, list[bool], list[Any]]]:
+        """The LLM's choice at each pending position (``speculation.py``), as R2R would have made it there: through
+        the row's processors over its prefix up to that position, drawn from its stream as it stood before the
+        SLM's draw. ``logits[r]`` [n, V] predicts the answer indices ``indices[r]``; ``pending[r]`` lists the row's
+        ``rows.Pending``. Per row: (the LLM's tokens [m], whether its stream after each draw stands where it stood
+        after the SLM's, the stream after each draw). The streams are left as they were."""
+
+    def restore(self, row: int, state: Any) -> None:
+        """Row ``row``'s stream stands at ``state`` (a rollback; None: greedy)."""
+
     def flags(self) -> torch.Tensor | None:
         """[S] rows whose last LLM draw failed (read in the next synchronisation), or None: none can fail."""
 
@@ -68,7 +79,7 @@ class CallChoice:
         processors: HF's processor list of the call.
         sampler: the call's argmax or draw (global stream, or the call's seeded generator).
         vocab: ids both models can write.
-        ids: gives the [B, L] committed ids HF's processors see.
+        ids: gives the [B, L] committed ids HF's processors see (``ids(index)``: through ``index`` answer tokens).
     """
 
     def __init__(self, processors: Processors, sampler: Sampler, vocab: int, ids) -> None:
@@ -80,7 +91,8 @@ class CallChoice:
 
     def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(processed scores [B, V], tokens [B], None) for every row of the batch."""
-        scores = self.processors(self.ids(), _scores(logits, self.vocab).to(self.ids().device))
+        ids = self.ids()
+        scores = self.processors(ids, _scores(logits, self.vocab).to(ids.device))
         return scores, self.sampler.pick(scores, width=logits.shape[-1]), None
 
     def redraw(self, logits: torch.Tensor, rows: list[int], writers: list[int], states) -> tuple:
@@ -94,6 +106,28 @@ class CallChoice:
         scores, tokens, _ = self.propose(logits, rows)
         picked = torch.tensor(writers, device=tokens.device)
         return scores[picked], tokens[picked], None
+
+    def verify(self, logits: Mapping[int, torch.Tensor], indices: Mapping[int, list[int]],
+               pending: Mapping[int, list]) -> dict[int, tuple[torch.Tensor, list[bool], list[Any]]]:
+        """As ``Chooser.verify``, over the whole rectangle at each pending column (HF's processors see the batch;
+        every row's logits predict the same indices). With sampling the call holds one row (one stream)."""
+        saved, rows = self.sampler.state(), sorted(logits)
+        at = {i: n for n, i in enumerate(indices[rows[0]])}
+        drawn: dict[int, tuple[torch.Tensor, bool, Any]] = {}
+        for index in sorted({p.index for ps in pending.values() for p in ps}):
+            scores = torch.stack([logits[r][at[index]] for r in rows])
+            before = next(p for ps in pending.values() for p in ps if p.index == index)
+            self.sampler.restore(before.before)
+            scores = self.processors(self.ids(index), _scores(scores, self.vocab).to(scores.device))
+            tokens = self.sampler.pick(scores, width=logits[rows[0]].shape[-1])
+            after = self.sampler.state()
+            drawn[index] = (tokens, after is None or torch.equal(after, before.after), after)
+        self.sampler.restore(saved)
+        return {r: (torch.stack([drawn[p.index][0][r] for p in ps]), [drawn[p.index][1] for p in ps],
+                    [drawn[p.index][2] for p in ps]) for r, ps in pending.items()}
+
+    def restore(self, row: int, state: Any) -> None:
+        self.sampler.restore(state)
 
     def flags(self) -> None:
         return None  # an argmax or a batch draw over HF's processors fails loudly, as HF's own would
@@ -140,6 +174,37 @@ class RowChoice:
 
     def state(self, rows: list[int]) -> dict[int, torch.Tensor]:
         return {r: self.rules[r].generator.get_state() for r in rows if self.rules[r].generator is not None}
+
+    def verify(self, logits: Mapping[int, torch.Tensor], indices: Mapping[int, list[int]],
+               pending: Mapping[int, list]) -> dict[int, tuple[torch.Tensor, list[bool], list[Any]]]:
+        """As ``Chooser.verify``, each row through its own processors and stream."""
+        out = {}
+        for r, ps in pending.items():
+            rule, at = self.rules[r], {i: n for n, i in enumerate(indices[r])}
+            generator = rule.generator
+            saved = None if generator is None else generator.get_state()
+            tokens, same, afters = [], [], []
+            for p in ps:
+                scores = rule.processors(self.row_ids(r, p.index), _scores(logits[r][at[p.index]][None], self.vocab))
+                if generator is None:
+                    tokens.append(scores[0].argmax(-1))
+                    same.append(True)
+                    afters.append(None)
+                    continue
+                generator.set_state(p.before)
+                token, ok = _safe_draw(scores[0], logits[r].shape[-1], generator)
+                afters.append(generator.get_state())
+                tokens.append(token)
+                same.append(torch.equal(afters[-1], p.after))
+                self.bad[r] |= ~ok  # no probability to draw from: the row fails (read in the next synchronisation)
+            if generator is not None:
+                generator.set_state(saved)
+            out[r] = (torch.stack(tokens), same, afters)
+        return out
+
+    def restore(self, row: int, state: Any) -> None:
+        if state is not None:
+            self.rules[row].generator.set_state(state)
 
     def flags(self) -> torch.Tensor:
         return self.bad

@@ -30,11 +30,13 @@ class Counters:
         slm_forwards: SLM forwards (a prefill or catch-up read in several pieces counts each piece).
         llm_forwards: LLM forwards (the same way).
         llm_calls: LLM catch-ups (one per step in which the LLM ran).
-        llm_rows: rows that received an LLM token, summed over the catch-ups.
+        llm_rows: rows the LLM served (wrote a token for, or resolved pending positions of), summed over catch-ups.
         host_syncs: times the host waited for the device.
         waits: for every routed token, the steps its row waited for the LLM (0: the LLM ran at once).
         joins: rows that joined the batch; join_bytes: KV bytes copied to make room for them.
         gathered_bytes: KV bytes gathered for forwards over a subset of the rows.
+        resolutions: LLM forwards that resolved speculative (pending) positions (``speculation.py``); agreed: pending
+            positions the LLM confirmed; rejected: those it did not; thrown: committed tokens thrown away by rollbacks.
     """
 
     steps: int = 0
@@ -49,6 +51,10 @@ class Counters:
     joins: int = 0
     join_bytes: int = 0
     gathered_bytes: int = 0
+    resolutions: int = 0
+    agreed: int = 0
+    rejected: int = 0
+    thrown: int = 0
     shapes: list[tuple[str, int, int]] | None = None  # when traced: (model, rows, tokens per row) of each forward
 
     def forward(self, role: str, rows: int, tokens: int) -> None:
@@ -60,15 +66,28 @@ class Counters:
         if self.shapes is not None:
             self.shapes.append((role, rows, tokens))
 
-    def step(self, plan) -> None:
+    def step(self, plan, settled=None) -> None:
         """Count one step that ran ``plan`` (a ``plan.StepPlan``)."""
         self.steps += 1
-        self.generated += len(plan.writers)
-        self.llm_tokens += len(plan.llm_writers)
-        if plan.llm_writers:
+        served = set(plan.llm_writers) | set(plan.resolving)
+        if served:
             self.llm_calls += 1
-            self.llm_rows += len(plan.llm_writers)
+            self.llm_rows += len(served)
             self.waits.extend(plan.waited)
+
+    def confirmed(self, tokens: int, llm_tokens: int) -> None:
+        """Answer tokens that can no longer change (committed, or confirmed after speculation), and how many of them
+        count as the LLM's."""
+        self.generated += tokens
+        self.llm_tokens += llm_tokens
+
+    def resolved(self, agreed: int, rejected: int, thrown: int) -> None:
+        """One LLM forward resolved pending positions: confirmed ``agreed``, rejected ``rejected``, and the rollbacks
+        threw ``thrown`` committed tokens away."""
+        self.resolutions += 1
+        self.agreed += agreed
+        self.rejected += rejected
+        self.thrown += thrown
 
     def summary(self) -> dict[str, float | int | None]:
         """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet)."""
@@ -88,4 +107,7 @@ class Counters:
             "joins": self.joins,
             "join_bytes_per_join": self.join_bytes / self.joins if self.joins else None,
             "gathered_bytes": self.gathered_bytes,
+            "pending_resolved_per_llm_call": (self.agreed + self.rejected) / self.llm_calls if self.llm_calls else None,
+            "agreement_at_routed": self.agreed / (self.agreed + self.rejected) if self.agreed + self.rejected else None,
+            "thrown_per_token": per_token(self.thrown),
         }

@@ -26,7 +26,6 @@ from transformers.generation.streamers import BaseStreamer
 
 from .batch import RunningBatch
 from .outputs import R2RGenerateOutput, RoutingAwareStreamer
-from .policy import IMMEDIATE
 from .routing import Routing, call_length
 from .step import StepResult, Synced
 from .turn import decode_step
@@ -76,34 +75,52 @@ def r2r_decode(
     batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
                                   pad if pad_finished else None)
     records = _Records(rows, new_max, input_ids.device, keep_scores, keep_logits)
-    stops = Finished(batch)
+    seq, stops, streams = batch.layout.seq, Finished(batch), {}
+    sampled = routing.policy.speculate > 0 and routing.sampler.do_sample  # streams to restore past a tail
     while True:
-        running = batch.running.clone()
         before = routing.sampler.state()
-        out = decode_step(batch, IMMEDIATE, stops)
-        if not out.plan.writers:  # every row had finished at the previous step: this step's draw is not committed
+        out = decode_step(batch, routing.policy, stops)
+        if len(out.plan.ended) == rows:  # every row had finished at the previous step: this step's draw is not committed
             routing.sampler.restore(before)
             break
-        records.add(out, running, routing.vocab_size)
-        if streamer is not None:
-            if isinstance(streamer, RoutingAwareStreamer):
-                streamer.put_routing(out.routed.cpu(), records.scores[:, records.step - 1].cpu())
-            streamer.put(out.token.cpu())
-        sequence = batch.layout.seq.view()
-        batch.running = running & ~stopping_criteria(sequence, records.scores_out)
-        if all(row.draining for row in batch.rows):  # every row committed its last token
+        if out.writers:
+            column = records.write(out, batch, routing.vocab_size)
+            if sampled:
+                streams[column] = routing.sampler.state()
+        for column in range(records.step, batch.rows[0].confirmed):  # the columns no rollback can change now
+            records.confirm(column, batch.running)
+            if streamer is not None:
+                if isinstance(streamer, RoutingAwareStreamer):
+                    streamer.put_routing(records.routed[:, column].cpu(), records.scores[:, column].cpu())
+                streamer.put(seq.ids[:, prompt_len + column].cpu())
+            ended = stopping_criteria(seq.ids[:, : prompt_len + column + 1], records.scores_out)
+            _finish(batch, ended, prompt_len + column + 1)
+        if all(row.draining for row in batch.rows) and not batch.speculating():  # every row wrote its last token
             break
-
+    if streams and records.step:
+        routing.sampler.restore(streams[records.step - 1])  # as after the last committed draw, not a discarded one
     if streamer is not None:
         streamer.end()
-    sequences = batch.layout.seq.view().clone()
+    sequences = seq.ids[:, : prompt_len + records.step].clone()
     if not return_dict:
         return sequences
     return records.output(sequences, routing, batch.counters)
 
 
+def _finish(batch: RunningBatch, ended: torch.Tensor, end: int) -> None:
+    """Rows whose answer HF's stopping criteria ended at column ``end`` - 1 are finished: what they wrote past it
+    speculatively becomes the pad HF writes after an answer's end."""
+    newly = batch.running & ended
+    batch.running = batch.running & ~ended
+    pad = batch.layout.pad
+    if pad is not None and batch.layout.seq.length > end:
+        ids = batch.layout.seq.ids[:, end : batch.layout.seq.length]
+        ids.copy_(torch.where(newly[:, None], pad, ids))
+
+
 class _Records:
-    """What ``generate`` returns beside the sequences, one column per step."""
+    """What ``generate`` returns beside the sequences: one column per answer token, written when a step writes the
+    column and confirmed once no rollback can change it (at once, without speculation)."""
 
     def __init__(self, rows: int, columns: int, device: torch.device, keep_scores: bool, keep_logits: bool) -> None:
         self.routed = torch.zeros(rows, columns, dtype=torch.bool, device=device)
@@ -111,19 +128,30 @@ class _Records:
         self.generated = torch.zeros(rows, columns, dtype=torch.bool, device=device)
         self.scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
         self.logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
-        self.step = 0
+        self.chosen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # column -> what its tokens were chosen from
+        self.step = 0  # columns confirmed
 
-    def add(self, out: StepResult, running: torch.Tensor, vocab: int) -> None:
-        self.routed[:, self.step] = out.routed
-        self.scores[:, self.step] = torch.where(running, out.router_scores, float("nan"))
-        self.generated[:, self.step] = running
-        if self.scores_out is not None or self.logits_out is not None:
-            scores, logits = chosen_from(out, vocab)
+    def write(self, out: StepResult, batch: RunningBatch, vocab: int) -> int:
+        """The column the step wrote (a rollback rewrites a column whose records stay); its index."""
+        column = batch.rows[0].written - 1
+        if out.settled is None or not out.settled.rollbacks:
+            self.routed[:, column] = out.routed
+            self.scores[:, column] = out.router_scores
+            if self.scores_out is not None or self.logits_out is not None:
+                self.chosen[column] = chosen_from(out, vocab)
+        return column
+
+    def confirm(self, column: int, running: torch.Tensor) -> None:
+        self.routed[:, column] &= running
+        self.scores[:, column] = torch.where(running, self.scores[:, column], float("nan"))
+        self.generated[:, column] = running
+        if column in self.chosen:
+            scores, logits = self.chosen.pop(column)
             if self.scores_out is not None:
                 self.scores_out += (scores,)
             if self.logits_out is not None:
                 self.logits_out += (logits,)
-        self.step += 1
+        self.step = column + 1
 
     def output(self, sequences: torch.Tensor, routing: Routing, counters) -> R2RGenerateOutput:
         generated, routed = self.generated[:, : self.step], self.routed[:, : self.step]

@@ -1,46 +1,23 @@
-"""The step's decisions as a plain value: ``plan_step`` decides, over host values only, what one step does.
+"""The step's decisions as plain values: ``plan_step`` decides, over host values only, what one step does, and
+``settle`` what it commits once the LLM has resolved speculative tokens.
 
 A step of the running batch (``turn.py``) proposes on the device, reads what the host needs in one
-synchronisation, then *plans* here — which rows write a token (the SLM's, or the LLM's), which wait for the LLM,
-whether the LLM runs and which rows it reads, which rows the SLM reads next — and only then executes the plan
-on the device (``step.py``). Planning knows nothing of models, tensors or devices: the same function decides
-``generate``'s steps, the server's and the cost model's replay of recorded routing
-(``benchmarks/serve_model.py``), and a ``StepPlan`` can be printed, compared and replayed.
-
-``BatchRows`` is the host side of a running batch that planning reads and updates: one ``RowState`` per slot and
-the step counter. ``RunningBatch`` (``batch.py``) adds the device side; the cost model's replay adds costs.
+synchronisation, then *plans* here — which rows write a token (the SLM's, or the LLM's), which go on past a routed
+position with the SLM's token (speculation), which wait for the LLM, whether the LLM runs and which rows it reads,
+which rows the SLM reads next — and only then executes the plan on the device (``step.py``). Where the LLM resolves
+speculative tokens, the first position of each row it does not confirm comes back from the device and ``settle``
+says what the step commits instead: that row cut back there with the LLM's token (in a rectangle, every row cut
+back to the earliest such position). Planning knows nothing of models, tensors or devices: the same functions
+decide ``generate``'s steps, the server's and the cost model's replay of recorded routing (``benchmarks/replay.py``),
+and a ``StepPlan`` can be printed, compared and replayed. The rows' host state it reads is ``rows.py``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .policy import WaitPolicy
-
-
-@dataclass
-class RowState:
-    """One row's host-side state between steps.
-
-    Args:
-        owner: what the row answers (the server's answer; None in ``generate``).
-        max_new: tokens the row may still commit (the length limit's one home; it drains after the last).
-        waiting_since: the step it was routed at while it waits for the LLM (None: not waiting).
-        rng: its random stream before the SLM draw that routed it (the LLM draws from there).
-        by_llm: whether the token it committed last came from the LLM (its value reaches the host next step).
-        draining: it committed its last token; it proposes no more and leaves once the host has read it.
-        prefilling: its prompt is still being read (a piece per turn: ``RunningBatch.prefill``).
-    """
-
-    owner: Any = None
-    max_new: int = 2**62
-    waiting_since: int | None = None
-    rng: Any = None
-    by_llm: bool = False
-    draining: bool = False
-    prefilling: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,11 +29,14 @@ class StepPlan:
         proposed: rows that proposed a token; routed: those whose proposal the router sent to the LLM.
         ended: rows whose answer ended before this step (their previous token ended it, or their draw failed):
             they commit nothing and leave.
-        slm_writers: rows that commit the SLM's proposal; llm_writers: rows the LLM writes a token for (empty:
-            the LLM does not run).
-        llm_reads: rows the LLM reads its unread tokens of (the writers; every row in a rectangle).
+        slm_writers: rows that commit the SLM's proposal (routed rows that go on speculatively among them);
+            llm_writers: rows the LLM writes a token for (empty: the LLM does not run).
+        speculating: routed rows that go on with the SLM's token, held pending until the LLM resolves it.
+        resolving: rows whose pending positions the LLM resolves in this step.
+        llm_reads: rows the LLM reads its unread tokens of (writers and resolving rows; every row in a rectangle).
         waiting: rows that wait for the LLM after this step.
-        slm_reads: rows the SLM reads the committed token of (writers that will propose again).
+        slm_reads: rows the SLM reads the committed token of (writers that will propose again), unless a
+            resolution cuts rows back (``Settlement.slm_reads``).
         waited: steps each LLM writer waited (0: routed in this step).
     """
 
@@ -66,6 +46,8 @@ class StepPlan:
     ended: tuple[int, ...] = ()
     slm_writers: tuple[int, ...] = ()
     llm_writers: tuple[int, ...] = ()
+    speculating: tuple[int, ...] = ()
+    resolving: tuple[int, ...] = ()
     llm_reads: tuple[int, ...] = ()
     waiting: tuple[int, ...] = ()
     slm_reads: tuple[int, ...] = ()
@@ -73,81 +55,102 @@ class StepPlan:
 
     @property
     def writers(self) -> tuple[int, ...]:
-        """Rows that commit a token this step."""
+        """Rows that commit a token this step (before any resolution cuts rows back)."""
         return tuple(sorted(self.slm_writers + self.llm_writers))
 
 
-def plan_step(rows: Sequence[RowState | None], step: int, proposed: Sequence[int], routed: Sequence[bool],
-              ended: set[int], policy: WaitPolicy, reads_every_row: bool = False) -> StepPlan:
+def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequence[bool], ended: set[int],
+              policy: WaitPolicy, reads_every_row: bool = False, rows_wait: bool = True) -> StepPlan:
     """Decide one step from host values (see the module docstring).
 
     Args:
-        rows: each slot's state before the step (None: free).
+        rows: each slot's ``rows.RowState`` before the step (None: free).
         step: the step's number.
         proposed: rows that proposed; routed: the router's decision for each of them.
         ended: rows whose answer ended before this step.
-        policy: when the LLM runs.
+        policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``).
         reads_every_row: the layout's LLM reads every row whenever it runs (HF's rectangle).
+        rows_wait: a routed row may wait with no token (not in a rectangle: there the LLM runs instead).
     """
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
-    slm_writers = tuple(r for r, hit in zip(proposed, routed) if not hit and r not in ended)
+    hits = [r for r, hit in zip(proposed, routed) if hit and r not in ended]
+    speculating = tuple(r for r in hits if len(rows[r].pending) < policy.speculate)
+    slm_writers = tuple(r for r, hit in zip(proposed, routed) if r not in ended and (not hit or r in speculating))
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
-    since.update({r: step for r, hit in zip(proposed, routed) if hit and r not in ended})
-    waiting = sorted(since)
-    oldest = max((step - since[r] for r in waiting), default=0)
-    runs = policy.runs(len(waiting), len(occupied), oldest, stalled=not slm_writers)
-    llm_writers = tuple(waiting) if runs else ()
-    writers = sorted(slm_writers + llm_writers)
-    return StepPlan(
-        step=step, proposed=tuple(proposed), routed=tuple(r for r, hit in zip(proposed, routed) if hit),
-        ended=tuple(sorted(ended)), slm_writers=slm_writers, llm_writers=llm_writers,
-        llm_reads=tuple(occupied) if runs and reads_every_row else llm_writers,
-        waiting=tuple(r for r in waiting if not runs), slm_reads=tuple(r for r in writers if rows[r].max_new > 1),
-        waited=tuple(step - since[r] for r in llm_writers))
+    since.update({r: step for r in hits if r not in speculating})
+    held = {r: rows[r].pending[0].step for r in occupied if rows[r].pending}
+    held.update({r: step for r in speculating if r not in held})
+    holders = set(since) | set(held)
+    oldest = max((step - s for s in (*since.values(), *held.values())), default=0)
+    runs = bool(holders) and (policy.runs(len(holders), len(occupied), oldest, stalled=not slm_writers)
+                              or (bool(since) and not rows_wait))
+    if not runs:
+        slm_reads = tuple(r for r in sorted(slm_writers) if rows[r].max_new > 1)
+        return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, (), speculating,
+                        waiting=tuple(sorted(since)), slm_reads=slm_reads)
+    llm_writers = tuple(sorted(set(since) | set(speculating)))  # a row routed now is written now
+    slm_writers = tuple(r for r in slm_writers if r not in speculating)
+    resolving = tuple(r for r in occupied if rows[r].pending)
+    reads = tuple(occupied) if reads_every_row else tuple(sorted(set(llm_writers) | set(resolving)))
+    slm_reads = tuple(r for r in sorted(slm_writers + llm_writers) if rows[r].max_new > 1)
+    return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, llm_writers, (),
+                    resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
 
 
-class BatchRows:
-    """The host side of a running batch: a ``RowState`` per slot (None: free) and the step counter."""
+@dataclass(frozen=True)
+class Settlement:
+    """What a step commits once the LLM resolved its rows' pending positions (``settle``).
 
-    def __init__(self, slots: int) -> None:
-        self.rows: list[RowState | None] = [None] * slots
-        self.step_no = 0
+    Args:
+        rollbacks: row -> the answer index it is cut back to; its token there is committed anew.
+        llm_writers: rows whose token this step is the LLM's (at their rollback index, or where they wait).
+        slm_writers: rows whose token is the SLM's proposal.
+        kept: rows cut back with the others in a rectangle whose token at the cut stays what it was.
+        resolved: rows whose pending positions are settled (confirmed, or cut away).
+        slm_reads: rows the SLM reads the committed token of (those that will propose again).
+        agreed: pending positions the LLM confirmed; rejected: those it did not (at most one per row).
+    """
 
-    def occupied(self) -> list[int]:
-        return [r for r, row in enumerate(self.rows) if row is not None]
+    rollbacks: Mapping[int, int]
+    llm_writers: tuple[int, ...]
+    slm_writers: tuple[int, ...]
+    kept: tuple[int, ...] = ()
+    resolved: tuple[int, ...] = ()
+    slm_reads: tuple[int, ...] = ()
+    agreed: int = 0
+    rejected: int = 0
 
-    def proposing(self) -> list[int]:
-        """Rows that propose this step: in the batch, prompt read, not waiting for the LLM, not draining."""
-        return [r for r, row in enumerate(self.rows) if row is not None and row.waiting_since is None
-                and not row.draining and not row.prefilling]
+    @property
+    def writers(self) -> tuple[int, ...]:
+        return tuple(sorted(self.slm_writers + self.llm_writers + self.kept))
 
-    def decoding(self) -> bool:
-        """Whether a step has anything to do (a row proposes, waits for the LLM or has a token to hand over)."""
-        return any(row is not None and not row.prefilling for row in self.rows)
+    @classmethod
+    def plain(cls, plan: StepPlan) -> Settlement:
+        """A step with nothing to resolve commits what it planned."""
+        return cls({}, plan.llm_writers, plan.slm_writers, resolved=plan.resolving, slm_reads=plan.slm_reads,
+                   agreed=0)
 
-    def prefilling(self) -> list[int]:
-        return [r for r, row in enumerate(self.rows) if row is not None and row.prefilling]
 
-    def waiting(self) -> list[int]:
-        return [r for r, row in enumerate(self.rows) if row is not None and row.waiting_since is not None]
-
-    def free_slots(self) -> int:
-        return sum(row is None for row in self.rows)
-
-    def start_waiting(self, plan: StepPlan, states: Mapping[int, Any]) -> None:
-        """Rows routed in this step wait for the LLM from where their stream stood before the SLM's draw."""
-        for r in plan.routed:
-            if r not in plan.ended:
-                self.rows[r].waiting_since, self.rows[r].rng = plan.step, states.get(r)
-
-    def advance(self, plan: StepPlan) -> None:
-        """After the plan ran: the LLM's rows stop waiting, every writer has one token more."""
-        for r in plan.llm_writers:
-            self.rows[r].waiting_since = self.rows[r].rng = None
-        llm = set(plan.llm_writers)
-        for r in plan.writers:
-            row = self.rows[r]
-            row.by_llm = r in llm
-            row.max_new -= 1
-            row.draining = row.max_new <= 0
-        self.step_no += 1
+def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], cuts_together: bool) -> Settlement:
+    """The step's commits given, per resolving row, the position in its pending list of the first token the LLM did
+    not confirm (None: it confirmed all). A rejected row is cut back there and the LLM's token committed; in a
+    rectangle every row is cut back to the earliest such position, where the rejected rows get the LLM's token and
+    the others keep theirs."""
+    cut = {r: rows[r].pending[j].index for r, j in rejected.items() if j is not None}
+    agreed = sum(len(rows[r].pending) if j is None else j for r, j in rejected.items())
+    if not cut:
+        return Settlement({}, plan.llm_writers, plan.slm_writers, (), plan.resolving, plan.slm_reads, agreed, 0)
+    if cuts_together:
+        index = min(cut.values())
+        occupied = [r for r, row in enumerate(rows) if row is not None and r not in plan.ended]
+        llm = tuple(r for r in occupied if cut.get(r) == index)
+        kept = tuple(r for r in occupied if r not in llm)
+        rollbacks, slm = dict.fromkeys(occupied, index), ()
+    else:
+        llm = tuple(sorted(set(plan.llm_writers) | set(cut)))
+        kept, rollbacks = (), cut
+        slm = tuple(r for r in plan.slm_writers if r not in cut)
+    writers = sorted(llm + slm + kept)
+    left = {r: rows[r].max_new + (rows[r].written - rollbacks[r] if r in rollbacks else 0) for r in writers}
+    return Settlement(rollbacks, llm, slm, kept, plan.resolving, tuple(r for r in writers if left[r] > 1), agreed,
+                      len(cut))

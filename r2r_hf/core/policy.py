@@ -17,7 +17,11 @@ processors and its random stream (``choice.py``). It only delays that row's toke
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 
 def check_min_rows(value: object) -> tuple[int, ...]:
@@ -36,6 +40,12 @@ def check_max_wait(value: object) -> int:
     return value
 
 
+def check_speculate(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"speculate must be a whole number of pending positions >= 0 (0: off), got {value!r}.")
+    return value
+
+
 @dataclass(frozen=True)
 class WaitPolicy:
     """When a batch's LLM runs (see the module docstring).
@@ -43,15 +53,20 @@ class WaitPolicy:
     Args:
         min_rows: ``m``, one number or one per count of running rows (index: running rows - 1).
         max_wait: steps a routed row may wait at most (0: the LLM runs at once, whatever ``min_rows`` says).
+        speculate: routed positions a row may go past with the SLM's token before it waits (0: routed rows wait;
+            ``speculation.py``). With speculation, ``min_rows`` counts the rows that hold a pending position or
+            wait, and ``max_wait`` bounds the age of the oldest, which also bounds a row's speculative tail.
     """
 
     min_rows: tuple[int, ...] = (1,)
     max_wait: int = 0
+    speculate: int = 0
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
             raise ValueError(f"min_rows must be a tuple of whole numbers >= 1, got {self.min_rows!r}.")
         check_max_wait(self.max_wait)
+        check_speculate(self.speculate)
 
     @property
     def immediate(self) -> bool:
@@ -89,9 +104,50 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
 
 
 def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | None = None,
-                   max_wait: int | None = None) -> WaitPolicy:
-    """The server's policy: what its settings name, the rest from the device's default (``default_policy``)."""
-    if min_rows is None and max_wait is None:
+                   max_wait: int | None = None, speculate: int = 0) -> WaitPolicy:
+    """The server's policy: what its settings name, the rest from the device's default (``default_policy``, or with
+    ``speculate`` ``speculative_policy``)."""
+    if speculate:
+        default = speculative_policy(device_type, max_rows, speculate)
+    elif min_rows is None and max_wait is None:
         return default_policy(device_type, max_rows)
-    default = default_policy("cuda", max_rows)  # what waiting means where it pays
-    return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait)
+    else:
+        default = default_policy("cuda", max_rows)  # what waiting means where it pays
+    return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate)
+
+
+def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitPolicy:
+    """Where rows speculate: the LLM resolves once most running rows (and at least two) hold a pending position,
+    a row holding ``speculate`` routes again, or the oldest pending position is ``SERVE_SPECULATE_WAIT`` steps old
+    (chosen with the cost model: docs/performance.md)."""
+    return WaitPolicy(tuple(max(2, math.ceil(rows * 3 / 4)) for rows in range(1, max_rows + 1)),
+                      SERVE_SPECULATE_WAIT, speculate)
+
+
+SERVE_SPECULATE_WAIT = 64
+# A generate call that speculates resolves its rows' pending positions once the oldest is this many steps old (or a
+# row holds ``speculate`` of them and routes again, or none can go on). Chosen with the cost model: docs/performance.md.
+SPECULATE_WAIT = 32
+_said: set[str] = set()
+
+
+def call_policy(generation_config, rows: int) -> WaitPolicy:
+    """A generate call's policy: the LLM runs in the step a row routes, or, where the call asks to ``speculate``
+    (pending positions a row may hold), once the oldest pending position is ``llm_max_wait`` steps old. Where
+    speculation could not give the answers R2R gives without it, it is off for the call, said once."""
+    speculate = check_speculate(getattr(generation_config, "speculate", None) or 0)
+    if not speculate:
+        return IMMEDIATE
+    why = None
+    if generation_config.do_sample and rows > 1:
+        why = "a sampled batch draws every row from one random stream, which a row's rollback would move for all"
+    elif generation_config.return_dict_in_generate and (generation_config.output_scores or
+                                                          generation_config.output_logits):
+        why = "output_scores/output_logits record what each token was chosen from, and a rollback would rewrite them"
+    if why is not None:
+        if why not in _said:
+            _said.add(why)
+            logger.warning("speculation is off for this call: %s.", why)
+        return IMMEDIATE
+    wait = getattr(generation_config, "llm_max_wait", None)
+    return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else check_max_wait(wait), speculate)

@@ -18,6 +18,7 @@ from .fast.store import CaptureStore, choose_calls
 from .layouts.model_calls import EagerCalls
 from .layouts.rectangle import ModelCalls
 from .pair import RoutedPair
+from .policy import IMMEDIATE, WaitPolicy, call_policy
 from .fast.router_copy import proposal_is_argmax
 from .sampling import Sampler, seeded_generator
 from .choice import Processors
@@ -47,6 +48,7 @@ class Routing:
         calls: the batch's model calls and caches (eager, compiled or captured: ``fast/store.py``).
         llm_budget: the share of each answer's tokens the LLM may write (inf: none), or None for no budget at all
             (``budget.py``).
+        policy: when the LLM runs, and whether rows speculate past routed positions (``policy.call_policy``).
     """
 
     pair: RoutedPair
@@ -55,6 +57,7 @@ class Routing:
     sampler: Sampler
     calls: ModelCalls
     llm_budget: float | None = None
+    policy: WaitPolicy = IMMEDIATE
 
     @property
     def vocab_size(self) -> int:
@@ -89,7 +92,7 @@ class Routing:
         needed = call_length(generation_config, input_ids.shape[1])
         fold = proposal_is_argmax(sampler.do_sample, processors)
         calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold)
-        return cls(pair, threshold, processors, sampler, calls, budget)
+        return cls(pair, threshold, processors, sampler, calls, budget, call_policy(generation_config, input_ids.shape[0]))
 
     @classmethod
     def eager(cls, pair: RoutedPair, threshold: float, processors: Processors, sampler: Sampler, length: int,

@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
-from .plan import BatchRows, StepPlan
+from .plan import Settlement, StepPlan
+from .rows import BatchRows
+from .speculation import resolve
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Proposal:
         scores: [k, V] the processed scores; token: [k] the proposals; ok: [k] whether a draw had a probability
             to draw from (None: it cannot fail).
         router_scores: [k] the router's scores; routed: [k] where the row routes.
-        states: each row's random stream before its draw (the LLM draws from there).
+        states: each row's random stream before its draw (the LLM draws from there); after: after it (speculation).
     """
 
     rows: list[int]
@@ -51,6 +53,7 @@ class Proposal:
     router_scores: torch.Tensor
     routed: torch.Tensor
     states: Mapping[int, Any]
+    after: Mapping[int, Any]
 
 
 @dataclass(frozen=True)
@@ -59,15 +62,15 @@ class Synced:
 
     Args:
         routed: the router's decision for each proposing row (``Proposal.rows``).
-        previous: the token each slot committed at the previous step (-1: none).
-        previous_by_llm: whether the LLM wrote it.
+        delivered: per slot, the answer tokens that reached the host and are confirmed, in order, each as (token,
+            counts as the LLM's, last the length limit allows): the token the previous step committed, or none —
+            or, after speculation, the tokens the LLM confirmed (``rows.BatchRows.arrive``).
         failed: rows whose scores held no probability to draw from (their answer cannot go on).
         extra: the values the caller's stop rule asked to read (``turn.Stops.reads``).
     """
 
     routed: list[bool]
-    previous: list[int]
-    previous_by_llm: list[bool]
+    delivered: list[list[tuple[int, bool, bool]]]
     failed: set[int]
     extra: list[int]
 
@@ -83,7 +86,8 @@ class StepResult:
         router_scores: [S] the router's scores of this step's proposals (NaN where nothing was proposed).
         proposal: the proposals (their scores and logits: ``generate``'s output_scores/output_logits).
         llm_scores: [w, V] the LLM writers' processed scores; llm_logits: [r, V] the logits of the rows the LLM
-            read (``plan.llm_reads``); None when the LLM did not run.
+            read (``plan.llm_reads``); None when the LLM did not run or resolved pending positions.
+        settled: what the step committed where the LLM resolved pending positions (``plan.settle``), or None.
     """
 
     plan: StepPlan
@@ -94,6 +98,12 @@ class StepResult:
     proposal: Proposal
     llm_scores: torch.Tensor | None = None
     llm_logits: torch.Tensor | None = None
+    settled: Settlement | None = None
+
+    @property
+    def writers(self) -> tuple[int, ...]:
+        """Rows that committed a token in this step."""
+        return self.plan.writers if self.settled is None else self.settled.writers
 
 
 def _taken(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
@@ -105,16 +115,18 @@ class DeviceStep(BatchRows):
     read: ``pair``, ``layout``, ``choice``, ``counters``, ``device``, ``slm_logits``/``slm_hidden``, ``thresholds``,
     ``running``, ``last_token``, ``budget``, ``index`` and ``store_slm``."""
 
-    def propose(self) -> Proposal:
-        """Every proposing row's token, router score and routing decision (device values; nothing waits)."""
+    def propose(self, speculate: bool = False) -> Proposal:
+        """Every proposing row's token, router score and routing decision (device values; nothing waits); with
+        ``speculate``, also each row's stream after its draw (a row that goes on past a routed position keeps it)."""
         rows = self.proposing()
         if not rows:
             nothing = torch.zeros(0, device=self.device)
-            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {})
+            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {}, {})
         index = self.index(rows)
         logits, hidden = _taken(self.slm_logits, index), _taken(self.slm_hidden, index)
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
         scores, token, ok = self.choice.propose(logits, rows)
+        after = self.choice.state(rows) if speculate else {}
         self.pair.router.step()
         router_scores = self.layout.route(logits, hidden, token).to(token.device)
         live = _taken(self.running, index)
@@ -123,7 +135,7 @@ class DeviceStep(BatchRows):
             budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
-        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states)
+        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after)
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
@@ -139,8 +151,8 @@ class DeviceStep(BatchRows):
         failed = {proposal.rows[i] for i, v in enumerate(flat[k + s : 2 * k + s]) if v}
         flagged = flat[2 * k + s : 2 * k + s + (s if flags is not None else 0)]
         failed |= {r for r, v in enumerate(flagged) if v}
-        by_llm = [row is not None and row.by_llm for row in self.rows]
-        return Synced([bool(v) for v in flat[:k]], flat[k : k + s], by_llm, failed, flat[2 * k + s + len(flagged):])
+        delivered = self.arrive(flat[k : k + s])
+        return Synced([bool(v) for v in flat[:k]], delivered, failed, flat[2 * k + s + len(flagged):])
 
     def execute(self, proposal: Proposal, synced: Synced, plan: StepPlan) -> StepResult:
         """Run ``plan`` on the device (see the module docstring) and advance the rows' host state."""
@@ -153,23 +165,28 @@ class DeviceStep(BatchRows):
             at = torch.arange(len(proposal.rows), device=self.device) if proposal.index is None else proposal.index
             committed[at], routed[at] = proposal.token, proposal.routed
             router_scores[at] = proposal.router_scores.float()
-        llm_scores = llm_logits = None
-        if plan.llm_writers:  # the catch-up: the LLM reads what it has not read and writes in the SLM's place
+        llm_scores = llm_logits = settled = None
+        if plan.resolving:  # speculation: the LLM confirms or corrects pending tokens (and writes the waiting rows)
+            settled, committed = resolve(self, plan, committed)
+        elif plan.llm_writers:  # the catch-up: the LLM reads what it has not read and writes in the SLM's place
             llm_logits = self.layout.llm_read(list(plan.llm_reads))
             states = {r: self.rows[r].rng for r in plan.llm_writers}
             llm_scores, token, ok = self.choice.redraw(llm_logits, list(plan.llm_reads), list(plan.llm_writers), states)
             writers = torch.tensor(plan.llm_writers, device=self.device)
             committed[writers] = token
             self.choice.flag(writers, ok)  # read in the next step's synchronisation
-        if set(plan.proposed) != set(plan.writers):  # a routed row that waits, or one that ended, commits nothing
+        writers = plan.writers if settled is None else settled.writers
+        if set(plan.proposed) != set(writers):  # a routed row that waits, or one that ended, commits nothing
             wrote = torch.zeros(slots, dtype=torch.bool, device=self.device)
-            wrote[torch.tensor(plan.writers, dtype=torch.long, device=self.device)] = True
+            wrote[torch.tensor(writers, dtype=torch.long, device=self.device)] = True
             committed = torch.where(wrote, committed, -1)
-        if plan.writers:  # (a rectangle commits the pad for its finished rows)
-            committed = self.layout.append(list(plan.writers), committed, self.running)
+        if writers:  # (a rectangle commits the pad for its finished rows)
+            committed = self.layout.append(list(writers), committed, self.running)
         self.last_token = committed
-        if plan.slm_reads:
-            self.store_slm(list(plan.slm_reads), *self.layout.slm_read(list(plan.slm_reads)))
-        self.advance(plan)
+        reads = plan.slm_reads if settled is None else settled.slm_reads
+        if reads:
+            self.store_slm(list(reads), *self.layout.slm_read(list(reads)))
+        self.log_budget(plan)
+        self.advance(plan, settled, {r: (proposal.states.get(r), proposal.after.get(r)) for r in plan.speculating})
         self.counters.step(plan)
-        return StepResult(plan, synced, committed, routed, router_scores, proposal, llm_scores, llm_logits)
+        return StepResult(plan, synced, committed, routed, router_scores, proposal, llm_scores, llm_logits, settled)

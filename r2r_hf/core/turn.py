@@ -45,11 +45,11 @@ class NoStops:
 
 def decode_step(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult:
     """Advance ``batch`` (a ``RunningBatch``, or anything with its step interface) by one step."""
-    proposal = batch.propose()  # device: choices, router scores, budget; nothing waits
-    synced = batch.sync(proposal, stops.reads())  # the one host synchronisation
+    proposal = batch.propose(policy.speculate > 0)  # device: choices, router scores, budget; nothing waits
+    synced = batch.sync(proposal, stops.reads())  # the one host synchronisation (more where the LLM resolves)
     ended = stops.ended(synced) | synced.failed
-    plan = plan_step(batch.rows, batch.step_no, proposal.rows, synced.routed, ended, policy,
-                     batch.layout.reads_every_row)
+    rectangle = batch.layout.reads_every_row  # HF's rectangle: its rows cannot wait, its LLM reads every row
+    plan = plan_step(batch.rows, batch.step_no, proposal.rows, synced.routed, ended, policy, rectangle, not rectangle)
     return batch.execute(proposal, synced, plan)  # device: catch-up, commit, SLM read; then the rows' host state
 
 

@@ -73,6 +73,11 @@ R2R_OPTIONS = {
             "leaving the global random stream untouched",
     "llm_budget": "the LLM writes at most ceil(llm_budget * t) of any answer's first t tokens, where the router is "
                   "surest (r2r_hf/core/budget.py); with a threshold, a token routes only where both allow",
+    "speculate": "a routed row goes on with the SLM's token, up to this many routed positions pending, and one LLM "
+                 "forward later confirms them or corrects the first it rejects (r2r_hf/core/speculation.py); the "
+                 "answers do not change (0: off)",
+    "llm_max_wait": "with speculate: the LLM resolves pending positions once the oldest is this many steps old "
+                    "(default 32)",
 }
 ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 

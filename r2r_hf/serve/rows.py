@@ -112,11 +112,11 @@ class Delivery:
     def ended(self, synced) -> set[int]:
         now, ended = time.monotonic(), set()
         for r, state in enumerate(self.batch.rows):
-            if state is None or synced.previous[r] < 0:
-                continue
-            row: Row = state.owner
-            self.texts.append((row, now, row.add(synced.previous[r], synced.previous_by_llm[r], last=state.draining)))
-            if row.finish is not None:
-                ended.add(r)
+            for token, by_llm, last in [] if state is None else synced.delivered[r]:
+                row: Row = state.owner
+                self.texts.append((row, now, row.add(token, by_llm, last=last)))
+                if row.finish is not None:
+                    ended.add(r)
+                    break
         self.failed = [self.batch.rows[r].owner for r in sorted(synced.failed - ended)]
         return ended

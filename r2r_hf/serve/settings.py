@@ -68,6 +68,8 @@ class ServeSettings:
             one per count of running answers (the last covers larger counts); 1 runs it in the step an answer routes.
             None: ``policy.default_policy`` for the models' device (a GPU waits, a CPU does not).
         llm_max_wait: or once the oldest waiting answer has waited this many steps (0: never wait; None: by device).
+        speculate: routed positions an answer may go past with the SLM's token before it waits (0: off;
+            ``core/speculation.py``); with it, ``llm_min_rows`` counts the answers holding pending positions.
         max_body_bytes: a request body larger than this is answered 413 before it is read or parsed. The default
             (2 MiB, as TGI's 2 MB) holds a whole batch of long prompts (8 prompts of 32k tokens are about 1.2 MB as
             text); a larger body can only be refused as longer than the context, after its parse and tokenising
@@ -104,6 +106,9 @@ class ServeSettings:
                                                    parse="min_rows")
     llm_max_wait: int | None = setting(None, "a routed answer waits at most this many steps for the LLM (default: by "
                                              "device)", parse="non_negative_int")
+    speculate: int = setting(0, "a routed answer goes on with the SLM's token, up to this many routed positions "
+                                "pending, until one LLM forward confirms or corrects them; answers do not change (0: "
+                                "off; see the README)", parse="non_negative_int")
     read_timeout: float = setting(30.0, "seconds a client may take to send a request, headers and body (slower ones "
                                         "are closed)", parse="positive_seconds")
     max_connections: int = setting(512, "open connections at most (lowered to what the open-file limit allows)",
@@ -132,12 +137,13 @@ class ServeSettings:
             from ..core.budget import check_budget  # here: the CLI builds its flags from this class before torch
 
             check_budget(self.llm_budget)
-        from ..core.policy import check_max_wait, check_min_rows  # stdlib only, like this module
+        from ..core.policy import check_max_wait, check_min_rows, check_speculate  # stdlib only, like this module
 
         if self.llm_min_rows is not None:
             self.llm_min_rows = check_min_rows(self.llm_min_rows)
         if self.llm_max_wait is not None:
             check_max_wait(self.llm_max_wait)
+        check_speculate(self.speculate)
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
 

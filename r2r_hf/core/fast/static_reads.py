@@ -297,6 +297,13 @@ class CapturedCalls:
             return self.eager.llm_read(seq, start)
         return self.state.read_new("llm", seq, start)[0]
 
+    def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
+        """A speculative resolution's read (logits after several columns): eager, over the same static cache."""
+        return self.eager.llm_predict(seq, start, end, keep)
+
+    def crop(self, slm_tokens: int, llm_tokens: int) -> None:
+        self.eager.crop(slm_tokens, llm_tokens)  # the static layers' device lengths move back: graphs stay valid
+
     def close(self) -> None:
         release, self._release = self._release, None
         if release is not None:

@@ -22,7 +22,9 @@ import torch
 class Layout(Protocol):
     """What the step asks of a layout (see the module docstring)."""
 
-    reads_every_row: bool  # the LLM reads every row whenever it runs (the rectangle), or only the rows asked for
+    # The LLM reads every row whenever it runs (HF's rectangle, whose rows also share one length: none can wait for
+    # the LLM, and a rollback cuts every row back), or only the rows asked for (slots).
+    reads_every_row: bool
 
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
         """Commit ``token[r]`` [S] to each row of ``rows``; what was committed (a rectangle pads finished rows)."""

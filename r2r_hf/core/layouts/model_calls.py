@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicCache, StaticCache
 
+from ...compat import crop_cache
 from ..features import HiddenStateCapture, lm_forward, read_features, score
 from .rectangle import Committed
 
@@ -59,6 +60,17 @@ class EagerCalls:
         logits = lm_forward(self.llm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
                             self.llm_cache)
         return logits[:, -1]
+
+    def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
+        """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep``."""
+        logits = lm_forward(self.llm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
+                            self.llm_cache, logits_to_keep=0)
+        return logits[:, [c - start for c in keep]]
+
+    def crop(self, slm_tokens: int, llm_tokens: int) -> None:
+        """Each model's cache drops its last tokens (a rollback)."""
+        crop_cache(self.slm_cache, slm_tokens)
+        crop_cache(self.llm_cache, llm_tokens)
 
     def close(self) -> None:
         pass

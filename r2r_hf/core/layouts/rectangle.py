@@ -85,6 +85,10 @@ class ModelCalls(Protocol):
 
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor: ...
 
+    def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor: ...
+
+    def crop(self, slm_tokens: int, llm_tokens: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -106,6 +110,7 @@ class RectangleLayout:
         self.slm_seen = 0  # columns the SLM has read
         self.llm_seen = 0  # columns the LLM has read (one lag: it reads every row to the end)
         self.rows = seq.ids.shape[0]
+        self.prompt = seq.length  # columns of the prompt: an answer index i is column prompt + i
 
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
         """Commit ``token`` [B] (the pad where a row is no longer ``running``); what was committed."""
@@ -133,6 +138,30 @@ class RectangleLayout:
 
     def free(self, row: int) -> None:
         pass  # the rectangle's rows end together with the call
+
+    def row_ids(self, row: int, index: int | None = None) -> torch.Tensor:
+        """[B, L] what HF's processors see: the whole rectangle (through its prompt and ``index`` answer tokens)."""
+        return self.seq.ids[:, : self.seq.length if index is None else self.prompt + index]
+
+    def tokens_at(self, row: int, indices: list[int]) -> torch.Tensor:
+        return self.seq.ids[row, [self.prompt + i for i in indices]]
+
+    def cut(self, row: int, index: int) -> None:
+        """Every row back to its first ``index`` answer tokens (one length for the batch: ``row`` is any of them)."""
+        end = self.prompt + index
+        if end < self.seq.length:
+            self.calls.crop(max(self.slm_seen - end, 0), max(self.llm_seen - end, 0))
+            self.seq.length, self.slm_seen, self.llm_seen = end, min(self.slm_seen, end), min(self.llm_seen, end)
+
+    def predict(self, needs: dict[int, list[int]]) -> dict[int, tuple[list[int], torch.Tensor]]:
+        """The LLM reads every row through the token before the last needed answer index; for every row, the indices
+        any row needs (one length for the batch) and the logits [n, V] predicting each."""
+        wanted = sorted({i for indices in needs.values() for i in indices})
+        end = self.prompt + wanted[-1]
+        self.counters.forward("llm", self.rows, end - self.llm_seen)
+        logits = self.calls.llm_predict(self.seq, self.llm_seen, end, [self.prompt + i - 1 for i in wanted])
+        self.llm_seen = end
+        return {r: (wanted, logits[r]) for r in range(self.rows)}
 
     def close(self) -> None:
         self.calls.close()

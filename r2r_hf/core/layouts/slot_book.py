@@ -23,19 +23,27 @@ class SlotBook:
 
     def __init__(self, slots: int) -> None:
         self.length = [0] * slots
+        self.prompt = [0] * slots
         self.seen = {role: [0] * slots for role in ROLES}
 
     def grow(self, slots: int) -> None:
         extra = [0] * (slots - len(self.length))
         self.length += extra
+        self.prompt += extra
         for role in ROLES:
             self.seen[role] += extra
 
     def place(self, row: int, tokens: int) -> None:
         """Slot ``row`` holds a new prompt of ``tokens`` tokens; no model has read it."""
-        self.length[row] = tokens
+        self.length[row] = self.prompt[row] = tokens
         for role in ROLES:
             self.seen[role][row] = 0
+
+    def cut(self, row: int, index: int) -> None:
+        """Row ``row`` back to its prompt and first ``index`` answer tokens; neither model has read past them."""
+        self.length[row] = self.prompt[row] + index
+        for role in ROLES:
+            self.seen[role][row] = min(self.seen[role][row], self.length[row])
 
     def free(self, row: int) -> None:
         self.place(row, 0)
@@ -44,12 +52,12 @@ class SlotBook:
         return self.length[row] - self.seen[role][row]
 
     def read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
-             piece: int = PIECE) -> list[list[tuple[int, int, int]]]:
-        """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them), ``piece`` at a
-        time: the forwards this takes, each a list of (row, first column, tokens) over the rows it reads. The
-        tokens count as read once planned (the caller runs every forward)."""
+             piece: int = PIECE, upto: dict[int, int] | None = None) -> list[list[tuple[int, int, int]]]:
+        """``role`` reads each row's unread tokens but the last ``short`` (or up to column ``upto[row]``; at most
+        ``limit`` of them), ``piece`` at a time: the forwards this takes, each a list of (row, first column, tokens)
+        over the rows it reads. The tokens count as read once planned (the caller runs every forward)."""
         seen = self.seen[role]
-        left = {r: self.length[r] - short - seen[r] for r in rows}
+        left = {r: (self.length[r] - short if upto is None else upto[r]) - seen[r] for r in rows}
         if any(n < 1 for n in left.values()):
             raise ValueError("a row is read only when it holds a token the model has not read")
         if limit is not None:

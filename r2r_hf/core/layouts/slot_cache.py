@@ -163,27 +163,34 @@ def piece_inputs(tokens: torch.Tensor, rows: list[int], starts: list[int], count
 
 
 def forward_piece(model: torch.nn.Module, cache: SlotCache, ids: torch.Tensor, position: torch.Tensor,
-                  column: torch.Tensor, real: torch.Tensor, used: int, hidden: bool) -> tuple[torch.Tensor, ...]:
+                  column: torch.Tensor, real: torch.Tensor, used: int, hidden: bool,
+                  every: bool = False) -> tuple[torch.Tensor, ...]:
     """``model`` reads one planned piece (``cache.plan`` was called): logits [k, V] after each row's last token,
     and with ``hidden`` the post-norm hidden state [k, H] there (``output_hidden_states``: a hook would not
-    survive compilation). A pure function of its tensors: it can be captured."""
+    survive compilation); with ``every``, the logits [k, g, V] after each of the piece's tokens instead. A pure
+    function of its tensors: it can be captured."""
     embed_device = model.get_input_embeddings().weight.device
     masks = piece_masks(model, real.to(embed_device), position.to(embed_device), used)
     out = model(input_ids=ids.to(embed_device), attention_mask=masks, position_ids=position.to(embed_device),
-                **cache_argument(cache), use_cache=True, logits_to_keep=1, output_hidden_states=hidden,
-                return_dict=True)
+                **cache_argument(cache), use_cache=True, logits_to_keep=0 if every else 1,
+                output_hidden_states=hidden, return_dict=True)
+    if every:
+        return (out.logits,)
     if not hidden:
         return (out.logits[:, -1],)
     return out.logits[:, -1], out.hidden_states[-1][:, -1]
 
 
 def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, rows: list[int], starts: list[int],
-               counts: list[int], hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+               counts: list[int], hidden: bool = False, every: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``model`` reads ``counts[i]`` tokens of row ``rows[i]`` from column ``starts[i]`` of ``tokens`` [S, C]
-    into ``cache`` (eagerly); the logits [k, V] after each row's last one, and its hidden state [k, H] or None."""
+    into ``cache`` (eagerly); the logits [k, V] after each row's last one, and its hidden state [k, H] or None
+    (with ``every``: the logits [k, g, V] after each token of the right-aligned piece, and None)."""
     inputs = piece_inputs(tokens, rows, starts, counts, max(counts), cache.trash)
     used = max(s + n for s, n in zip(starts, counts))
     cache.plan(rows, inputs["column"], used)
+    if every:
+        return forward_piece(model, cache, **inputs, used=used, hidden=False, every=True)[0], None
     if not hidden:
         return forward_piece(model, cache, **inputs, used=used, hidden=False)[0], None
     with HiddenStateCapture(model) as capture:  # eagerly, the lm_head's input: no layer's states kept

@@ -72,9 +72,34 @@ class SlotLayout:
     def free(self, row: int) -> None:
         self.book.free(row)
 
-    def row_ids(self, row: int) -> torch.Tensor:
-        """[1, L] the committed tokens of one row (what its processors see, as they would alone)."""
-        return self.tokens[row : row + 1, : self.book.length[row]]
+    def row_ids(self, row: int, index: int | None = None) -> torch.Tensor:
+        """[1, L] the committed tokens of one row (what its processors see, as they would alone); with ``index``,
+        its prompt and first ``index`` answer tokens only."""
+        end = self.book.length[row] if index is None else self.book.prompt[row] + index
+        return self.tokens[row : row + 1, :end]
+
+    def tokens_at(self, row: int, indices: list[int]) -> torch.Tensor:
+        """[n] the row's committed answer tokens at ``indices``."""
+        columns = torch.tensor([self.book.prompt[row] + i for i in indices], device=self.device)
+        return self.tokens[row, columns]
+
+    def cut(self, row: int, index: int) -> None:
+        """The row back to its first ``index`` answer tokens: what follows is written over (no cache is moved)."""
+        self.book.cut(row, index)
+
+    def predict(self, needs: dict[int, list[int]]) -> dict[int, tuple[list[int], torch.Tensor]]:
+        """The LLM reads each row through the token before its last needed answer index; per row, the indices
+        ``needs[row]`` and the logits [n, V] predicting each."""
+        book, ends = self.book, {r: self.book.prompt[r] + max(indices) for r, indices in needs.items()}
+        rows, got = sorted(needs), {r: {} for r in needs}
+        for forward in book.read("llm", rows, upto=ends):
+            who, starts, counts = (list(column) for column in zip(*forward))
+            logits = read_piece(self.pair.llm, self.llm_cache, self.tokens, who, starts, counts, every=True)[0]
+            self.counters.forward("llm", len(who), max(counts))
+            for j, (r, start, n) in enumerate(forward):  # token column c sits at piece column width - n + c - start
+                for c in range(start, start + n):
+                    got[r][c + 1] = logits[j, max(counts) - n + c - start]
+        return {r: (needs[r], torch.stack([got[r][book.prompt[r] + i] for i in needs[r]])) for r in rows}
 
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor | None = None) -> torch.Tensor:
         """Commit ``token[r]`` [S] to each row of ``rows`` (each at its own length); ``token``."""
