@@ -36,6 +36,7 @@ from ..core.choice import CallChoice
 from ..core.counters import Counters
 from ..core.engines import EagerSteps
 from ..core.features import input_device
+from ..core.graphs import gc_paused
 from ..core.layouts import RectangleLayout
 from ..core.policy import WaitPolicy, default_policy
 from ..core.sampling import Sampler
@@ -127,7 +128,9 @@ class Engine:
         else:
             memory = graph_memory(self.device)
             before = memory()
-            with torch.inference_mode():  # as the decoding thread replays them
+            # As the decoding thread replays them; the collector runs once, then stays off while every bucket is
+            # captured (``core.graphs.gc_paused``: a collection during a capture can invalidate it).
+            with torch.inference_mode(), gc_paused(collect=True):
                 fuse = (self.settings.capture in ("auto", "graphs") and not self.settings.unfused_graphs
                         and self.model.capture_store.fuse)
                 report = batch.layout.capture(capturer, warm=self.settings.capture != "compile", fuse=fuse,
@@ -209,18 +212,23 @@ class Engine:
                     return
                 started = time.monotonic()
                 try:
-                    self._leave(plan.leaving)
-                    if plan.joining:
-                        self._join(plan.joining)
-                    if self.slotted and self.batch.prefilling():  # one piece of each prompt per turn
-                        self.batch.prefill(self.settings.prefill_chunk)
-                    if self.batch is not None and self.batch.decoding():
-                        self._step()
+                    self._turn(plan)
                 except Exception as err:  # noqa: BLE001 - one batch fails, the server goes on
                     logger.exception("a decoding step failed")
                     self._fail_all(plan.joining, err)
                 if self.trace is not None:
                     self.trace.turn(started, time.monotonic(), len(self.rows))
+
+    def _turn(self, plan: Plan) -> None:
+        """Do what ``plan`` decided: leave, join, one piece of each joining prompt, one step of the batch (the
+        benchmarks run it on their own thread: ``benchmarks/host_ops.py`` counts what one turn does)."""
+        self._leave(plan.leaving)
+        if plan.joining:
+            self._join(plan.joining)
+        if self.slotted and self.batch.prefilling():  # one piece of each prompt per turn
+            self.batch.prefill(self.settings.prefill_chunk)
+        if self.batch is not None and self.batch.decoding():
+            self._step()
 
     def _schedule(self) -> Plan | None:
         """Decide the turn: who joins (waiting while idle), who leaves; None when the engine stops."""
