@@ -128,8 +128,7 @@ class Engine:
         else:
             memory = graph_memory(self.device)
             before = memory()
-            # As the decoding thread replays them; the collector runs once, then stays off while every bucket is
-            # captured (``core.graphs.gc_paused``: a collection during a capture can invalidate it).
+            # As the decoding thread replays them; one collection, then none while it captures (``gc_paused``).
             with torch.inference_mode(), gc_paused(collect=True):
                 fuse = (self.settings.capture in ("auto", "graphs") and not self.settings.unfused_graphs
                         and self.model.capture_store.fuse)
@@ -220,8 +219,7 @@ class Engine:
                     self.trace.turn(started, time.monotonic(), len(self.rows))
 
     def _turn(self, plan: Plan) -> None:
-        """Do what ``plan`` decided: leave, join, one piece of each joining prompt, one step of the batch (the
-        benchmarks run it on their own thread: ``benchmarks/host_ops.py`` counts what one turn does)."""
+        """Do what ``plan`` decided: leave, join, read a piece of each prompt, step (``benchmarks/host_ops.py`` too)."""
         self._leave(plan.leaving)
         if plan.joining:
             self._join(plan.joining)
