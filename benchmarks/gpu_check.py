@@ -16,7 +16,7 @@ phases). Budgets (H200, bf16, 1.5B + 32B; estimated from the review's cost model
   warm           every shape class the check meets compiled: R2R at batch 1 then 2, every token
                  routed (each model's regions at one row | several x one token | a piece; the rows,
                  tokens and cache dims marked dynamic, so batch 8 and every catch-up bucket reuse them;
-                 ~24 region compiles, Triton est. 4-9 s each). It ends by 195 s whatever is left:     170 s
+                 ~25 region compiles, Triton est. 4-9 s each). It ends by 185 s whatever is left:     170 s
   r2r_fused_1    HEADLINE: R2R on graphs of fused reads at p = 0.1, batch 1                              45 s
   llm_fused_1    HEADLINE: the LLM alone on graphs of fused reads, batch 1: the fair denominator          30 s
                  (the pair is written by ~240 s of script time: 25 s of versions and imports first)

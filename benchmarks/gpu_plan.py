@@ -33,7 +33,7 @@ class Plan:
 
 # H200, bf16, 1.5B + 32B shapes. Budgets: benchmarks/gpu_check.py's docstring; the whole script: gpu_check.sh.
 DEVICE = Plan("qwen2.5-1.5b", "qwen2.5-32b", "bfloat16", "cuda", prompt=64, tokens=128, batches=(1, 8),
-              shares=(0.0, 0.05, 0.1, 0.2), headline=0.1, repeats=2, deadline_s=400, warm_by_s=195, emulate=False,
+              shares=(0.0, 0.05, 0.1, 0.2), headline=0.1, repeats=2, deadline_s=400, warm_by_s=185, emulate=False,
               serve=(8, 16), serve_tokens=128, serve_budget_s=150, serve_fused=True,
               agreement_reads=(3, 1, 70, 2, 40), compile_s=150)
 # The dry run rehearses the order and the isolation, not the device's timing: budgets x 3 (CI runs it beside another

@@ -95,9 +95,10 @@ def capture_fused(capture, read: Callable[[], Step], example: dict, who: str) ->
 
 def _dynamic(*marks: tuple) -> None:
     """Mark the rows, tokens and cache-length dims of the regions' inputs dynamic (``(tensor, *dims)`` each), so the
-    first compile of a region is the one that serves every batch size, bucket and cache capacity; without it a
-    region compiles static first, then again dynamic on the next shape. Sizes 1 still specialise (dynamo's rule):
-    rows 1 x one token, rows 1 x a piece, several rows x one token and x a piece compile apart (four per region)."""
+    first compile of a region serves every batch size and bucket (and cache capacity, where a read attends fewer
+    columns than the cache holds: one attending all of it specialises on its length); without the marks a region
+    compiles static first, then again dynamic on the next shape. Sizes 1 still specialise (dynamo's rule): one row
+    x one token, one row x a piece, several rows x one token and x a piece compile apart (four per region)."""
     for tensor, *dims in marks:
         for dim in dims:
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
