@@ -64,7 +64,10 @@ def merge(out: Path, exit_code: int, timeout: float | None) -> dict:
     child = out / "llm_compiled.json"
     found = json.loads(child.read_text()) if child.exists() else {}
     error = found.get("errors", {}).get(COMPILED)  # the child's own account first (it has the traceback)
-    if exit_code in (124, 137):  # killed by the step's timeout (gpu_check.sh)
+    if exit_code < 0:  # gpu_check.sh left too little time to start it
+        status = "not run: too little of the script's time was left"
+        error = {"type": "Skipped", "message": status, "traceback": []}
+    elif exit_code in (124, 137):  # killed by the step's timeout (gpu_check.sh)
         status = f"cut at the step's timeout of {timeout or 0:.0f} s"
         error = error or describe(PhaseTimeout(status))
     elif error is not None:
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes")
-    parser.add_argument("--merge", type=int, metavar="EXIT", help="merge the child that exited with EXIT")
+    parser.add_argument("--merge", type=int, metavar="EXIT", help="merge the child that exited with EXIT (-1: not run)")
     parser.add_argument("--seconds", type=float, help="the child's own deadline (default: the plan's compile_s); "
                         "with --merge, the step's timeout (what a cut says)")
     parser.add_argument("--fail-phase", default=os.environ.get("GPU_CHECK_FAIL_PHASE") or None, help=argparse.SUPPRESS)

@@ -173,6 +173,9 @@ def test_gpu_check_child_failure_is_reported_with_its_traceback(tmp_path):
     cut = merge(tmp_path / "killed", 124, 110)
     assert cut["llm_compiled_ms"]["status"] == "cut at the step's timeout of 110 s"
     assert cut["errors"]["compiled_llm"]["type"] == "PhaseTimeout"
+    skipped = merge(tmp_path / "killed", -1, 0)  # gpu_check.sh left it under 30 s: not started
+    assert skipped["llm_compiled_ms"]["status"].startswith("not run") and skipped["errors"]["compiled_llm"]["type"] == \
+        "Skipped"
 
 
 def test_gpu_check_refuses_an_unknown_fail_phase(tmp_path):
