@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import signal
 import sys
 import time
@@ -65,12 +66,15 @@ class Phase:
         budget_s: its own deadline; the runner interrupts it there.
         run: the work; it writes its numbers into the report itself, as it takes them.
         needs: phases whose failure leaves this one nothing to run on (it is skipped, and says why).
+        by_s: it must also end this many seconds after the report started (the warm phase: the headline that
+            follows is due by then, whatever is left to compile).
     """
 
     name: str
     budget_s: float
     run: Callable[[], None]
     needs: tuple[str, ...] = ()
+    by_s: float | None = None
 
 
 class PhaseTimeout(BaseException):
@@ -102,6 +106,32 @@ def deadline(seconds: float) -> Iterator[None]:
         active[0] = False  # first: a ring between here and the disarm is ignored
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+class Fallbacks(logging.Handler):
+    """Every warning r2r_hf logs while the check runs, into ``report["fallbacks"]`` with the phase it came in: a
+    fused read that did not compile, a model left unfused, the router kept in fp32 each say why only in the log,
+    and a fallback turns fused numbers into unfused ones without an error."""
+
+    def __init__(self, report: Report) -> None:
+        super().__init__(logging.WARNING)
+        self.report = report
+
+    def emit(self, record: logging.LogRecord) -> None:
+        timeline = self.report.data["timeline"]
+        phase = timeline[-1]["step"] if timeline else None
+        found = self.report.data.setdefault("fallbacks", [])
+        found.append({"phase": phase, "logger": record.name, "message": record.getMessage()[:1000]})
+        self.report.write()
+
+    @contextmanager
+    def attached(self, logger: str = "r2r_hf") -> Iterator[None]:
+        target = logging.getLogger(logger)
+        target.addHandler(self)
+        try:
+            yield
+        finally:
+            target.removeHandler(self)
 
 
 def describe(err: BaseException) -> dict:
@@ -150,8 +180,9 @@ def run_phases(phases: Sequence[Phase], report: Report, *, until_s: float, fail:
             continue
         report.mark(phase.name)
         start, error = time.monotonic(), None
+        seconds = min(phase.budget_s, left, float("inf") if phase.by_s is None else phase.by_s - report.elapsed())
         try:
-            with deadline(min(phase.budget_s, left)):
+            with deadline(seconds):
                 if phase.name == fail:
                     raise InjectedFailure(f"injected into {phase.name} by --fail-phase")
                 phase.run()

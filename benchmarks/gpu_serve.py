@@ -1,17 +1,20 @@
 """The device check's serving phase: the server's engine in-process (no HTTP) under load, on random-weight shapes.
 
-    python -m benchmarks.gpu_serve --out DIR             # on the GPU (1.5B + 32B shapes, bf16)
+    python -m benchmarks.gpu_serve --out DIR             # on the GPU (1.5B + 32B shapes, bf16, fused reads)
     python -m benchmarks.gpu_serve --out DIR --dry-run   # the same steps on a CPU: tiny shapes, emulated graphs
 
 The device image has no fastapi/uvicorn, and HTTP is not what is measured: the engine (``r2r_hf/serve/engine.py``,
 the decoding thread ``r2r-hf serve`` runs) gets requests directly, ``concurrency`` at a time (closed loop), and
 the load reports tokens/s, the inter-token latency (between an answer's tokens as the engine hands them out),
-the capture time, the graph memory and the decoding counters. Routing is forced per row at a share ``p`` by a
-router that pays the real router's cost and routes where a hash of the proposal's hidden state falls below
-``p`` (per row, whatever its neighbours; bf16 rounding may move which tokens route, not how many). Servers, each
-fresh: the captured path with the GPU's waiting default and with ``m = 1``, the eager path, and the LLM alone
-the same way (threshold 0: every token the LLM's). Last, as a peer where the image's transformers has it, HF's
-own continuous batching of the LLM alone (``generate_batch``, paged attention).
+the wall time per step and the time per step outside the graph replays (the host's share, which the server's cost
+model adds per step: ``serve_model.py``), the capture time, the graph memory and the decoding counters. Routing is
+forced per row at a share ``p`` by a router that pays the real router's cost and routes where a hash of the
+proposal's hidden state falls below ``p`` (per row, whatever its neighbours; bf16 rounding may move which tokens
+route, not how many). Servers, each fresh, in order of value: R2R on fused reads with the GPU's waiting default
+(what ``serve_model.py`` predicts), then **the LLM alone on the same engine** (the LLM in the SLM's place, never
+routing, a 16-wide router: no SLM, no LLM catch-up; R2R at threshold 0 would still run the SLM and the router every
+step), their ratio at each concurrency, then R2R with ``m = 1`` and, as a peer where the image's transformers has
+it, HF's own continuous batching of the LLM alone (``generate_batch``, paged attention).
 """
 
 from __future__ import annotations
@@ -64,15 +67,15 @@ def _request(prompt, settings, emit):
 
 
 def load(engine, model, prompts: list[list[int]], concurrency: int, max_tokens: int, threshold: float,
-         timeout: float) -> dict:
-    """Send ``prompts`` to ``engine``, ``concurrency`` at a time; tokens/s, inter-token latency, counters."""
+         timeout: float, replays=None) -> dict:
+    """Send ``prompts`` to ``engine``, ``concurrency`` at a time; tokens/s, inter-token latency, time per step (and
+    outside the graph replays, when ``replays`` times them: ``timed_replays``), counters."""
     from r2r_hf.model.row_settings import resolve_row
 
     gate, done, lock = threading.Semaphore(concurrency), threading.Event(), threading.Lock()
     gaps: list[float] = []
     left = [len(prompts)]
     tokens = [0]
-    start = time.perf_counter()
 
     def sink():
         last = [None]
@@ -94,6 +97,9 @@ def load(engine, model, prompts: list[list[int]], concurrency: int, max_tokens: 
         return emit
 
     before = dict(engine.counters.summary())
+    if replays is not None:
+        replays.take()
+    start = time.perf_counter()
     for prompt in prompts:
         gate.acquire()
         settings = resolve_row(model, prompt, max_new_tokens=max_tokens, do_sample=False, threshold=threshold)
@@ -103,61 +109,122 @@ def load(engine, model, prompts: list[list[int]], concurrency: int, max_tokens: 
     wall = time.perf_counter() - start
     gaps.sort()
     summary = engine.counters.summary()
-    return {"concurrency": concurrency, "requests": len(prompts), "tokens": tokens[0], "wall_s": wall,
-            "tokens_per_s": tokens[0] / wall,
-            "itl_p50_ms": 1000 * statistics.median(gaps) if gaps else None,
-            "itl_p95_ms": 1000 * gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))] if gaps else None,
-            "llm_token_rate": (summary["llm_tokens"] - before["llm_tokens"]) / max(tokens[0], 1),
-            "counters_total": summary}
+    steps = summary["steps"] - before["steps"]
+    out = {"concurrency": concurrency, "requests": len(prompts), "tokens": tokens[0], "wall_s": wall,
+           "tokens_per_s": tokens[0] / wall, "steps": steps, "ms_per_step": 1e3 * wall / max(steps, 1),
+           "itl_p50_ms": 1000 * statistics.median(gaps) if gaps else None,
+           "itl_p95_ms": 1000 * gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))] if gaps else None,
+           "llm_token_rate": (summary["llm_tokens"] - before["llm_tokens"]) / max(tokens[0], 1),
+           "counters_total": summary}
+    if replays is not None:  # the rest of a step's time: the host's work, and the device idling for it
+        out["outside_graphs_ms_per_step"] = 1e3 * (wall - replays.take()) / max(steps, 1)
+    return out
+
+
+def timed_replays(graph_step: type) -> type:
+    """``graph_step`` (a ``GraphStep`` class) whose replays add up their device time, read by ``take()`` (and reset):
+    CUDA events around each replay on a GPU (no sync: read after the load), the wall clock in the CPU's emulation."""
+    class Timed(graph_step):
+        marks: list = []
+        seconds = [0.0]
+
+        def replay(self) -> None:
+            if hasattr(self, "graph"):  # a CUDA graph
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                super().replay()
+                end.record()
+                Timed.marks.append((begin, end))
+                return
+            begin = time.perf_counter()
+            super().replay()
+            Timed.seconds[0] += time.perf_counter() - begin
+
+        @classmethod
+        def take(cls) -> float:
+            if cls.marks:
+                torch.cuda.synchronize()
+                cls.seconds[0] += sum(b.elapsed_time(e) for b, e in cls.marks) / 1e3
+                cls.marks.clear()
+            spent, cls.seconds[0] = cls.seconds[0], 0.0
+            return spent
+
+    return Timed
+
+
+def llm_alone(model: R2RForCausalLM) -> R2RForCausalLM:
+    """The LLM alone on the same engine: the LLM in the SLM's place, never routing (threshold inf), a 16-wide router
+    (one small captured graph per step): no SLM forward, no LLM catch-up. Its LLM-side slots are captured and never
+    read (the engine captures both models' reads at start-up)."""
+    alone = R2RForCausalLM.from_models(model.llm, model.llm, router_hidden_dims=[16]).eval()
+    store = model.capture_store
+    alone.capture_store = type(store)(graph_step=store.graph_step, graph_devices=store.graph_devices, fuse=store.fuse,
+                                      router_dtype=store.router_dtype)
+    # Answers run to their max_tokens, as ``serving_shape``'s do (it has set the LLM's own config already).
+    alone.generation_config.eos_token_id, alone.generation_config.pad_token_id = None, 0
+    return alone
+
+
+def serve(name: str, model, settings, tokenizer, concurrencies, prompt_tokens, max_tokens, threshold, put,
+          deadline: float, generator) -> dict:
+    """One fresh server at every concurrency; its numbers through ``put(name, ...)`` as they come."""
+    from r2r_hf.serve.engine import Engine
+
+    store, base = model.capture_store, model.capture_store.graph_step
+    store.graph_step = replays = timed_replays(base)  # the engine's capturer takes the class at its start
+    started = time.perf_counter()
+    try:
+        engine = Engine(model, tokenizer, settings)
+    finally:
+        store.graph_step = base
+    result = {"start_s": time.perf_counter() - started, "capture": engine.capture_report, "runs": []}
+    engine.start()
+    try:
+        for c in concurrencies:
+            prompts = [torch.randint(100, model.shared_vocab_size - 100, (prompt_tokens,), generator=generator).tolist()
+                       for _ in range(max(2 * c, 4))]
+            result["runs"].append(load(engine, model, prompts, c, max_tokens, threshold,
+                                       timeout=max(deadline - time.monotonic(), 5), replays=replays))
+            put(name, result)
+    finally:
+        engine.stop(0)  # nothing is in flight after a finished load; after a failure, end at once
+        del engine
+        gc.collect()  # its slots and graphs go before the next server captures its own
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return result
 
 
 def serving_phase(model, device: torch.device, share: float, concurrencies: tuple[int, ...], max_tokens: int,
-                  prompt_tokens: int, put, deadline: float, peer: bool = True) -> None:
-    """Every server of the module docstring at every concurrency; ``put(name, value)`` records each result."""
+                  prompt_tokens: int, put, deadline: float, fused: bool = True, peer: bool = True) -> None:
+    """Every server of the module docstring at every concurrency; ``put(name, value)`` records each result, and
+    ``put("ratios", ...)`` R2R's tokens/s over the LLM alone's at each concurrency."""
     from r2r_hf.core.policy import default_policy
-    from r2r_hf.serve.engine import Engine
     from r2r_hf.serve.settings import ServeSettings
 
-    vocab = model.shared_vocab_size
     generator = torch.Generator().manual_seed(0)
     slots = max(concurrencies)
     wait = default_policy("cuda", slots)
-    servers = {
-        "captured, waiting": dict(capture="auto", llm_min_rows=wait.min_rows, llm_max_wait=wait.max_wait),
-        # The LLM alone second: it is the first one's denominator (the target: >= 2.5x at concurrency 8).
-        "LLM alone, captured": dict(capture="auto", llm_min_rows=(1,), llm_max_wait=0, alone=True),
-        "captured, m = 1": dict(capture="auto", llm_min_rows=(1,), llm_max_wait=0),
-        "eager, m = 1": dict(capture="off", llm_min_rows=(1,), llm_max_wait=0),
-    }
-    for name, options in servers.items():
-        alone = options.pop("alone", False)
+    m1 = dict(llm_min_rows=(1,), llm_max_wait=0)
+    servers = [("R2R, waiting", lambda: model, dict(llm_min_rows=wait.min_rows, llm_max_wait=wait.max_wait), 1 - share),
+               ("LLM alone", lambda: llm_alone(model), m1, float("inf")),
+               ("R2R, m = 1", lambda: model, m1, 1 - share)]
+    found = {}
+    for name, which, options, threshold in servers:
         if time.monotonic() > deadline:
             put(name, {"skipped": "the phase's deadline passed"})
             continue
-        # HF's forward on graphs: the slot regions' cold compile (core/fast/fused.py) would not fit the phase's budget.
-        settings = ServeSettings(max_batch_size=slots, max_queue=1024, batch_wait_ms=0, unfused_graphs=True,
-                                 max_context=prompt_tokens + max_tokens + 8, **options)
-        started = time.perf_counter()
-        engine = Engine(model, Letters(), settings)
-        result = {"start_s": time.perf_counter() - started, "capture": engine.capture_report, "runs": []}
-        engine.start()
-        try:
-            for c in concurrencies:
-                prompts = [torch.randint(100, vocab - 100, (prompt_tokens,), generator=generator).tolist()
-                           for _ in range(max(2 * c, 4))]
-                threshold = 0.0 if alone else 1.0 - share
-                result["runs"].append(load(engine, model, prompts, c, max_tokens, threshold,
-                                           timeout=max(deadline - time.monotonic(), 5)))
-                put(name, result)
-        finally:
-            engine.stop(0)  # nothing is in flight after a finished load; after a failure, end at once
-            del engine
-            gc.collect()  # its slots and graphs go before the next server captures its own
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    if peer and hasattr(model.llm, "generate_batch"):  # the peer: HF's continuous batching of the LLM alone
+        settings = ServeSettings(max_batch_size=slots, max_queue=1024, batch_wait_ms=0, capture="auto",
+                                 unfused_graphs=not fused, max_context=prompt_tokens + max_tokens + 8, **options)
+        found[name] = serve(name, which(), settings, Letters(), concurrencies, prompt_tokens, max_tokens, threshold,
+                            put, deadline, generator)
+        if name == "LLM alone" and "R2R, waiting" in found:  # the ratio the prediction is about (serve_model.py)
+            r2r = {r["concurrency"]: r["tokens_per_s"] for r in found["R2R, waiting"]["runs"]}
+            put("ratios", {str(r["concurrency"]): r2r[r["concurrency"]] / r["tokens_per_s"]
+                           for r in found[name]["runs"] if r["concurrency"] in r2r})
+    if peer and hasattr(model.llm, "generate_batch") and time.monotonic() < deadline:  # HF's continuous batching
         put("hf generate_batch, LLM alone", hf_continuous_batching(model.llm, concurrencies, max_tokens, prompt_tokens,
-                                                                  vocab, deadline))
+                                                                  model.shared_vocab_size, deadline))
 
 
 def hf_continuous_batching(llm, concurrencies, max_tokens: int, prompt_tokens: int, vocab: int, deadline: float):
@@ -214,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--share", type=float, default=0.1)
     parser.add_argument("--budget-s", type=float, default=150.0)
     parser.add_argument("--no-peer", action="store_true", help="leave out HF's generate_batch")
+    parser.add_argument("--unfused-graphs", action="store_true", help="graphs of HF's forward (the dry run's)")
     args = parser.parse_args(argv)
     device = "cpu" if args.dry_run else "cuda"
     dtype = torch.float32 if args.dry_run else torch.bfloat16
@@ -230,9 +298,9 @@ def main(argv: list[str] | None = None) -> dict:
         path.write_text(json.dumps(out, indent=1, default=str))
 
     with serving_shape(model), torch.inference_mode():
-        serving_phase(model, torch.device(device), args.share, (1, 2) if args.dry_run else (1, 8, 16),
-                      4 if args.dry_run else 128, 16 if args.dry_run else 64, put,
-                      time.monotonic() + args.budget_s, peer=not args.no_peer)
+        serving_phase(model, torch.device(device), args.share, (2, 4) if args.dry_run else (8, 16),
+                      4 if args.dry_run else 128, 16 if args.dry_run else 64, put, time.monotonic() + args.budget_s,
+                      fused=not (args.dry_run or args.unfused_graphs), peer=not args.no_peer)
     return out
 
 

@@ -23,7 +23,7 @@ import argparse
 import json
 import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from r2r_hf.core.policy import WaitPolicy, default_policy
@@ -166,14 +166,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--costs", default="benchmarks/results/forward_costs.json")
     parser.add_argument("--out", default="benchmarks/results/serve_model.json")
     parser.add_argument("--table", action="store_true", help="print the tables of --out and exit")
+    parser.add_argument("--host-step-ms", type=float, help="the H200's host time per served step, measured "
+                        "(benchmarks/host_ops.py, the device check's serving phase); default: the cost model's 0.1 ms")
     args = parser.parse_args(argv)
+    captured = H200_CAPTURED if args.host_step_ms is None else replace(
+        H200_CAPTURED, step=args.host_step_ms / 1e3, name=f"{H200_CAPTURED.name}, host {args.host_step_ms:g} ms/step")
     if args.table:
         print(tables(json.loads(Path(args.out).read_text())))
         return {}
     cpu = cpu_costs(args.costs)
     traces = Path(args.load).parent / f"{Path(args.load).stem}_traces"
     out: dict = {"costs": {c.name: {"slm": str(c.slm)[:200], "llm": str(c.llm)[:200], "router": c.router,
-                                    "step": c.step} for c in (cpu, H200_CAPTURED, H200_EAGER)},
+                                    "step": c.step} for c in (cpu, captured, H200_EAGER)},
                  "validation": [], "policies": {}, "prediction": []}
     measured = json.loads(Path(args.load).read_text()) if Path(args.load).exists() else {"runs": {}}
     for name, runs in measured["runs"].items():  # 1. each measured run, replayed with this CPU's costs
@@ -192,12 +196,12 @@ def main(argv: list[str] | None = None) -> dict:
     recorded = answers_of(routed) if routed.exists() else synthetic([(120, [False] * 64)] * 16, 0.05)
     routings = {"recorded (the shipped router, HumanEval-style prompts)": recorded,
                 "p = 0.1, 256 tokens": synthetic([(prompt, [False] * 256) for prompt, _ in recorded], 0.1)}
-    for costs in (H200_CAPTURED, H200_EAGER, cpu):  # 2. the best policies per machine (what chose the defaults)
+    for costs in (captured, H200_EAGER, cpu):  # 2. the best policies per machine (what chose the defaults)
         for label, answers in routings.items():
             ranked = best_policies(answers, costs)
             out["policies"][f"{costs.name} | {label}"] = ranked[:5]
     policies = {"m = 1": WaitPolicy(), "GPU default (m = rows / 3, w = 16)": default_policy("cuda", 16)}
-    out["prediction"] = predict(routings, policies)
+    out["prediction"] = predict(routings, policies, machines=(captured, H200_EAGER))
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(tables(out))
     return out

@@ -13,6 +13,8 @@ from transformers.cache_utils import DynamicCache
 from r2r_hf.compat import cache_argument
 from r2r_hf.core.fast.static_reads import BUCKETS, CapturedState, kept_lengths, pieces, read_fn, static_cache
 from r2r_hf.core.features import lm_forward
+from r2r_hf.core.fast.fused import attended
+from r2r_hf.core.fast.fused_reads import static_read
 from r2r_hf.router import Router
 
 CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
@@ -186,12 +188,15 @@ def captured_components(state: CapturedState, context: int, repeats: int, device
 
 
 @torch.no_grad()
-def graph_decode_per_token(model, prompt: torch.Tensor, tokens: int, graph_step, device: str, repeats: int) -> float:
+def graph_decode_per_token(model, prompt: torch.Tensor, tokens: int, graph_step, device: str, repeats: int,
+                           regions=None) -> float:
     """Seconds per token of greedy decoding with ``model`` alone, its one-token step replayed as a graph.
 
     The compile-free baseline of the GPU check: an eager prefill of ``prompt`` [B, P] into a static
-    cache, then ``tokens`` replays of the captured one-token read (the fast path's own ``read_fn``),
-    each token fed back on the device: no host synchronisation at all, so a lower bound for the LLM alone.
+    cache, then ``tokens`` replays of the captured one-token read (the fast path's own ``read_fn``, or with
+    ``regions`` its fused read ``fused_reads.static_read``, one graph per attended span as ``generate``
+    captures them), each token fed back on the device: no host synchronisation at all, so a lower bound for
+    the LLM alone. The graphs are captured in the first (untimed) run.
     """
     batch, length = prompt.shape
     capacity = length + tokens + BUCKETS[-1]
@@ -201,20 +206,27 @@ def graph_decode_per_token(model, prompt: torch.Tensor, tokens: int, graph_step,
     positions = torch.arange(capacity, device=device).expand(batch, capacity)
     mask = torch.ones(batch, capacity, dtype=torch.long, device=device)
     counts = torch.arange(2, device=device)
+    pool, steps = graph_step.new_pool(device), {}
 
     def inputs(t: int) -> dict:
         return dict(ids=ids[:, t : t + 1], positions=positions[:, t : t + 1], mask=mask, last=counts[0:1],
                     rewind=counts[0])
 
-    with kept_lengths(cache):
-        step = graph_step(read_fn(model, cache, hidden=False), inputs(length), graph_step.new_pool(device))
+    def step(t: int):
+        span = attended(t + 1, capacity) if regions is not None else capacity
+        if span not in steps:
+            read = read_fn(model, cache, hidden=False) if regions is None else static_read(model, cache, False, span,
+                                                                                             regions)
+            with kept_lengths(cache):
+                steps[span] = graph_step(read, inputs(t), pool)
+        return steps[span]
 
     def run() -> None:
         cache.reset()
         logits = lm_forward(model, prompt, None, positions[:, :length], cache)[:, -1]
         for t in range(length, length + tokens):
             ids[:, t] = logits.argmax(-1)
-            logits = step(**inputs(t))[0]
+            logits = step(t)(**inputs(t))[0]
 
     return timed(run, device, repeats) / tokens
 

@@ -111,30 +111,36 @@ def gpu_tables(results: dict) -> str:
                  f"graphs: {c.get('graphs')}; {results['plan']['slm']} + {results['plan']['llm']}, "
                  f"{results['plan']['dtype']}, prompt {results['plan']['prompt']}, {results['plan']['tokens']} new "
                  "tokens, greedy.\n")
+    head = results.get("headline")
+    if head:  # the pair the device is lent for, in one process, both on graphs of fused reads
+        lines.append(f"**Headline** (batch 1, p = {head['p']}): R2R {head['r2r_ms_per_token']:.2f} ms/token against the "
+                     f"LLM alone on fused graphs {head['llm_fused_ms_per_token']:.2f}: **{head['speedup']:.2f}x** "
+                     f"(fused: {head['fused']}).\n")
     for batch, runs in results.get("r2r_captured", {}).items():
         model = {r["p"]: r for r in results.get("cost_model", {}).get(batch, [])}
         speed = results.get("speedups", {}).get(batch, {})
         parts = results.get("components_ms", {}).get(batch, {}).get("captured")
-        base = {k: results.get(f"{k}_ms", {}).get(batch) for k in ("llm_graphs", "slm_graphs", "llm_eager", "slm_eager")}
+        base = {k: _ms(results.get(f"{k}_ms", {}).get(batch))
+                for k in ("llm_fused", "llm_graphs", "slm_fused", "llm_eager", "slm_eager")}
         compiled = results.get("llm_compiled_ms", {}).get(batch)
         bits = [f"{k.replace('_', ' ')} {v:.2f} ms/token" for k, v in base.items() if isinstance(v, (int, float))]
         if isinstance(compiled, dict) and "ms_per_token" in compiled:
             bits.append(f"llm compiled {compiled['ms_per_token']:.2f} ms/token (first call {compiled['first_call_s']:.0f} s)")
-        never = results.get("never_route_over_slm_graphs", {}).get(batch)
+        never = results.get("never_route_over_slm_fused", {}).get(batch)
         if never is not None:
-            bits.append(f"never-route / the SLM on graphs {never:.3f}")
+            bits.append(f"never-route / the SLM on fused graphs {never:.3f}")
         if parts:
             bits.append(f"captured t_SLM {parts['t_slm']:.2f} ms, t_router {parts['t_router']:.2f} ms, "
                         f"t_LLM(1 / 8 / 64) {parts['t_llm']['1']:.2f} / {parts['t_llm']['8']:.2f} / "
                         f"{parts['t_llm']['64']:.2f} ms")
         lines.append(f"**Batch {batch}**{' (rows routed independently)' if int(batch) > 1 else ''}. " + "; ".join(bits)
                      + ".\n")
-        lines.append("| p | P(LLM call) | first call (s) | ms / token | tokens/s | vs LLM on graphs | vs eager LLM | "
-                     "vs compiled LLM | ideal ms | loop efficiency |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("| p | P(LLM call) | first call (s) | ms / token | tokens/s | vs LLM on fused graphs | vs LLM on "
+                     "graphs | vs eager LLM | vs compiled LLM | ideal ms | loop efficiency |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in runs:
             key, m = str(r["p"]), model.get(r["p"], {})
-            vs = [speed.get(k, {}).get(key) for k in ("llm_graphs", "llm_eager", "llm_compiled")]
+            vs = [speed.get(k, {}).get(key) for k in ("llm_fused", "llm_graphs", "llm_eager", "llm_compiled")]
             lines.append(f"| {r['p']:.2f} | {r['p_llm_call']:.2f} | {r['first_call_s']:.1f} | {r['ms_per_token']:.2f} | "
                          f"{r['tokens_per_s']:.1f} | " + " | ".join("—" if v is None else f"{v:.2f}x" for v in vs)
                          + f" | {_f(m.get('ideal_ms'))} | {_f(m.get('loop_efficiency'))} |")
@@ -144,6 +150,9 @@ def gpu_tables(results: dict) -> str:
         lines.append("Teacher-forced agreement, captured vs eager ({dtype}): ".format(**agreement) + "; ".join(
             f"{role}: largest |Δlogit| {a['max_abs']:.3g} ({a['max_rel']:.2%} of the step's largest logit), argmax "
             f"equal on {a['argmax']:.1%} of {a['steps']} steps" for role, a in agreement.items() if role in ("slm", "llm")))
+    lines += serving_lines(results.get("serving") or {})
+    for item in results.get("fallbacks") or []:  # a fused read that did not compile, a model left unfused...
+        lines.append(f"\nFallback in `{item['phase']}`: {item['message'][:300]}")
     status = (results.get("llm_compiled_ms") or {}).get("status")
     if status:
         lines.append(f"\nCompiled `llm.generate`: {status}.")
@@ -152,6 +161,26 @@ def gpu_tables(results: dict) -> str:
         lines.append("\nPhases that did not complete: " + "; ".join(
             f"`{name}` ({e['type']}: {e['message'][:160]})" for name, e in errors.items()) + ".")
     return "\n".join(lines)
+
+
+def _ms(value):
+    """ms per token of a baseline entry (a number, or a dict holding it)."""
+    return value.get("ms_per_token") if isinstance(value, dict) else value
+
+
+def serving_lines(serving: dict) -> list[str]:
+    """The serving phase: tokens/s, ms per step and the time outside the graphs per step, per server and
+    concurrency, and R2R over the LLM alone."""
+    rows = [f"| {name} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ms_per_step']:.2f} | "
+            f"{_f(r.get('outside_graphs_ms_per_step'))} | {r['llm_token_rate']:.3f} |"
+            for name, server in serving.items() if isinstance(server, dict) and "runs" in server
+            for r in server["runs"]]
+    if not rows:
+        return []
+    ratios = serving.get("ratios") or {}
+    return ["", "| server | concurrency | tokens/s | ms / step | outside the graphs, ms / step | LLM token share |",
+            "|---|---|---|---|---|---|", *rows, "",
+            "R2R over the LLM alone, served: " + ", ".join(f"{v:.2f}x at {c}" for c, v in ratios.items()) + "."]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,8 @@ the ``torch.compile`` fast path (``compile_config``). On a GPU the graphs are re
 uses CUDA graphs (``reduce-overhead``); on a CPU the graphs are emulated (``graph_emulation.py``:
 replays overwrite their outputs and a host synchronisation inside a captured step fails, as on a
 GPU; ``r2r_hf/testing/graphs.py``) and compile uses inductor's default mode. ``benchmarks/gpu_check.sh``
-runs this file on CUDA (without the compile cases, which cost minutes there: ``-m "not compile"``).
+runs this file on CUDA (without the compile cases, which cost minutes there: ``-m "not compile"``), every model's
+graphs of HF's forward (fusing off: a fused region's cold compile costs tens of seconds there).
 """
 
 import pytest
@@ -34,7 +35,10 @@ COMPILE = CompileConfig(mode="reduce-overhead" if CUDA else "default")
 def pair():
     """A tiny Qwen2 SLM + Llama LLM in fp32 on the device, with a small router (the setup of the CUDA-graph crash)."""
     slm, llm = make_tiny_slm().to(DEVICE), make_tiny_llm().to(DEVICE)
-    return R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER), slm, llm
+    model = R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER)
+    if CUDA:  # every CUDA test on graphs of HF's forward (``_on_device`` says why)
+        model.capture_store.fuse = False
+    return model, slm, llm
 
 
 def _emulate(model, monkeypatch) -> type[EmulatedGraphStep]:
@@ -42,6 +46,16 @@ def _emulate(model, monkeypatch) -> type[EmulatedGraphStep]:
     step = type("Step", (EmulatedGraphStep,), {"captures": 0})
     monkeypatch.setattr(model, "capture_store", emulated_store(step))
     return step
+
+
+def _on_device(model, monkeypatch) -> None:
+    """``model``'s graphs: emulated on a CPU; on CUDA real, of HF's forward (a model's default store fuses, and each
+    fused region compiles for tens of seconds cold: more than the device check gives these tests, which prove the
+    paths; the check's own phases measure the fused reads)."""
+    if CUDA:
+        monkeypatch.setattr(model.capture_store, "fuse", False)
+    else:
+        _emulate(model, monkeypatch)
 
 
 @pytest.fixture
@@ -208,8 +222,7 @@ def test_captures_are_reused(pair, tok, graphs):
 def test_stateful_routers_run_eagerly_on_the_fast_path(pair, monkeypatch):
     _, slm, llm = pair
     random = R2RForCausalLM.from_models(slm, llm, router_type="random", threshold=0.5)
-    if not CUDA:
-        _emulate(random, monkeypatch)
+    _on_device(random, monkeypatch)
     ids = torch.tensor([[5, 6, 7]], device=DEVICE)
     eager = random.generate(ids, **GREEDY, return_dict_in_generate=True)
     fast = random.generate(ids, **GREEDY, return_dict_in_generate=True, cache_implementation="static")
@@ -242,8 +255,7 @@ def test_only_sdpa_or_eager_attention_and_static_rope_are_captured(change, reaso
     if "attention" in reason:
         return  # flash attention itself does not run on a CPU; the refusal is what is checked
     model = R2RForCausalLM.from_models(slm, make_tiny_llm(), **SMALL_ROUTER)
-    if not CUDA:
-        _emulate(model, monkeypatch)
+    _on_device(model, monkeypatch)
     model.to(DEVICE), slm.to(DEVICE), model.llm.to(DEVICE)
     ids = torch.tensor([[5, 6, 7]], device=DEVICE)
     with caplog.at_level("WARNING", logger="r2r_hf.core.fast.store"):
@@ -334,8 +346,7 @@ def test_teacher_forced_logits_in_bf16_stay_within_the_stated_tolerance(monkeypa
         return Qwen2ForCausalLM(config).to(DEVICE, torch.bfloat16).eval()
 
     model = R2RForCausalLM.from_models(qwen(0, 2), qwen(1, 2), **SMALL_ROUTER)
-    if not CUDA:
-        _emulate(model, monkeypatch)
+    _on_device(model, monkeypatch)
     ids = torch.randint(0, 4096, (2, 104), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     reads = [24, 1, 3, 70, 5]
     eager, captured = _engines(model, 2, ids.shape[1])

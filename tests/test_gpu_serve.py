@@ -1,5 +1,6 @@
-"""The device check's serving phase, rehearsed on this CPU (tiny shapes, emulated graphs): every server runs,
-the captured ones on captured steps, and the forced share routes."""
+"""The device check's serving phase, rehearsed on this CPU (tiny shapes, emulated graphs): every server runs on
+captured steps, the LLM alone on the same engine never reads an SLM or routes, the forced share routes, and each
+load says its time per step and how much of it was outside the graph replays."""
 
 import json
 
@@ -9,10 +10,30 @@ from benchmarks import gpu_serve
 def test_the_serving_phase_dry_run_measures_every_server(tmp_path):
     gpu_serve.main(["--dry-run", "--out", str(tmp_path), "--no-peer", "--budget-s", "300"])
     servers = json.loads((tmp_path / "gpu_serve.json").read_text())["servers"]
-    assert set(servers) == {"captured, waiting", "captured, m = 1", "eager, m = 1", "LLM alone, captured"}
-    for name, server in servers.items():
-        assert [r["concurrency"] for r in server["runs"]] == [1, 2], name
-        assert all(r["tokens"] == 4 * r["requests"] and r["tokens_per_s"] > 0 for r in server["runs"]), name
-        assert server["capture"]["path"] == ("eager" if name.startswith("eager") else "graphs"), name
-    assert all(r["llm_token_rate"] == 1.0 for r in servers["LLM alone, captured"]["runs"])
-    assert 0 < sum(r["llm_token_rate"] for r in servers["captured, m = 1"]["runs"]) < 2
+    assert list(servers) == ["R2R, waiting", "LLM alone", "ratios", "R2R, m = 1"], "in order of value"
+    for name in ("R2R, waiting", "LLM alone", "R2R, m = 1"):
+        server = servers[name]
+        assert [r["concurrency"] for r in server["runs"]] == [2, 4], name
+        assert server["capture"]["path"] == "graphs", name
+        for r in server["runs"]:
+            assert r["tokens"] == 4 * r["requests"] and r["tokens_per_s"] > 0 and r["steps"] > 0, name
+            assert 0 < r["outside_graphs_ms_per_step"] < r["ms_per_step"], name
+    assert all(r["llm_token_rate"] == 0.0 for r in servers["LLM alone"]["runs"]), "no LLM catch-up: it is the model"
+    assert 0 < sum(r["llm_token_rate"] for r in servers["R2R, m = 1"]["runs"]) < 2
+    alone, r2r = servers["LLM alone"]["runs"], servers["R2R, waiting"]["runs"]
+    assert servers["ratios"] == {str(a["concurrency"]): b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(alone, r2r)}
+
+
+def test_the_llm_alone_is_the_llm_in_both_places_and_writes_what_it_writes_alone():
+    import torch
+
+    from benchmarks.speed_parts import random_model
+    from r2r_hf import R2RForCausalLM
+
+    slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny-llm", torch.float32, "cpu", 1)
+    model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=[16])
+    alone = gpu_serve.llm_alone(model)
+    assert alone.slm is llm and alone.llm is llm and alone.capture_store is not model.capture_store
+    prompt = torch.randint(3, 1000, (1, 8), generator=torch.Generator().manual_seed(0))
+    options = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(alone.generate(prompt, **options, threshold=float("inf")), llm.generate(prompt, **options))

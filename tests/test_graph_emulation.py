@@ -95,6 +95,33 @@ def test_the_emulation_is_the_real_step_with_only_the_cuda_primitives_replaced()
     assert EmulatedGraphStep.__call__ is CudaGraphStep.__call__, "copy-in and copy-out are the real ones"
 
 
+def test_the_collector_is_off_from_the_warm_up_to_the_end_of_the_capture(monkeypatch):
+    # Since torch 2.9 torch.cuda.graph no longer collects on entry: a dead graph freed by a collection during another
+    # capture would invalidate it. CudaGraphStep turns the collector off around its warm-up and capture (the
+    # emulation too); a caller capturing many collects once first, at the outermost entry.
+    import gc
+
+    from r2r_hf.core.fast.graphs import gc_paused
+
+    seen = []
+    _step(lambda x: (seen.append(gc.isenabled()) or x * 2,))
+    assert seen == [False, False] and gc.isenabled(), "off during the warm-up and the capture, on again after"
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *args: collected.append(1) or 0)
+    with gc_paused(collect=True):
+        with gc_paused(collect=True):
+            _step(lambda x: (x * 2,))
+        assert not gc.isenabled(), "a capture inside does not turn it back on"
+    assert collected == [1] and gc.isenabled(), "collected once, at the outermost entry"
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled(), "a collector the caller had turned off stays off"
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("sampling", [True, False], ids=["router step", "folded into the SLM read"])
 def test_a_host_sync_inside_the_loops_router_step_fails_generate(model, tok, monkeypatch, sampling):
     from r2r_hf.core.fast import static_reads as capture

@@ -90,3 +90,25 @@ def test_where_nothing_captures_the_server_says_why_and_graphs_refuses_to_start(
     with pytest.raises(ValueError, match=r"capture=.graphs. \(--capture graphs\) cannot capture"):
         with serving(model, tok, capture="graphs"):
             pass
+
+
+def test_buckets_are_captured_largest_first(model, tok, monkeypatch):
+    # The smaller graphs then reuse the blocks the larger ones left in the pool (vLLM captures in that order too).
+    from r2r_hf.serve.engine import Engine
+    from r2r_hf.serve.settings import ServeSettings
+    from r2r_hf.testing.graphs import EmulatedGraphStep
+
+    shapes = []
+
+    class Recording(EmulatedGraphStep):
+        def __init__(self, fn, example, pool):
+            shapes.append(tuple(example["ids"].shape) if "ids" in example else ("router", len(example["token"])))
+            super().__init__(fn, example, pool)
+
+    monkeypatch.setattr(model, "capture_store", emulated_store(Recording))
+    Engine(model, tok, ServeSettings(max_batch_size=4, max_context=24))
+    reads, routers = [s for s in shapes if s[0] != "router"], [s[1] for s in shapes if s[0] == "router"]
+    half = len(reads) // 2  # the SLM's reads, then the LLM's
+    for model_reads in (reads[:half], reads[half:]):
+        assert model_reads == sorted(model_reads, reverse=True) and model_reads[0] == (4, 64), model_reads
+    assert routers == [4, 2, 1]

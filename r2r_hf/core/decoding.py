@@ -88,7 +88,7 @@ def r2r_decode(
             if sampled:
                 streams[column] = routing.sampler.state()
         for column in range(records.step, batch.rows[0].confirmed):  # the columns no rollback can change now
-            records.confirm(column, batch.running)
+            records.confirm(column, batch.running, routing.policy.speculate > 0)
             if streamer is not None:
                 if isinstance(streamer, RoutingAwareStreamer):
                     streamer.put_routing(records.routed[:, column].cpu(), records.scores[:, column].cpu())
@@ -110,12 +110,11 @@ def r2r_decode(
 def _finish(batch: RunningBatch, ended: torch.Tensor, end: int) -> None:
     """Rows whose answer HF's stopping criteria ended at column ``end`` - 1 are finished: what they wrote past it
     speculatively becomes the pad HF writes after an answer's end."""
-    newly = batch.running & ended
-    batch.running = batch.running & ~ended
     pad = batch.layout.pad
-    if pad is not None and batch.layout.seq.length > end:
+    if pad is not None and batch.layout.seq.length > end:  # (only where columns past ``end`` are speculative)
         ids = batch.layout.seq.ids[:, end : batch.layout.seq.length]
-        ids.copy_(torch.where(newly[:, None], pad, ids))
+        ids.copy_(torch.where((batch.running & ended)[:, None], pad, ids))
+    batch.running = batch.running & ~ended
 
 
 class _Records:
@@ -136,14 +135,18 @@ class _Records:
         column = batch.rows[0].written - 1
         if out.settled is None or not out.settled.rollbacks:
             self.routed[:, column] = out.routed
-            self.scores[:, column] = out.router_scores
+            self.scores[:, column] = torch.where(batch.running, out.router_scores, float("nan"))
             if self.scores_out is not None or self.logits_out is not None:
                 self.chosen[column] = chosen_from(out, vocab)
         return column
 
-    def confirm(self, column: int, running: torch.Tensor) -> None:
-        self.routed[:, column] &= running
-        self.scores[:, column] = torch.where(running, self.scores[:, column], float("nan"))
+    def confirm(self, column: int, running: torch.Tensor, speculative: bool) -> None:
+        """Column ``column`` can no longer change; ``running``: its rows not finished before it. Without
+        speculation a finished row routed nothing and was masked when written; with it, a row may have written
+        the column before the host knew it had finished."""
+        if speculative:
+            self.routed[:, column] &= running
+            self.scores[:, column] = torch.where(running, self.scores[:, column], float("nan"))
         self.generated[:, column] = running
         if column in self.chosen:
             scores, logits = self.chosen.pop(column)

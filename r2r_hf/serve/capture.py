@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from transformers import CompileConfig
 
+from ..core.fast.graphs import gc_paused
 from ..core.fast.slot_reads import capture_slots
 from ..core.fast.static_reads import capturable, compiled
 from ..core.features import output_device
@@ -62,7 +63,8 @@ def capture_batch(model, settings, batch, capturer, device: torch.device) -> dic
     """Capture the server's batch of slots now (``core.fast.slot_reads.capture_slots``); what it took, for /health."""
     memory = graph_memory(device)
     before = memory()
-    with torch.inference_mode():  # as the decoding thread replays them
+    # As the decoding thread replays them; one collection, then none while it captures (``gc_paused``).
+    with torch.inference_mode(), gc_paused(collect=True):
         fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
         report = capture_slots(batch.layout, capturer, warm=settings.capture != "compile", fuse=fuse,
                                router_dtype=model.capture_store.router_dtype)

@@ -197,11 +197,7 @@ class Engine:
                     return
                 started = time.monotonic()
                 try:
-                    self._leave(plan.leaving)
-                    if plan.joining:
-                        self._join(plan.joining)
-                    if self.batch is not None:
-                        self._turn()
+                    self._turn(plan)
                 except Exception as err:  # noqa: BLE001 - one batch fails, the server goes on
                     logger.exception("a decoding step failed")
                     self._fail_all(plan.joining, err)
@@ -270,8 +266,14 @@ class Engine:
         self.batch.rows[0].owner = Row(request, index, choice, self.tokenizer)
         self.counters.joins += 1
 
-    def _turn(self) -> None:
-        """One turn of the batch (``core.turn.turn``), then what the clients are to be told."""
+    def _turn(self, admission: Admission) -> None:
+        """Do what ``_schedule`` decided (leave, join), then one turn of the batch (``core.turn.turn``) and what the
+        clients are to be told (``benchmarks/host_ops.py`` drives it too)."""
+        self._leave(admission.leaving)
+        if admission.joining:
+            self._join(admission.joining)
+        if self.batch is None:
+            return
         batch, delivery = self.batch, Delivery(self.batch)
         result = turn(batch, self.policy, delivery, self.settings.prefill_chunk)
         if result is not None:

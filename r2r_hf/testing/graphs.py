@@ -33,7 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core.fast.graphs import CudaGraphStep, Step
+from ..core.fast.graphs import CudaGraphStep, Step, gc_paused
 
 # Ops that copy device data to the host or need it to size their output.
 SYNC_OPS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item", "aten::nonzero", "aten::argwhere",
@@ -199,9 +199,10 @@ class EmulatedGraphStep(CudaGraphStep):
         self.fn, self.pool = fn, pool
         self.inputs = {name: value.clone() for name, value in example.items()}
         self.copied: dict[str, torch.Tensor] = {}
-        fn(**self.inputs)  # the warm-up runs eagerly, as on CUDA (the caller restores the cache's length)
-        with as_if_capturing() as trace:
-            self.outputs = fn(**self.inputs)
+        with gc_paused():  # as on CUDA: no collection from the warm-up to the end of the capture
+            fn(**self.inputs)  # the warm-up runs eagerly, as on CUDA (the caller restores the cache's length)
+            with as_if_capturing() as trace:
+                self.outputs = fn(**self.inputs)
         self.trace = trace
         pool.steps.append(self)
         pool.ran(self)

@@ -93,6 +93,17 @@ def capture_fused(capture, read: Callable[[], Step], example: dict, who: str) ->
         return None
 
 
+def _dynamic(*marks: tuple) -> None:
+    """Mark the rows, tokens and cache-length dims of the regions' inputs dynamic (``(tensor, *dims)`` each), so the
+    first compile of a region serves every batch size and bucket (and cache capacity, where a read attends fewer
+    columns than the cache holds: one attending all of it specialises on its length); without the marks a region
+    compiles static first, then again dynamic on the next shape. Sizes 1 still specialise (dynamo's rule): one row
+    x one token, one row x a piece, several rows x one token and x a piece compile apart (four per region)."""
+    for tensor, *dims in marks:
+        for dim in dims:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
 def _groups(model: torch.nn.Module) -> int:
     config = model.config
     return config.num_attention_heads // config.num_key_value_heads
@@ -109,9 +120,13 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
     weights = [fused.layer_weights(layer) for layer in model.model.layers]
 
     def read(ids, positions, mask, last, rewind):
+        _dynamic((ids, 0, 1), (positions, 0, 1), (mask, 0, 1))
         x, cos, sin, packed, column = regions.static_prologue(model, ids, positions, mask, lengths[0], groups, span)
+        _dynamic((x, 0, 1), (cos, 0, 1), (sin, 0, 1), (packed, 0, 2), (column, 0))
         for layer, kv, w in zip(model.model.layers, layers, weights):
+            _dynamic((kv.keys, 0, 2), (kv.values, 0, 2))
             x = regions.static_layer(layer, x, cos, sin, packed, kv.keys, kv.values, column, w, span)
+            _dynamic((x, 0, 1))
         torch._foreach_add_(lengths, [ids.shape[1] - rewind] * len(lengths))  # one kernel (the scalar form syncs)
         return regions.head(model, x, last, hidden)
 
@@ -129,9 +144,12 @@ def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: R
     allocate(model, cache)
 
     def read(ids, position, column, real):
+        _dynamic((ids, 0, 1), (position, 0, 1), (real, 0, 1))
         x, cos, sin, packed = regions.slot_prologue(model, ids, position, real, groups, span)
+        _dynamic((x, 0, 1), (cos, 0, 1), (sin, 0, 1), (packed, 0, 2), (column, 0, 1))
         for i, (layer, w) in enumerate(zip(model.model.layers, weights)):
             x = regions.slot_layer(layer, x, cos, sin, packed, cache.keys[i], cache.values[i], column, w, span)
+            _dynamic((x, 0, 1))
         return regions.head(model, x, None, hidden)
 
     return read
@@ -191,9 +209,19 @@ def _structure_problem(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _self_check(model: torch.nn.Module) -> str | None:
+def _self_check(model: torch.nn.Module, measured: dict | None = None) -> str | None:
     return continuation_problem(model, lambda cache, tokens: _fused_piece(model, cache, tokens, start=4, count=3),
-                                "its fused forward failed", "its fused logits differ from its own forward")
+                                "its fused forward failed", "its fused logits differ from its own forward", measured)
+
+
+def self_check(model: torch.nn.Module) -> dict:
+    """The fused self-check run again, with what it measured: ``problem`` (None: fused), and where it compared,
+    ``max_rel`` (the largest logit difference over the largest logit) and ``tolerance`` (for the device check)."""
+    measured: dict = {}
+    problem = _structure_problem(model)
+    if problem is None:
+        problem = _self_check(model, measured)
+    return {"problem": problem, **measured}
 
 
 def _fused_piece(model, cache: SlotCache, tokens: torch.Tensor, start: int, count: int) -> torch.Tensor:

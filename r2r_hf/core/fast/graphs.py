@@ -12,7 +12,10 @@ knows how. ``GraphStep`` is the interface a ``CaptureStore`` is given (the CPU e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -31,31 +34,70 @@ class GraphStep(Protocol):
     def new_pool(cls, device: torch.device) -> Any: ...
 
 
+_gc_lock = threading.Lock()
+_gc_state = {"depth": 0, "was_enabled": True}
+
+
+@contextmanager
+def gc_paused(collect: bool = False) -> Iterator[None]:
+    """Python's garbage collector off inside (re-entrant); with ``collect``, one collection first, at the outermost
+    entry only (the caller about to capture many graphs collects once, not per graph).
+
+    Why: since torch 2.9 ``torch.cuda.graph`` no longer collects on entry, and a dead graph (a reference cycle
+    holding a ``CUDAGraph``) that the collector frees while another graph is being captured invalidates that
+    capture (pytorch#158193, #161037); vLLM and SGLang turn the collector off around their captures too.
+    """
+    with _gc_lock:
+        if _gc_state["depth"] == 0:
+            if collect:
+                gc.collect()
+            _gc_state["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _gc_state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_state["depth"] -= 1
+            if _gc_state["depth"] == 0 and _gc_state["was_enabled"]:
+                gc.enable()
+
+
+class GraphPool:
+    """The memory pool the graphs of one captured state share, and the one side stream their warm-ups run on
+    (a fresh stream per graph only multiplies streams; one per pool is what torch's recipe needs)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.handle = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device)
+
+
 class CudaGraphStep:
     """``fn`` captured as one CUDA graph: inputs are copied into static buffers, outputs copied out.
 
     Args:
         fn: a step (see the module docstring).
         example: one set of real inputs (fixes the shapes; the warm-up runs on them).
-        pool: the memory pool shared by the graphs of one captured state (they never run concurrently).
+        pool: the ``GraphPool`` of one captured state (its graphs never run concurrently).
     """
 
-    def __init__(self, fn: Step, example: dict[str, torch.Tensor], pool: Any) -> None:
+    def __init__(self, fn: Step, example: dict[str, torch.Tensor], pool: GraphPool) -> None:
         self.inputs = {name: value.clone() for name, value in example.items()}
         self.copied: dict[str, torch.Tensor] = {}
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # the warm-up runs eagerly, off the capture
-            for _ in range(2):
-                fn(**self.inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = fn(**self.inputs)
+        with gc_paused():  # no collection between the warm-up and the end of the capture (``gc_paused``)
+            stream = pool.stream
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # the warm-up runs eagerly, off the capture
+                for _ in range(2):
+                    fn(**self.inputs)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool.handle):
+                self.outputs = fn(**self.inputs)
 
     @classmethod
-    def new_pool(cls, device: torch.device) -> Any:
-        return torch.cuda.graph_pool_handle()
+    def new_pool(cls, device: torch.device) -> GraphPool:
+        return GraphPool(device)
 
     def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         for name, value in inputs.items():

@@ -103,9 +103,10 @@ class CapturedReads:
         return out[0][picked], (out[1][picked] if self.hidden else None)
 
     def warm(self, tokens: torch.Tensor) -> int:
-        """Capture every (rows, tokens) bucket with inputs that write nothing; the number captured."""
-        for k in self.rows:
-            for width in BUCKETS:
+        """Capture every (rows, tokens) bucket with inputs that write nothing; the number captured. Largest first:
+        the smaller graphs then reuse the blocks the larger ones left in the pool (vLLM captures in that order too)."""
+        for k in reversed(self.rows):
+            for width in reversed(BUCKETS):
                 inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
                 self.step(k, width, inputs)
         return len(self.steps)
@@ -144,7 +145,7 @@ class CapturedRouter:
         return self.steps[k](**inputs)[0][: len(token)]
 
     def warm(self, vocab: int, width: int, device: torch.device, dtype: torch.dtype) -> int:
-        for k in self.rows:
+        for k in reversed(self.rows):  # largest first, as ``CapturedReads.warm``
             logits, hidden = (torch.zeros(k, n, dtype=dtype, device=device) for n in (vocab, width))
             self._scores(logits, hidden, torch.zeros(k, dtype=torch.long, device=device))
         return len(self.steps)
