@@ -140,8 +140,8 @@ class DeviceStep(BatchRows):
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
         k, s, device = len(proposal.rows), len(self.rows), proposal.routed.device
-        zeros = proposal.routed.new_zeros(k, dtype=torch.long)
-        failed_draws = (~proposal.ok).long() if proposal.ok is not None else zeros
+        ok = proposal.ok
+        failed_draws = (~ok).long() if ok is not None else proposal.routed.new_zeros(k, dtype=torch.long)
         flags = self.choice.flags()
         parts = [proposal.routed.long(), self.last_token.to(device), failed_draws.to(device)]
         parts.append(flags.long().to(device) if flags is not None else parts[0].new_zeros(0))
@@ -176,7 +176,7 @@ class DeviceStep(BatchRows):
             committed[writers] = token
             self.choice.flag(writers, ok)  # read in the next step's synchronisation
         writers = plan.writers if settled is None else settled.writers
-        if set(plan.proposed) != set(writers):  # a routed row that waits, or one that ended, commits nothing
+        if set(plan.proposed) - set(writers):  # a routed row that waits, or one that ended, commits nothing
             wrote = torch.zeros(slots, dtype=torch.bool, device=self.device)
             wrote[torch.tensor(writers, dtype=torch.long, device=self.device)] = True
             committed = torch.where(wrote, committed, -1)
