@@ -28,6 +28,22 @@ def is_loopback(host: str) -> bool:
     return (mapped or address).is_loopback
 
 
+def key_problem(key: str) -> str | None:
+    """What makes ``key`` impossible for a client to send as ``Authorization: Bearer <key>`` (the end of a sentence
+    that names where the key came from), or None. Such a key would start the server, then answer every client 401."""
+    if key.startswith("\ufeff"):
+        return "starts with a UTF-8 byte-order mark (an editor wrote it), which no client sends; save it without one"
+    lines = len(key.splitlines())
+    if lines > 1:
+        return f"holds {lines} lines; put the key alone on one line"
+    # A header carries printable ASCII: clients refuse or re-encode the rest, and a NUL or line break ends it.
+    bad = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:
+        return (f"holds a character no HTTP header can carry ({key[bad]!a} at position {bad}); use printable ASCII "
+                "only")
+    return None
+
+
 @dataclass
 class ServeSettings:
     """How ``r2r-hf serve`` listens, batches and answers.
@@ -149,6 +165,8 @@ class ServeSettings:
             if self.api_key != self.api_key.strip():
                 raise ValueError("api_key starts or ends with whitespace, which HTTP strips from the header, so no "
                                  "client could send it; remove it.")
+            if problem := key_problem(self.api_key):
+                raise ValueError(f"api_key {problem}.")
         elif not self.allow_unauthenticated and not is_loopback(self.host):
             raise ValueError(f"{self.host!r} is not a loopback address and no API key is set, so anyone who can reach "
                              "it could use the server; set a key (R2R_API_KEY or --api-key-file on the command line) "
