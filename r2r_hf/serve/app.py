@@ -253,7 +253,8 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
     # scrape config sends the key with ``authorization: {credentials: KEY}``).
     @app.get("/metrics", dependencies=[Depends(authorised)])
     async def metrics() -> Response:
-        return Response(service_of().engine.metrics.text(), media_type=CONTENT_TYPE)
+        # Rendered off the event loop: however long a scrape takes, the streams and /health go on meanwhile.
+        return Response(await asyncio.to_thread(service_of().engine.metrics.text), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(authorised)])
     async def models() -> dict[str, Any]:
