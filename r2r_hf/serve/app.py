@@ -121,19 +121,22 @@ class Service:
                       routing_stats(llm, generated, **routing))
 
     async def _collect(self, work: Work, events: asyncio.Queue, request: Request) -> list[tuple]:
-        got, open_rows = [], work.rows
-        while open_rows:
-            try:
-                event = await asyncio.wait_for(events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    raise APIError(499, "The client closed the request.") from None
-                continue
-            if event[0] == "error":
-                raise event[1]
-            got.append(event)
-            open_rows -= event[0] == "end"
-        return got
+        """Every event of a whole answer; a client that goes away meanwhile ends it at once (``respond`` cancels its
+        rows), however often its rows emit: a watcher waits for the disconnect beside the events."""
+        watcher = asyncio.create_task(_report_disconnect(request, events))
+        try:
+            got, open_rows = [], work.rows
+            while open_rows:
+                event = await events.get()
+                if event[0] == "gone":
+                    raise APIError(499, "The client closed the request.")
+                if event[0] == "error":
+                    raise event[1]
+                got.append(event)
+                open_rows -= event[0] == "end"
+            return got
+        finally:
+            watcher.cancel()
 
     async def _stream(self, chat: bool, rid: str, work: Work, events: asyncio.Queue, prompt_tokens: int,
                       routing: dict, include_usage: bool) -> AsyncIterator[str]:
@@ -166,6 +169,17 @@ class Service:
         finally:
             if not done:  # the client went away mid-stream: its rows stop at the next step
                 self.engine.cancel(work)
+
+
+async def _report_disconnect(request: Request, events: asyncio.Queue) -> None:
+    """Put ``("gone",)`` into ``events`` once the client disconnects. The body is read already, so the next message
+    the server has for this request is the disconnect (uvicorn's receive waits for it; so does a Ray replica's)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - the connection cannot tell: the answer runs to its end, as a stream's would
+        return
+    events.put_nowait(("gone",))
 
 
 def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
