@@ -84,6 +84,10 @@ class ServeSettings:
             one per count of running answers (the last covers larger counts); 1 runs it in the step an answer routes.
             None: ``policy.default_policy`` for the models' device (a GPU waits, a CPU does not).
         llm_max_wait: or once the oldest waiting answer has waited this many steps (0: never wait; None: by device).
+        read_timeout: seconds a client may take to send a request, headers and body (slower ones are closed).
+        write_timeout: seconds a client may leave its answer unread while the server's buffer for it is full (or
+            its connection closes with bytes unsent); then the connection is aborted and the answer stops.
+        max_connections: open connections at most, each counted until its descriptor is closed.
         max_body_bytes: a request body larger than this is answered 413 before it is read or parsed. The default
             (2 MiB, as TGI's 2 MB) holds a whole batch of long prompts (8 prompts of 32k tokens are about 1.2 MB as
             text); a larger body can only be refused as longer than the context, after its parse and tokenising
@@ -122,8 +126,11 @@ class ServeSettings:
                                              "device)", parse="non_negative_int")
     read_timeout: float = setting(30.0, "seconds a client may take to send a request, headers and body (slower ones "
                                         "are closed)", parse="positive_seconds")
-    max_connections: int = setting(512, "open connections at most (lowered to what the open-file limit allows)",
-                                   parse="positive_int")
+    write_timeout: float = setting(30.0, "seconds a client may leave its answer unread (the server's buffer for it "
+                                         "full) before its connection is aborted and the answer stopped",
+                                   parse="positive_seconds")
+    max_connections: int = setting(512, "open connections at most, each counted until its descriptor is closed "
+                                        "(lowered to what the open-file limit allows)", parse="positive_int")
     max_body_bytes: int = setting(2 * 2**20, "request bodies larger than this many bytes get 413 before they are read "
                                              "(2 MiB holds 8 prompts of 32k tokens; larger ones only cost parse and "
                                              "tokenise time and memory before the context refuses them)",
@@ -133,8 +140,9 @@ class ServeSettings:
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if not 0 < self.read_timeout < float("inf"):  # NaN fails too
-            raise ValueError(f"read_timeout must be a finite number of seconds > 0, got {self.read_timeout}.")
+        for name in ("read_timeout", "write_timeout"):
+            if not 0 < getattr(self, name) < float("inf"):  # NaN fails too
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {getattr(self, name)}.")
         self._check_access()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}.")
