@@ -259,9 +259,11 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        # The server listens only once start-up (and, on the captured path, every capture) is done.
+        # The server listens only once start-up is done, every capture (or compilation) with it: ``steps`` were
+        # captured (compiled) then, in ``seconds``; none is left for the decoding thread's first use.
         report = service_of().engine.capture_report
-        return {"status": "ok", "pid": os.getpid(), "path": report["path"], "why": report.get("why")}
+        return {"status": "ok", "pid": os.getpid(), "path": report["path"], "why": report.get("why"),
+                "steps": report.get("steps", 0), "seconds": round(report.get("seconds", 0.0), 3)}
 
     # Behind the API key when one is set (request counts and latencies are the operator's business; a Prometheus
     # scrape config sends the key with ``authorization: {credentials: KEY}``).

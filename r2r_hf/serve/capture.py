@@ -4,16 +4,30 @@
 and every guard allows: the attention, the rotary embedding, the cache layers and the devices must be what a
 fixed-shape step needs (``core.capture.capturable``), and a stateful router runs eagerly anyway. Where a guard
 refuses, the server runs eagerly and says why once; ``graphs`` refuses to start instead.
+
+Every step is captured at start-up, before the server listens (``capture_batch``): CUDA graphs, and ``compile``
+too, which compiles each step on its example inputs then rather than on the decoding thread at first use (where
+every answer waited for it). The reads of both models and every bucket share one code object, so dynamo's
+recompile limit (8 per code object) is raised to cover them while they compile, and a hit is an error: past it,
+later shapes would run uncompiled while ``/health`` said ``compile``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
 import torch
 from transformers import CompileConfig
 
-from ..core.capture import capturable, compiled
+from ..core.capture import BUCKETS, capturable
 from ..core.features import output_device
+from ..core.graphs import CompiledStep, Step, compile_options
+from ..core.slot_capture import graph_memory, row_buckets
 from ..model.loading import context_length
+
+logger = logging.getLogger(__name__)
 
 # Static slots hold this many tokens per answer unless --max-context says otherwise (the pair's context can be
 # 32K or more, and every slot of both models is allocated at start).
@@ -38,6 +52,60 @@ def capture_plan(model, settings, device: torch.device):
     context = context_length(model.slm, model.llm) or DEFAULT_MAX_CONTEXT
     columns = (settings.max_context or min(context, DEFAULT_MAX_CONTEXT)) + 1
     if mode == "compile":
-        return compiled(CompileConfig(fullgraph=False, dynamic=False, mode="default")), None, columns
+        return compile_now(CompileConfig(fullgraph=False, dynamic=False, mode="default")), None, columns
     step, pool = store.graph_step, store.graph_step.new_pool(device)
     return (lambda fn, example: step(fn, example, pool)), None, columns
+
+
+def compile_now(compile_config) -> Callable[[Step, dict], Step]:
+    """A capturer that compiles each step as it is captured, on its example inputs (which write nothing at
+    start-up), with the options of an HF ``CompileConfig``."""
+    options = compile_options(compile_config)
+
+    def capture(fn: Step, example: dict[str, torch.Tensor]) -> Step:
+        step = CompiledStep(fn, options)
+        step(**example)  # torch.compile compiles on a call: this one, not the decoding thread's first
+        return step
+
+    return capture
+
+
+def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step], device: torch.device) -> dict:
+    """Capture every step of ``batch`` now (each slot read per rows and tokens bucket, the router per rows bucket);
+    the report ``/health`` and the log give: the path, the steps captured and the seconds and memory it took."""
+    memory = graph_memory(device)
+    before = memory()
+    fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
+    rows = row_buckets(batch.layout.slots)
+    limit = 2 * len(rows) * len(BUCKETS) + len(rows)  # every step compiled, were they all one code object's
+    with torch.inference_mode(), _recompile_limit(limit if settings.capture == "compile" else None):
+        report = batch.layout.capture(capturer, warm=True, fuse=fuse, router_dtype=model.capture_store.router_dtype)
+    path = settings.capture if settings.capture != "auto" else "graphs"
+    report = {"path": path, **report, "graph_memory_bytes": memory() - before}
+    logger.info("%s %d steps at start-up in %.1f s (%d slots x %d tokens, %.0f MB)",
+                "compiled" if path == "compile" else "captured", report["steps"], report["seconds"], report["slots"],
+                report["columns"], report["graph_memory_bytes"] / 2**20)
+    return report
+
+
+@contextlib.contextmanager
+def _recompile_limit(steps: int | None) -> Iterator[None]:
+    """Dynamo's recompile limits raised to ``steps`` (None: left alone) and a hit made an error, while it lasts."""
+    if steps is None:
+        yield
+        return
+    import torch._dynamo.config as config
+    from torch._dynamo import exc
+
+    # Named so since torch 2.6 (the older names are aliases there); torch 2.4-2.5 know only the older ones.
+    names = [(new if hasattr(config, new) else old) for new, old in (
+        ("recompile_limit", "cache_size_limit"), ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+        ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"))]
+    values = [max(getattr(config, names[0]), steps), max(getattr(config, names[1]), steps), True]
+    hit = tuple(getattr(exc, n) for n in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, n))
+    try:
+        with config.patch(**dict(zip(names, values))):
+            yield
+    except hit as err:
+        raise RuntimeError(f"--capture compile could not compile every step of these models within torch's recompile "
+                           f"limit ({err}); use --capture auto or off.") from err

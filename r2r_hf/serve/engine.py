@@ -39,11 +39,10 @@ from ..core.features import input_device
 from ..core.layouts import RectangleLayout
 from ..core.policy import WaitPolicy, default_policy
 from ..core.sampling import Sampler
-from ..core.slot_capture import graph_memory
 from ..core.slots import slot_problem
 from ..core.step import Synced, decode_step
 from ..core.steps import Committed
-from .capture import capture_plan
+from .capture import capture_batch, capture_plan
 from .errors import APIError
 from .metrics import ServeMetrics
 from .rows import Choice, Row
@@ -124,18 +123,8 @@ class Engine:
                 self._said.add(why)
                 logger.warning("the server's steps run eagerly: %s", why)
             self.capture_report = {"path": "eager", "why": why}
-        else:
-            memory = graph_memory(self.device)
-            before = memory()
-            with torch.inference_mode():  # as the decoding thread replays them
-                fuse = (self.settings.capture in ("auto", "graphs") and not self.settings.unfused_graphs
-                        and self.model.capture_store.fuse)
-                report = batch.layout.capture(capturer, warm=self.settings.capture != "compile", fuse=fuse,
-                                              router_dtype=self.model.capture_store.router_dtype)
-            self.capture_report = {"path": self.settings.capture if self.settings.capture != "auto" else "graphs",
-                                   **report, "graph_memory_bytes": memory() - before}
-            logger.info("captured %d steps in %.1f s (%d slots x %d tokens, %.0f MB)", report["steps"],
-                        report["seconds"], report["slots"], report["columns"], (memory() - before) / 2**20)
+        else:  # every step now, before the server listens (inference mode: as the decoding thread replays them)
+            self.capture_report = capture_batch(batch, self.model, self.settings, capturer, self.device)
         return batch
 
     @property
