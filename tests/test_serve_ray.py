@@ -216,6 +216,42 @@ def test_sigterm_drains_the_replicas_then_exits_leaving_nothing(server, router_d
     assert_nothing_left(process.pid, ray_tmp)
 
 
+def test_sigterm_right_after_start_up_lets_a_long_stream_finish(router_dir, pair_dir):
+    """Issue 41, item 11: Ray's proxy streams a replica's answers before the app is RUNNING; a SIGTERM then was
+    taken for one during start-up (exit 130, Ray shut down), cutting the stream mid-body although --drain-seconds
+    had room for the whole answer. (Serve's own wait for a deletion also gave up after 60 s, shorter than a long
+    drain: the command now waits itself.)"""
+    with launched(router_dir, pair_dir, "--replicas", "1", "--cpus-per-replica", "0.5", "--drain-seconds", "60") \
+            as (process, ray_tmp, port):
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
+        while True:  # the stream starts as soon as the proxy answers, as a client polling /health would
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        body = {"model": os.path.basename(str(router_dir)), "prompt": "the old man said", "max_tokens": 1000,
+                "temperature": 0, "threshold": 0.0, "stream": True}
+        got, cut = [], None
+        try:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data:"):
+                        got.append(line)
+                        if len(got) == 5:
+                            process.send_signal(signal.SIGTERM)
+        except httpx.RemoteProtocolError as err:  # what the client saw before the fix
+            cut = err
+        output = process.communicate(timeout=120)[0]
+        code = process.returncode
+        assert cut is None and got[-1] == "data: [DONE]", \
+            f"the stream was cut after {len(got)} lines ({cut}):\n{output[-3000:]}"
+        last = json.loads(got[-2][len("data:"):])
+        assert last["choices"][0]["finish_reason"] == "length" and last["r2r"]["generated_tokens"] == 1000
+        assert code in (0, -signal.SIGTERM) and "interrupted" not in output, (code, output[-3000:])
+        assert_nothing_left(process.pid, ray_tmp)
+
+
 # ----------------------------------------------------------------------------- start-up
 def test_a_deployment_that_cannot_fit_here_is_refused_at_once(router_dir, pair_dir):
     with launched(router_dir, pair_dir, "--gpus-per-replica", "1") as (process, ray_tmp, _):
