@@ -106,3 +106,45 @@ def test_a_request_refused_while_draining_is_counted_as_rejected(model, tok):
         engine.submit(Request([[1, 2]], [None], lambda event: None))
     assert refused.value.status == 503
     assert _requests(engine.metrics.text().decode())["rejected"] == 1
+
+
+# ------------------------------------------------------------------ 4. Ray: every replica on every scrape
+class _Store(dict):
+    """Ray's key-value store, as a dict."""
+
+    def put(self, key, value):
+        self[key] = value
+
+    def keys(self, prefix):  # noqa: D102 - the Store protocol's
+        return [k for k in list(self) if k.startswith(prefix)]
+
+    def delete(self, key):
+        self.pop(key, None)
+
+
+def _completed_by_replica(text: str) -> dict:
+    samples = _families(text)["r2r_requests"].samples
+    return {s.labels.get("replica"): s.value for s in samples
+            if s.name == "r2r_requests_total" and s.labels["outcome"] == "completed"}
+
+
+def test_every_replica_is_on_every_scrape_labelled_whichever_answers():
+    """The aggregation under a Ray deployment (the Ray test in test_serve_ray.py runs it on real replicas)."""
+    import json
+
+    from r2r_hf.serve.replica_metrics import PREFIX, ReplicaMetrics
+
+    store = _Store()
+    metrics = [ServeMetrics(SimpleNamespace(counters=Counters(), queue=[], rows=[], batch=None)) for _ in range(2)]
+    replicas = [ReplicaMetrics(m, "r2r", name, store) for m, name in zip(metrics, ("a", "b"))]
+    for m, answered in zip(metrics, (3, 5)):
+        for _ in range(answered):
+            m.finished("completed")
+    replicas[1].publish()  # b's periodic publication; a publishes as it answers the scrape
+    assert _completed_by_replica(replicas[0].text().decode()) == {"a": 3, "b": 5}
+    metrics[1].finished("completed")
+    assert _completed_by_replica(replicas[1].text().decode()) == {"a": 3, "b": 6}
+    assert _completed_by_replica(replicas[0].text().decode()) == {"a": 3, "b": 6}, "a series never goes back"
+    store.put(f"{PREFIX}r2r/gone", json.dumps({"at": 0.0, "families": []}))  # a replica killed long ago
+    assert set(_completed_by_replica(replicas[0].text().decode())) == {"a", "b"}
+    assert f"{PREFIX}r2r/gone" not in store, "a stale entry is deleted"

@@ -150,6 +150,37 @@ def test_a_loopback_server_starts_a_loopback_ray(server):
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
+def _completed_by_replica(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    samples = next(f for f in text_string_to_metric_families(text) if f.name == "r2r_requests").samples
+    return {s.labels.get("replica"): s.value for s in samples
+            if s.name == "r2r_requests_total" and s.labels["outcome"] == "completed"}
+
+
+def test_metrics_give_every_replica_labelled_whichever_answers(server, router_dir):
+    """Issue 41, item 4: the proxy hands each scrape to one replica, whose counters alone it showed (after 8
+    requests: 7, 7, 1, 7 ...: resets to Prometheus). Every scrape now has each replica's series, labelled."""
+    _, url, _ = server
+    deadline = time.monotonic() + 120
+    while len(_replica_pids(url)) < 2:  # the second replica may still be loading
+        assert time.monotonic() < deadline, "two replicas never answered"
+        time.sleep(1)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=2)
+    for _ in range(8):
+        client.completions.create(model=os.path.basename(str(router_dir)), prompt="water", max_tokens=2)
+    deadline = time.monotonic() + 20  # a replica that answered no scrape publishes within a second
+    while sum((seen := _completed_by_replica(url)).values()) < 8 or len(seen) < 2:
+        assert time.monotonic() < deadline, f"the scrapes never gave both replicas' 8 answers: {seen}"
+        time.sleep(0.5)
+    assert None not in seen, seen
+    for _ in range(10):  # whichever replica answers, every series is there and none goes back
+        now = _completed_by_replica(url)
+        assert sum(now.values()) == 8 and all(now.get(r, -1) >= n for r, n in seen.items()), (seen, now)
+        seen = now
+
+
 def test_two_replicas_answer_and_a_killed_one_comes_back(server, router_dir):
     _, url, _ = server
     deadline = time.monotonic() + 120

@@ -47,6 +47,11 @@ class Service:
         self.engine = Engine(model, tokenizer, settings)
         if self.engine.max_context is not None:  # static (captured) slots hold this many tokens per answer
             self.context = min(self.context or self.engine.max_context, self.engine.max_context)
+        self.exporter: Callable[[], bytes] | None = None  # a Ray replica's: every replica's metrics (ray_serve.py)
+
+    def metrics_text(self) -> bytes:
+        """``/metrics``'s body: this engine's metrics, or under Ray every replica's, each labelled with its replica."""
+        return self.exporter() if self.exporter is not None else self.engine.metrics.text()
 
     # ------------------------------------------------------------ requests to rows
     def prompts(self, body: CompletionRequest | ChatRequest) -> list[list[int]]:
@@ -270,7 +275,7 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
     @app.get("/metrics", dependencies=[Depends(authorised)])
     async def metrics() -> Response:
         # Rendered off the event loop: however long a scrape takes, the streams and /health go on meanwhile.
-        return Response(await asyncio.to_thread(service_of().engine.metrics.text), media_type=CONTENT_TYPE)
+        return Response(await asyncio.to_thread(service_of().metrics_text), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(authorised)])
     async def models() -> dict[str, Any]:

@@ -99,6 +99,7 @@ class R2RReplica:
         service = Service(model, tokenizer, spec.settings, spec.name)
         service.engine.start()
         _registry()["service"] = service
+        _publish_metrics(service)
         if spec.drain_key:
             threading.Thread(target=_await_drain, args=(service.engine, spec.drain_key), name="r2r-drain",
                              daemon=True).start()
@@ -113,6 +114,19 @@ class R2RReplica:
         service = _registry().pop("service", None)
         if service is not None:
             service.engine.stop(service.settings.drain_seconds)
+
+
+def _publish_metrics(service: Service) -> None:
+    """This replica publishes its metrics, and a scrape it answers gives every replica's (``replica_metrics``)."""
+    from .replica_metrics import RayStore, ReplicaMetrics
+
+    context = serve.get_replica_context()
+    replica = getattr(getattr(context, "replica_id", None), "unique_id", None) or uuid.uuid4().hex[:8]
+    exporter = ReplicaMetrics(service.engine.metrics, getattr(context, "app_name", None) or APP, replica,
+                              RayStore(KV_NAMESPACE))
+    service.exporter = exporter.text
+    threading.Thread(target=exporter.run, args=(service.engine.thread.is_alive,), name="r2r-metrics",
+                     daemon=True).start()
 
 
 def _await_drain(engine, key: str) -> None:
