@@ -49,6 +49,16 @@ class Service:
             self.context = min(self.context or self.engine.max_context, self.engine.max_context)
         self.exporter: Callable[[], bytes] | None = None  # a Ray replica's: every replica's metrics (ray_serve.py)
 
+    def health(self) -> dict[str, Any]:
+        """``/health``: this process, the path its steps run on and why (eager), and what start-up captured.
+
+        The server listens only once start-up is done, every capture or compilation with it: ``steps`` were captured
+        (compiled, under ``--capture compile``) then, in ``seconds``; none is left for the decoding thread's first use.
+        """
+        report = self.engine.capture_report
+        return {"status": "ok", "pid": os.getpid(), "path": report["path"], "why": report.get("why"),
+                "steps": report.get("steps", 0), "seconds": round(report.get("seconds", 0.0), 3)}
+
     def metrics_text(self) -> bytes:
         """``/metrics``'s body: this engine's metrics, or under Ray every replica's, each labelled with its replica."""
         return self.exporter() if self.exporter is not None else self.engine.metrics.text()
@@ -264,11 +274,7 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        # The server listens only once start-up is done, every capture (or compilation) with it: ``steps`` were
-        # captured (compiled) then, in ``seconds``; none is left for the decoding thread's first use.
-        report = service_of().engine.capture_report
-        return {"status": "ok", "pid": os.getpid(), "path": report["path"], "why": report.get("why"),
-                "steps": report.get("steps", 0), "seconds": round(report.get("seconds", 0.0), 3)}
+        return service_of().health()
 
     # Behind the API key when one is set (request counts and latencies are the operator's business; a Prometheus
     # scrape config sends the key with ``authorization: {credentials: KEY}``).
