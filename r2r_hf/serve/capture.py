@@ -52,19 +52,23 @@ def capture_plan(model, settings, device: torch.device):
     context = context_length(model.slm, model.llm) or DEFAULT_MAX_CONTEXT
     columns = (settings.max_context or min(context, DEFAULT_MAX_CONTEXT)) + 1
     if mode == "compile":
-        return compile_now(CompileConfig(fullgraph=False, dynamic=False, mode="default")), None, columns
+        rows = row_buckets(settings.max_batch_size)
+        steps = 2 * len(rows) * len(BUCKETS) + len(rows)  # both models' reads per (rows, tokens) bucket, the router
+        # Room for every step twice: the router is captured again over fp32 where its copy fails its check.
+        return compile_now(CompileConfig(fullgraph=False, dynamic=False, mode="default"), 2 * steps), None, columns
     step, pool = store.graph_step, store.graph_step.new_pool(device)
     return (lambda fn, example: step(fn, example, pool)), None, columns
 
 
-def compile_now(compile_config) -> Callable[[Step, dict], Step]:
+def compile_now(compile_config, limit: int) -> Callable[[Step, dict], Step]:
     """A capturer that compiles each step as it is captured, on its example inputs (which write nothing at
-    start-up), with the options of an HF ``CompileConfig``."""
+    start-up), with the options of an HF ``CompileConfig``, under a recompile limit of ``limit``."""
     options = compile_options(compile_config)
 
     def capture(fn: Step, example: dict[str, torch.Tensor]) -> Step:
         step = CompiledStep(fn, options)
-        step(**example)  # torch.compile compiles on a call: this one, not the decoding thread's first
+        with _recompile_limit(limit):
+            step(**example)  # torch.compile compiles on a call: this one, not the decoding thread's first
         return step
 
     return capture
@@ -76,9 +80,7 @@ def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step]
     memory = graph_memory(device)
     before = memory()
     fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
-    rows = row_buckets(batch.layout.slots)
-    limit = 2 * len(rows) * len(BUCKETS) + len(rows)  # every step compiled, were they all one code object's
-    with torch.inference_mode(), _recompile_limit(limit if settings.capture == "compile" else None):
+    with torch.inference_mode():
         report = batch.layout.capture(capturer, warm=True, fuse=fuse, router_dtype=model.capture_store.router_dtype)
     path = settings.capture if settings.capture != "auto" else "graphs"
     report = {"path": path, **report, "graph_memory_bytes": memory() - before}
@@ -89,11 +91,8 @@ def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step]
 
 
 @contextlib.contextmanager
-def _recompile_limit(steps: int | None) -> Iterator[None]:
-    """Dynamo's recompile limits raised to ``steps`` (None: left alone) and a hit made an error, while it lasts."""
-    if steps is None:
-        yield
-        return
+def _recompile_limit(steps: int) -> Iterator[None]:
+    """Dynamo's recompile limits raised to ``steps`` and a hit made an error, while it lasts."""
     import torch._dynamo.config as config
     from torch._dynamo import exc
 
