@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import uvicorn
 
 from r2r_hf.serve import ServeSettings, build_app
+from r2r_hf.serve.listen import guarded
 
 
 def free_port() -> int:
@@ -20,11 +21,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(model, tokenizer, name: str = "tiny", **settings) -> Iterator[tuple[str, object]]:
-    """(base url ``http://127.0.0.1:PORT``, the app's service) while the server runs; stopped on exit."""
+def serving(model, tokenizer, name: str = "tiny", protocol: type | None = None,
+            **settings) -> Iterator[tuple[str, object]]:
+    """(base url ``http://127.0.0.1:PORT``, the app's service) while the server runs; stopped on exit.
+
+    Connections are served by ``r2r-hf serve``'s own protocol (``listen.guarded``: its deadlines and cap), or by
+    ``protocol``."""
     port = free_port()
-    app = build_app(model, tokenizer, ServeSettings(port=port, **settings), name)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config = ServeSettings(port=port, **settings)
+    app = build_app(model, tokenizer, config, name)
+    http = protocol or guarded(config.read_timeout, config.max_connections, config.write_timeout)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=http))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

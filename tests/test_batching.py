@@ -116,9 +116,9 @@ def test_rows_joining_waiting_and_leaving_answer_as_generate_alone(model, tok, p
     assert counters.llm_tokens == routed and counters.generated == sum(len(v) for v in run.out.values())
     assert counters.host_syncs == counters.steps, "one host synchronisation per step"
     if policy.immediate:
-        assert max(counters.waits) == 0
+        assert counters.waits.max == 0 and len(counters.waits) == counters.llm_tokens
     else:
-        assert max(counters.waits) > 0 and max(counters.waits) <= policy.max_wait
+        assert 0 < counters.waits.max <= policy.max_wait and len(counters.waits) == counters.llm_tokens
         assert counters.llm_rows > counters.llm_calls, "some LLM forwards wrote several rows' tokens"
 
 

@@ -79,6 +79,32 @@ def test_a_measurement_is_kept_for_the_process_and_on_disk(home, monkeypatch):
     assert calls == [1536], "another width (or thread count, CPU, torch) is measured anew"
 
 
+@pytest.mark.parametrize("entry", [
+    {"dtype": "float32", "seconds": {"bfloat16": "fast", "float32": 0.01}},  # a bare ValueError before
+    {"dtype": "float32", "seconds": {"bfloat16": None, "float32": 0.01}},  # a bare TypeError before
+    {"dtype": "float32", "seconds": {"bfloat16": [0.03], "float32": 0.01}},
+    {"dtype": "float32", "seconds": {}},  # printed "took  (2 threads)" before
+    {"dtype": "float32", "seconds": {"float32": 0.01}},
+    {"dtype": "float32", "seconds": {"bfloat16": float("nan"), "float32": 0.01}},
+    {"dtype": "float32", "seconds": {"bfloat16": -1.0, "float32": 0.01}},
+    {"dtype": "float32", "seconds": {"bfloat16": True, "float32": 0.01}},
+    {"dtype": "float32", "seconds": {"bfloat16": 0.03, "float32": 0.01, "float16": 0.02}},
+    {"dtype": "int8", "seconds": {"bfloat16": 0.03, "float32": 0.01}},
+    "float32",
+], ids=["text", "null", "list", "empty", "one-dtype", "nan", "negative", "bool", "a-third-dtype", "int8", "no-dict"])
+def test_a_damaged_cache_entry_is_measured_again(home, monkeypatch, entry):
+    """Issue 41, item 10: a damaged entry of cpu_dtype.json crashed --dtype auto or printed an empty measurement."""
+    key = loading.machine_key(896, torch.bfloat16)
+    home.mkdir(parents=True)
+    (home / loading.CPU_DTYPE_FILE).write_text(json.dumps({key: entry}))
+    calls = _timings(monkeypatch, 0.004, 0.010)
+    choice = loading.cpu_dtype_choice(896)
+    assert calls == [896] and choice.cached is None, "measured again, as if the entry were absent"
+    assert choice.dtype == torch.bfloat16 and "took 4.0 ms in bfloat16 and 10.0 ms in float32" in choice.line
+    stored = json.loads((home / loading.CPU_DTYPE_FILE).read_text())[key]
+    assert stored["dtype"] == "bfloat16" and stored["seconds"] == {"bfloat16": 0.004, "float32": 0.010}, "replaced"
+
+
 def test_an_unwritable_folder_keeps_the_choice_for_the_process(home, monkeypatch):
     home.parent.mkdir(parents=True, exist_ok=True)
     home.write_text("not a folder")

@@ -196,3 +196,21 @@ def test_bad_threshold_is_refused(model, single, bad):
 def test_generate_argument_typo_is_reported(model, single):
     with pytest.raises(ValueError, match="threshhold"):
         model.generate(**single, max_new_tokens=3, threshhold=0.3)
+
+
+def test_watermarking_is_refused_by_name(model, single, monkeypatch):
+    """Issue 41, item 9: HF's watermark processor reads config.vocab_size, which a router's config lacks, so
+    watermarking_config failed with an internal AttributeError; it is refused by name, as the other modes are."""
+    from transformers import WatermarkingConfig
+
+    from r2r_hf.model.row_settings import resolve_row
+
+    for given in ({"bias": 2.0}, WatermarkingConfig(bias=2.0)):
+        with pytest.raises(ValueError, match=r"cannot honour watermarking_config=\w+ \(watermarking") as caught:
+            model.generate(**single, max_new_tokens=3, watermarking_config=given)
+        assert len(str(caught.value).splitlines()) == 1
+    monkeypatch.setattr(model.generation_config, "watermarking_config", WatermarkingConfig(bias=2.0))
+    with pytest.raises(ValueError, match="watermarking_config"):  # inherited from the model's generation config
+        model.generate(**single, max_new_tokens=3)
+    with pytest.raises(ValueError, match="watermarking_config"):  # a served answer resolves the same way
+        resolve_row(model, single["input_ids"][0].tolist(), max_new_tokens=3)

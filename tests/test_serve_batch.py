@@ -51,7 +51,7 @@ def test_answers_equal_generate_alone_under_every_waiting_policy(model, tok, min
         assert answer == generated(model, tok, prompt, max_tokens, **options), prompt
     assert sum(llm for _, llm in got) > 0 and counters.host_syncs == counters.steps
     if max_wait:
-        assert max(counters.waits) > 0 and counters.llm_rows > counters.llm_calls
+        assert counters.waits.max > 0 and counters.llm_rows > counters.llm_calls
 
 
 def test_a_seeded_answer_does_not_change_beside_an_always_routed_stranger(model, tok):

@@ -150,6 +150,37 @@ def test_a_loopback_server_starts_a_loopback_ray(server):
     assert not exposed, f"listening beyond loopback: {exposed}"
 
 
+def _completed_by_replica(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    samples = next(f for f in text_string_to_metric_families(text) if f.name == "r2r_requests").samples
+    return {s.labels.get("replica"): s.value for s in samples
+            if s.name == "r2r_requests_total" and s.labels["outcome"] == "completed"}
+
+
+def test_metrics_give_every_replica_labelled_whichever_answers(server, router_dir):
+    """Issue 41, item 4: the proxy hands each scrape to one replica, whose counters alone it showed (after 8
+    requests: 7, 7, 1, 7 ...: resets to Prometheus). Every scrape now has each replica's series, labelled."""
+    _, url, _ = server
+    deadline = time.monotonic() + 120
+    while len(_replica_pids(url)) < 2:  # the second replica may still be loading
+        assert time.monotonic() < deadline, "two replicas never answered"
+        time.sleep(1)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=2)
+    for _ in range(8):
+        client.completions.create(model=os.path.basename(str(router_dir)), prompt="water", max_tokens=2)
+    deadline = time.monotonic() + 20  # a replica that answered no scrape publishes within a second
+    while sum((seen := _completed_by_replica(url)).values()) < 8 or len(seen) < 2:
+        assert time.monotonic() < deadline, f"the scrapes never gave both replicas' 8 answers: {seen}"
+        time.sleep(0.5)
+    assert None not in seen, seen
+    for _ in range(10):  # whichever replica answers, every series is there and none goes back
+        now = _completed_by_replica(url)
+        assert sum(now.values()) == 8 and all(now.get(r, -1) >= n for r, n in seen.items()), (seen, now)
+        seen = now
+
+
 def test_two_replicas_answer_and_a_killed_one_comes_back(server, router_dir):
     _, url, _ = server
     deadline = time.monotonic() + 120
@@ -214,6 +245,42 @@ def test_sigterm_drains_the_replicas_then_exits_leaving_nothing(server, router_d
     assert "shutting down" in error["message"] and len(cut) > 3, "the long answer streamed, then the drain ended it"
     assert code in (0, -signal.SIGTERM) and elapsed < DRAIN_S + 30, (code, elapsed)
     assert_nothing_left(process.pid, ray_tmp)
+
+
+def test_sigterm_right_after_start_up_lets_a_long_stream_finish(router_dir, pair_dir):
+    """Issue 41, item 11: Ray's proxy streams a replica's answers before the app is RUNNING; a SIGTERM then was
+    taken for one during start-up (exit 130, Ray shut down), cutting the stream mid-body although --drain-seconds
+    had room for the whole answer. (Serve's own wait for a deletion also gave up after 60 s, shorter than a long
+    drain: the command now waits itself.)"""
+    with launched(router_dir, pair_dir, "--replicas", "1", "--cpus-per-replica", "0.5", "--drain-seconds", "60") \
+            as (process, ray_tmp, port):
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
+        while True:  # the stream starts as soon as the proxy answers, as a client polling /health would
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        body = {"model": os.path.basename(str(router_dir)), "prompt": "the old man said", "max_tokens": 1000,
+                "temperature": 0, "threshold": 0.0, "stream": True}
+        got, cut = [], None
+        try:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as answer:
+                for line in answer.iter_lines():
+                    if line.startswith("data:"):
+                        got.append(line)
+                        if len(got) == 5:
+                            process.send_signal(signal.SIGTERM)
+        except httpx.RemoteProtocolError as err:  # what the client saw before the fix
+            cut = err
+        output = process.communicate(timeout=120)[0]
+        code = process.returncode
+        assert cut is None and got[-1] == "data: [DONE]", \
+            f"the stream was cut after {len(got)} lines ({cut}):\n{output[-3000:]}"
+        last = json.loads(got[-2][len("data:"):])
+        assert last["choices"][0]["finish_reason"] == "length" and last["r2r"]["generated_tokens"] == 1000
+        assert code in (0, -signal.SIGTERM) and "interrupted" not in output, (code, output[-3000:])
+        assert_nothing_left(process.pid, ray_tmp)
 
 
 # ----------------------------------------------------------------------------- start-up

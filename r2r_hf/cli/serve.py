@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 
-from ..serve.settings import ServeSettings
+from ..serve.settings import ServeSettings, key_problem
 from .options import add_settings_flags, device, positive_int, positive_seconds, settings_from, threads
 
 KEY_VARIABLE = "R2R_API_KEY"
@@ -61,6 +61,8 @@ def api_key(args: argparse.Namespace) -> str | None:
         return None
     if not key.strip():
         raise ValueError(f"{source} is empty (an unset variable?); give a key, or no key at all to serve without one.")
+    if problem := key_problem(key):
+        raise ValueError(f"{source} {problem}.")
     return key
 
 

@@ -8,15 +8,64 @@ synchronisations per step say how often the host stalls the device, and the byte
 
 from __future__ import annotations
 
-import statistics
+import bisect
+import math
 from dataclasses import dataclass, field
 
+WAIT_BOUNDS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # the wait histogram's bucket bounds, in steps (then +Inf)
 
-def _quantile(values: list[int], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+class WaitHistogram:
+    """Steps routed tokens waited for the LLM, counted in fixed buckets (``WAIT_BOUNDS``, then +Inf).
+
+    A server counts one wait per LLM-written token for as long as it runs: a list of them grew without end and every
+    ``/metrics`` scrape scanned it. Here memory and every read are constant: the count per bucket, the sum and the
+    largest wait. Quantiles are therefore bucket bounds (exact for 0, 1 and 2 steps, an upper bound above).
+    """
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(WAIT_BOUNDS) + 1)  # per bucket (not cumulative); the last is +Inf
+        self.total = 0  # the sum of the waits
+        self.max = 0
+
+    def append(self, steps: int) -> None:
+        """Count one routed token that waited ``steps`` steps."""
+        self.counts[bisect.bisect_left(WAIT_BOUNDS, steps)] += 1
+        self.total += steps
+        self.max = max(self.max, steps)
+
+    def extend(self, waits) -> None:
+        for steps in waits:
+            self.append(steps)
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WaitHistogram) and (self.counts, self.total, self.max) == (other.counts, other.total,
+                                                                                               other.max)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(bound, waits <= bound) per bucket, +Inf last: Prometheus's histogram buckets."""
+        counts, out, running = list(self.counts), [], 0  # one copy: the decoding thread may count meanwhile
+        for bound, n in zip((*WAIT_BOUNDS, math.inf), counts):
+            running += n
+            out.append((bound, running))
+        return out
+
+    def quantile(self, q: float) -> float | None:
+        """The bound of the bucket holding the wait at rank ``q`` (capped at the largest wait), or None when empty."""
+        buckets = self.cumulative()
+        n = buckets[-1][1]
+        if not n:
+            return None
+        rank = min(n - 1, int(q * n))
+        bound = next(b for b, below in buckets if below > rank)
+        return float(min(bound, self.max))
+
+    def mean(self) -> float | None:
+        n = len(self)
+        return self.total / n if n else None
 
 
 @dataclass
@@ -32,7 +81,8 @@ class Counters:
         llm_calls: LLM catch-ups (one per step in which the LLM ran).
         llm_rows: rows the LLM served (wrote a token for, or resolved pending positions of), summed over catch-ups.
         host_syncs: times the host waited for the device.
-        waits: for every routed token, the steps its row waited for the LLM (0: the LLM ran at once).
+        waits: for every routed token, the steps its row waited for the LLM (0: the LLM ran at once), in fixed
+            buckets (``WaitHistogram``: constant memory however long a server runs).
         joins: rows that joined the batch; join_bytes: KV bytes copied to make room for them.
         gathered_bytes: KV bytes gathered for forwards over a subset of the rows.
         resolutions: LLM forwards that resolved speculative (pending) positions (``speculation.py``); agreed: pending
@@ -47,7 +97,7 @@ class Counters:
     llm_calls: int = 0
     llm_rows: int = 0
     host_syncs: int = 0
-    waits: list[int] = field(default_factory=list)
+    waits: WaitHistogram = field(default_factory=WaitHistogram)
     joins: int = 0
     join_bytes: int = 0
     gathered_bytes: int = 0
@@ -90,7 +140,8 @@ class Counters:
         self.thrown += thrown
 
     def summary(self) -> dict[str, float | int | None]:
-        """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet)."""
+        """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet); the wait quantiles
+        are bucket bounds (``WaitHistogram.quantile``), the mean exact."""
         per_token = (lambda n: n / self.generated) if self.generated else (lambda n: None)  # noqa: E731
         return {
             "steps": self.steps,
@@ -100,9 +151,9 @@ class Counters:
             "llm_calls_per_token": per_token(self.llm_calls),
             "slm_forwards_per_token": per_token(self.slm_forwards),
             "rows_per_llm_call": self.llm_rows / self.llm_calls if self.llm_calls else None,
-            "wait_steps_p50": _quantile(self.waits, 0.5),
-            "wait_steps_p95": _quantile(self.waits, 0.95),
-            "wait_steps_mean": statistics.fmean(self.waits) if self.waits else None,
+            "wait_steps_p50": self.waits.quantile(0.5),
+            "wait_steps_p95": self.waits.quantile(0.95),
+            "wait_steps_mean": self.waits.mean(),
             "host_syncs_per_step": self.host_syncs / self.steps if self.steps else None,
             "joins": self.joins,
             "join_bytes_per_join": self.join_bytes / self.joins if self.joins else None,

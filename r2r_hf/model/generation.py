@@ -33,6 +33,8 @@ UNSUPPORTED = {
     "past_key_values": "R2R keeps one cache per model",
     "cache": "R2R keeps one cache per model",  # the name transformers 5.24 gave past_key_values
     "inputs_embeds": "prompts as embeddings (the SLM and the LLM each embed the ids with their own table; pass input_ids)",
+    # HF builds its processor from config.vocab_size, which a router's config lacks (two models, one shared vocabulary).
+    "watermarking_config": "watermarking",
 }
 _NEUTRAL_VALUES = {"num_beams": 1, "num_beam_groups": 1, "guidance_scale": 1.0}
 CACHES = (None, "dynamic", "static")

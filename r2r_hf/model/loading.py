@@ -170,10 +170,9 @@ def cpu_dtype_choice(width: int = DEFAULT_WIDTH, low: torch.dtype = torch.bfloat
     if key in _CHOICES:
         return _CHOICES[key]
     path = local_home() / CPU_DTYPE_FILE
-    stored = _read_json(path).get(key)
-    if isinstance(stored, dict) and isinstance(stored.get("seconds"), dict) and stored.get("dtype") in ("float32", _name(low)):
-        choice = DtypeChoice(getattr(torch, stored["dtype"]), {k: float(v) for k, v in stored["seconds"].items()},
-                             width, torch.get_num_threads(), cached=str(path))
+    stored = _stored_seconds(_read_json(path).get(key), low)
+    if stored is not None:
+        choice = DtypeChoice(getattr(torch, stored[0]), stored[1], width, torch.get_num_threads(), cached=str(path))
     else:
         seconds = decode_step_seconds(width, (low, torch.float32))
         choice = DtypeChoice(low if seconds[_name(low)] < seconds["float32"] else torch.float32, seconds, width,
@@ -182,6 +181,20 @@ def cpu_dtype_choice(width: int = DEFAULT_WIDTH, low: torch.dtype = torch.bfloat
                                  "measured": time.strftime("%Y-%m-%d %H:%M:%S")})
     _CHOICES[key] = choice
     return choice
+
+
+def _stored_seconds(entry: Any, low: torch.dtype) -> tuple[str, dict[str, float]] | None:
+    """(dtype name, seconds by dtype) of a cached measurement, or None when the entry is damaged (hand-edited, or
+    written by another version): a damaged entry is measured again rather than trusted or crashing the load."""
+    names = {_name(low), "float32"}
+    if not isinstance(entry, dict) or entry.get("dtype") not in names:
+        return None
+    seconds = entry.get("seconds")
+    if not isinstance(seconds, dict) or set(seconds) != names:
+        return None
+    if not all(type(v) in (int, float) and 0 < v < math.inf for v in seconds.values()):  # bool, NaN, str: damaged
+        return None
+    return entry["dtype"], {k: float(v) for k, v in seconds.items()}
 
 
 def _read_json(path: Path) -> dict[str, Any]:

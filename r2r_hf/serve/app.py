@@ -47,6 +47,21 @@ class Service:
         self.engine = Engine(model, tokenizer, settings)
         if self.engine.max_context is not None:  # static (captured) slots hold this many tokens per answer
             self.context = min(self.context or self.engine.max_context, self.engine.max_context)
+        self.exporter: Callable[[], bytes] | None = None  # a Ray replica's: every replica's metrics (ray_serve.py)
+
+    def health(self) -> dict[str, Any]:
+        """``/health``: this process, the path its steps run on and why (eager), and what start-up captured.
+
+        The server listens only once start-up is done, every capture or compilation with it: ``steps`` were captured
+        (compiled, under ``--capture compile``) then, in ``seconds``; none is left for the decoding thread's first use.
+        """
+        report = self.engine.capture_report
+        return {"status": "ok", "pid": os.getpid(), "path": report["path"], "why": report.get("why"),
+                "steps": report.get("steps", 0), "seconds": round(report.get("seconds", 0.0), 3)}
+
+    def metrics_text(self) -> bytes:
+        """``/metrics``'s body: this engine's metrics, or under Ray every replica's, each labelled with its replica."""
+        return self.exporter() if self.exporter is not None else self.engine.metrics.text()
 
     # ------------------------------------------------------------ requests to rows
     def prompts(self, body: CompletionRequest | ChatRequest) -> list[list[int]]:
@@ -121,19 +136,22 @@ class Service:
                       routing_stats(llm, generated, **routing))
 
     async def _collect(self, work: Work, events: asyncio.Queue, request: Request) -> list[tuple]:
-        got, open_rows = [], work.rows
-        while open_rows:
-            try:
-                event = await asyncio.wait_for(events.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    raise APIError(499, "The client closed the request.") from None
-                continue
-            if event[0] == "error":
-                raise event[1]
-            got.append(event)
-            open_rows -= event[0] == "end"
-        return got
+        """Every event of a whole answer; a client that goes away meanwhile ends it at once (``respond`` cancels its
+        rows), however often its rows emit: a watcher waits for the disconnect beside the events."""
+        watcher = asyncio.create_task(_report_disconnect(request, events))
+        try:
+            got, open_rows = [], work.rows
+            while open_rows:
+                event = await events.get()
+                if event[0] == "gone":
+                    raise APIError(499, "The client closed the request.")
+                if event[0] == "error":
+                    raise event[1]
+                got.append(event)
+                open_rows -= event[0] == "end"
+            return got
+        finally:
+            watcher.cancel()
 
     async def _stream(self, chat: bool, rid: str, work: Work, events: asyncio.Queue, prompt_tokens: int,
                       routing: dict, include_usage: bool) -> AsyncIterator[str]:
@@ -166,6 +184,17 @@ class Service:
         finally:
             if not done:  # the client went away mid-stream: its rows stop at the next step
                 self.engine.cancel(work)
+
+
+async def _report_disconnect(request: Request, events: asyncio.Queue) -> None:
+    """Put ``("gone",)`` into ``events`` once the client disconnects. The body is read already, so the next message
+    the server has for this request is the disconnect (uvicorn's receive waits for it; so does a Ray replica's)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - the connection cannot tell: the answer runs to its end, as a stream's would
+        return
+    events.put_nowait(("gone",))
 
 
 def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -245,15 +274,14 @@ def add_routes(app: FastAPI, service_of: Callable[[], Service]) -> None:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        # The server listens only once start-up (and, on the captured path, every capture) is done.
-        report = service_of().engine.capture_report
-        return {"status": "ok", "pid": os.getpid(), "path": report["path"], "why": report.get("why")}
+        return service_of().health()
 
     # Behind the API key when one is set (request counts and latencies are the operator's business; a Prometheus
     # scrape config sends the key with ``authorization: {credentials: KEY}``).
     @app.get("/metrics", dependencies=[Depends(authorised)])
     async def metrics() -> Response:
-        return Response(service_of().engine.metrics.text(), media_type=CONTENT_TYPE)
+        # Rendered off the event loop: however long a scrape takes, the streams and /health go on meanwhile.
+        return Response(await asyncio.to_thread(service_of().metrics_text), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(authorised)])
     async def models() -> dict[str, Any]:

@@ -2,21 +2,28 @@
 
 ``auto`` captures where the model's ``CaptureStore`` captures (CUDA graphs on CUDA; the CPU emulation in tests)
 and every guard allows: the attention, the rotary embedding, the cache layers and the devices must be what a
-fixed-shape step needs (``core.capture.capturable``), and a stateful router runs eagerly anyway. Where a guard
+fixed-shape step needs (``core.fast.static_reads.capturable``), and a stateful router runs eagerly anyway. Where a guard
 refuses, the server runs eagerly and says why once; ``graphs`` refuses to start instead.
+
+Every step is captured at start-up, before the server listens (``capture_batch``): CUDA graphs, and ``compile``
+too, which compiles each step on its example inputs then rather than on the decoding thread at first use (where
+every answer waited for it). The reads of both models and every bucket share one code object, so dynamo's
+recompile limit (8 per code object) is raised to cover them while they compile, and a hit is an error: past it,
+later shapes would run uncompiled while ``/health`` said ``compile``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import CompileConfig
 
-from ..core.fast.graphs import gc_paused
-from ..core.fast.slot_reads import capture_slots
-from ..core.fast.static_reads import capturable, compiled
+from ..core.fast.graphs import CompiledStep, Step, compile_options, gc_paused
+from ..core.fast.slot_reads import capture_slots, row_buckets
+from ..core.fast.static_reads import BUCKETS, capturable
 from ..core.features import output_device
 from ..model.loading import context_length
 
@@ -47,9 +54,63 @@ def capture_plan(model, settings, device: torch.device):
     context = context_length(model.slm, model.llm) or DEFAULT_MAX_CONTEXT
     columns = (settings.max_context or min(context, DEFAULT_MAX_CONTEXT)) + 1
     if mode == "compile":
-        return compiled(CompileConfig(fullgraph=False, dynamic=False, mode="default")), None, columns
+        rows = row_buckets(settings.max_batch_size)
+        steps = 2 * len(rows) * len(BUCKETS) + len(rows)  # both models' reads per (rows, tokens) bucket, the router
+        # Room for every step twice: the router is captured again over fp32 where its copy fails its check.
+        return compile_now(CompileConfig(fullgraph=False, dynamic=False, mode="default"), 2 * steps), None, columns
     step, pool = store.graph_step, store.graph_step.new_pool(device)
     return (lambda fn, example: step(fn, example, pool)), None, columns
+
+
+def compile_now(compile_config, limit: int) -> Callable[[Step, dict], Step]:
+    """A capturer that compiles each step as it is captured, on its example inputs (which write nothing at
+    start-up), with the options of an HF ``CompileConfig``, under a recompile limit of ``limit``."""
+    options = compile_options(compile_config)
+
+    def capture(fn: Step, example: dict[str, torch.Tensor]) -> Step:
+        step = CompiledStep(fn, options)
+        with _recompile_limit(limit):
+            step(**example)  # torch.compile compiles on a call: this one, not the decoding thread's first
+        return step
+
+    return capture
+
+
+def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step], device: torch.device) -> dict:
+    """Capture every step of ``batch`` now (each slot read per rows and tokens bucket, the router per rows bucket);
+    the report ``/health`` and the log give: the path, the steps captured and the seconds and memory it took."""
+    memory = graph_memory(device)
+    before = memory()
+    fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
+    # As the decoding thread replays them; one collection, then none while it captures (``gc_paused``).
+    with torch.inference_mode(), gc_paused(collect=True):
+        report = capture_slots(batch.layout, capturer, warm=True, fuse=fuse, router_dtype=model.capture_store.router_dtype)
+    path = settings.capture if settings.capture != "auto" else "graphs"
+    report = {"path": path, **report, "graph_memory_bytes": memory() - before}
+    logger.info("%s %d steps at start-up in %.1f s (%d slots x %d tokens, %.0f MB)",
+                "compiled" if path == "compile" else "captured", report["steps"], report["seconds"], report["slots"],
+                report["columns"], report["graph_memory_bytes"] / 2**20)
+    return report
+
+
+@contextlib.contextmanager
+def _recompile_limit(steps: int) -> Iterator[None]:
+    """Dynamo's recompile limits raised to ``steps`` and a hit made an error, while it lasts."""
+    import torch._dynamo.config as config
+    from torch._dynamo import exc
+
+    # Named so since torch 2.6 (the older names are aliases there); torch 2.4-2.5 know only the older ones.
+    names = [(new if hasattr(config, new) else old) for new, old in (
+        ("recompile_limit", "cache_size_limit"), ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+        ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"))]
+    values = [max(getattr(config, names[0]), steps), max(getattr(config, names[1]), steps), True]
+    hit = tuple(getattr(exc, n) for n in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, n))
+    try:
+        with config.patch(**dict(zip(names, values))):
+            yield
+    except hit as err:
+        raise RuntimeError(f"capture='compile' (--capture compile) could not compile every step of these models within "
+                           f"torch's recompile limit ({err}); use 'auto' or 'off'.") from err
 
 
 def graph_memory(device: torch.device) -> Callable[[], int]:
@@ -57,18 +118,3 @@ def graph_memory(device: torch.device) -> Callable[[], int]:
     if device.type == "cuda":
         return lambda: torch.cuda.memory_allocated(device)
     return lambda: 0
-
-
-def capture_batch(model, settings, batch, capturer, device: torch.device) -> dict:
-    """Capture the server's batch of slots now (``core.fast.slot_reads.capture_slots``); what it took, for /health."""
-    memory = graph_memory(device)
-    before = memory()
-    # As the decoding thread replays them; one collection, then none while it captures (``gc_paused``).
-    with torch.inference_mode(), gc_paused(collect=True):
-        fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
-        report = capture_slots(batch.layout, capturer, warm=settings.capture != "compile", fuse=fuse,
-                               router_dtype=model.capture_store.router_dtype)
-    used = memory() - before
-    logger.info("captured %d steps in %.1f s (%d slots x %d tokens, %.0f MB)", report["steps"], report["seconds"],
-                report["slots"], report["columns"], used / 2**20)
-    return {"path": settings.capture if settings.capture != "auto" else "graphs", **report, "graph_memory_bytes": used}

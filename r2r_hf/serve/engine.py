@@ -122,8 +122,8 @@ class Engine:
                 self._said.add(why)
                 logger.warning("the server's steps run eagerly: %s", why)
             self.capture_report = {"path": "eager", "why": why}
-        else:
-            self.capture_report = capture_batch(self.model, self.settings, batch, capturer, self.device)
+        else:  # every step now, before the server listens (inference mode: as the decoding thread replays them)
+            self.capture_report = capture_batch(batch, self.model, self.settings, capturer, self.device)
         return batch
 
     @property
@@ -166,13 +166,13 @@ class Engine:
                                 "rows; ask for fewer.", param="n")
         with self.cond:
             if self.stopping:
-                raise APIError(503, "The server is shutting down; retry on another replica.", kind="server_error",
-                               headers={"Retry-After": "1"})
+                raise self.metrics.rejected(APIError(503, "The server is shutting down; retry on another replica.",
+                                                     kind="server_error", headers={"Retry-After": "1"}))
             if len(self.queue) >= self.settings.max_queue:
-                raise APIError(429, f"The server's queue is full ({self.settings.max_queue} requests wait); retry "
-                                    "shortly.", kind="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
+                raise self.metrics.rejected(APIError(429, f"The server's queue is full ({self.settings.max_queue} "
+                                                          "requests wait); retry shortly.", kind="rate_limit_error",
+                                                     code="queue_full", headers={"Retry-After": "1"}))
             self.queue.append(request)
-            self.metrics.submitted()
             self.cond.notify_all()
 
     def cancel(self, request: Request) -> None:

@@ -3,9 +3,11 @@
 ``bind_listener`` takes the port first, so a port in use is one sentence before minutes of loading;
 ``GuardedH11Protocol`` is uvicorn's HTTP/1.1 protocol with what uvicorn lacks against Slowloris: a deadline
 for a request to arrive (uvicorn arms its keep-alive timer only after a response, so a connection that never
-finishes its headers is held for ever) and a cap on open connections checked when a connection opens
-(uvicorn's ``limit_concurrency`` counts a connection only once its headers are complete, and answers 503 to
-requests the engine's queue would take: the queue's own 429 is the right answer there).
+finishes its headers is held for ever), a deadline for the client to read its answer (uvicorn waits for a full
+buffer to drain for ever, and so does a closing transport), and a cap on open connections checked when a
+connection opens and counting each until its descriptor is closed (uvicorn's ``limit_concurrency`` counts a
+connection only once its headers are complete, and answers 503 to requests the engine's queue would take: the
+queue's own 429 is the right answer there).
 """
 
 from __future__ import annotations
@@ -80,19 +82,23 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a read deadline and a connection cap (their values are set by ``guarded``).
+    """uvicorn's h11 protocol with read and write deadlines and a connection cap (values set by ``guarded``).
 
     A connection waiting for a request has ``read_timeout`` seconds (from its opening, or from the end of its
     previous answer) to send all of it, headers and body; a slower one is closed. Until its headers are in it is
     also the first to go when the cap is reached: a client that sends its request at once is served while slow
-    ones fill the server, and nothing can hold more descriptors than the cap.
+    ones fill the server. An answer its client does not read (the transport's buffer stays full, or a closing
+    connection keeps unsent bytes) for ``write_timeout`` seconds is aborted: the answer's rows leave the batch as
+    for any client that went away. A connection counts towards the cap until its descriptor is closed, so nothing
+    can hold more descriptors than the cap.
     """
 
     read_timeout: float = 30.0
+    write_timeout: float = 30.0
     max_connections: int = 512
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.refused, self.waiting_since, self.deadline = False, None, None
+        self.refused, self.waiting_since, self.deadline, self.stall = False, None, None, None
         if len(self.connections) >= self.max_connections and not self._evict_one():
             self.refused, self.transport = True, transport
             transport.write(BUSY)
@@ -120,11 +126,40 @@ class GuardedH11Protocol(H11Protocol):
         self.waiting_since = self.deadline = None
 
     def drop(self) -> None:
-        """Close a connection whose request did not arrive in time, or that is evicted; nothing is answered."""
+        """Close a connection whose request did not arrive in time, or that is evicted; nothing is answered.
+
+        It stays counted until ``connection_lost`` (the descriptor closed, on the loop's next turn). Unsent bytes
+        of an earlier answer are thrown away: a transport closing with them waits for its client to read, for ever
+        if it never does."""
         self._stop_deadline()
-        self.connections.discard(self)  # counted out now: the close itself completes on the loop's next turn
-        if not self.transport.is_closing():
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+        elif not self.transport.is_closing():
             self.transport.close()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm_stall()  # the client reads slower than its answer comes: it has write_timeout to take some
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_stall()
+
+    def _arm_stall(self) -> None:
+        if self.stall is None:
+            self.stall = self.loop.call_later(self.write_timeout, self._stalled)
+
+    def _disarm_stall(self) -> None:
+        if self.stall is not None:
+            self.stall.cancel()
+            self.stall = None
+
+    def _stalled(self) -> None:
+        """The client left its answer unread for ``write_timeout`` s: abort (its stream sees the disconnect)."""
+        self.stall = None
+        logger.warning("a client left its answer unread for %g s (--write-timeout): its connection is aborted",
+                       self.write_timeout)
+        self.transport.abort()
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -140,20 +175,24 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if self.transport.is_closing():
+            if self.transport.get_write_buffer_size():
+                self._arm_stall()  # the close waits until the client has read the rest: write_timeout to do it
+        elif self.conn.their_state is h11.IDLE:
             self._await_request()  # kept alive: the next request has the same time to arrive
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.refused:
             return
         self._stop_deadline()
-        super().connection_lost(exc)
+        self._disarm_stall()
+        super().connection_lost(exc)  # counted out here: the descriptor is closed
 
 
-def guarded(read_timeout: float, max_connections: int) -> type[GuardedH11Protocol]:
+def guarded(read_timeout: float, max_connections: int, write_timeout: float = 30.0) -> type[GuardedH11Protocol]:
     """The protocol class for one server's limits."""
     return type("GuardedH11Protocol", (GuardedH11Protocol,),
-                {"read_timeout": read_timeout, "max_connections": max_connections})
+                {"read_timeout": read_timeout, "max_connections": max_connections, "write_timeout": write_timeout})
 
 
 class AnnouncingServer(uvicorn.Server):
@@ -180,7 +219,7 @@ def serve_on(app, sock: socket.socket, settings, announce: Callable[[int], None]
              on_exit: Callable[[], None] | None = None, grace: float = 0.0) -> None:
     """Run ``app`` on the bound ``sock`` until SIGINT/SIGTERM; uvicorn gives in-flight answers ``drain_seconds`` +
     ``grace`` seconds to finish."""
-    protocol = guarded(settings.read_timeout, connection_limit(settings.max_connections))
+    protocol = guarded(settings.read_timeout, connection_limit(settings.max_connections), settings.write_timeout)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info", http=protocol,
                             timeout_graceful_shutdown=settings.drain_seconds + grace)
     try:

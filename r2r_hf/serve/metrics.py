@@ -10,6 +10,8 @@ says what to install.
 
 from __future__ import annotations
 
+import math
+
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -19,7 +21,6 @@ except ImportError:  # pragma: no cover - the serve extra installs it
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OUTCOMES = ("completed", "error", "cancelled", "rejected")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-WAIT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class ServeMetrics:
@@ -44,12 +45,14 @@ class ServeMetrics:
                              buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(_EngineCollector(engine))
 
-    def submitted(self) -> None:
-        pass  # queue length is read at scrape time
-
     def finished(self, outcome: str) -> None:
         if self.registry is not None:
             self.requests.labels(outcome).inc()
+
+    def rejected(self, error: Exception) -> Exception:
+        """Count a request refused at submission (429 queue full, 503 draining); returns ``error`` to raise."""
+        self.finished("rejected")
+        return error
 
     def token(self, row, now: float) -> None:
         """Row ``row`` received a token at ``now`` (monotonic seconds)."""
@@ -102,7 +105,7 @@ class _EngineCollector:
             family = CounterMetricFamily(name, doc)
             family.add_metric([], value)
             yield family
-        waits = list(counters.waits)
-        buckets = [(str(b), sum(w <= b for w in waits)) for b in WAIT_BUCKETS] + [("+Inf", len(waits))]
+        # Fixed buckets, counted as the waits happen: a scrape reads a dozen numbers however long the server ran.
+        buckets = [("+Inf" if b == math.inf else str(b), n) for b, n in counters.waits.cumulative()]
         yield HistogramMetricFamily("r2r_llm_wait_steps", "Steps a routed answer waited for the LLM",
-                                    buckets=buckets, sum_value=sum(waits))
+                                    buckets=buckets, sum_value=counters.waits.total)

@@ -11,7 +11,7 @@ over the replicas, restarts a replica whose process dies, and scales their numbe
 or, on a cluster, ``serve run`` with a config file whose application imports ``r2r_hf.serve.ray_serve:app_builder``
 (README: "Serve", scale-out).
 
-``run_on_ray`` owns the command's life: a signal during start-up stops it at once; a deployment that cannot fit
+``run_on_ray`` owns the command's life: a signal during start-up stops it at once (once a replica runs, it drains); a deployment that cannot fit
 on the Ray started here is refused before it is placed, and start-up gives up after ``start_timeout``; on
 SIGTERM/SIGINT every replica drains as the single-process server does (``_drain``) before Serve is shut down.
 """
@@ -99,6 +99,7 @@ class R2RReplica:
         service = Service(model, tokenizer, spec.settings, spec.name)
         service.engine.start()
         _registry()["service"] = service
+        _publish_metrics(service)
         if spec.drain_key:
             threading.Thread(target=_await_drain, args=(service.engine, spec.drain_key), name="r2r-drain",
                              daemon=True).start()
@@ -113,6 +114,19 @@ class R2RReplica:
         service = _registry().pop("service", None)
         if service is not None:
             service.engine.stop(service.settings.drain_seconds)
+
+
+def _publish_metrics(service: Service) -> None:
+    """This replica publishes its metrics, and a scrape it answers gives every replica's (``replica_metrics``)."""
+    from .replica_metrics import RayStore, ReplicaMetrics
+
+    context = serve.get_replica_context()
+    replica = getattr(getattr(context, "replica_id", None), "unique_id", None) or uuid.uuid4().hex[:8]
+    exporter = ReplicaMetrics(service.engine.metrics, getattr(context, "app_name", None) or APP, replica,
+                              RayStore(KV_NAMESPACE))
+    service.exporter = exporter.text
+    threading.Thread(target=exporter.run, args=(service.engine.thread.is_alive,), name="r2r-metrics",
+                     daemon=True).start()
 
 
 def _await_drain(engine, key: str) -> None:
@@ -233,30 +247,62 @@ def _drain(key: str, seconds: float) -> None:
 
     internal_kv._internal_kv_put(key, str(seconds), namespace=KV_NAMESPACE)
     try:
-        serve.delete(APP)
+        # Not serve.delete's own wait: it gives up after 60 s, and a drain may take longer.
+        serve.delete(APP, _blocking=False)
+        _wait_until_deleted(seconds + DRAIN_GRACE_S + 4 * DRAIN_POLL_S + 30)
     finally:
         internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
 
 
+def _wait_until_deleted(timeout: float) -> None:
+    """Block until Serve has deleted the app (its replicas stopped) or ``timeout`` s have passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        app = serve.status().applications.get(APP)
+        if app is None or str(app.status).endswith("NOT_STARTED"):
+            return
+        time.sleep(STATUS_POLL_S)
+
+
+def _serving() -> bool:
+    """Whether a replica of the app runs: Ray's proxy sends it requests as soon as it does, which may be before the
+    app is RUNNING (a signal then must drain the answers it streams, not cut them)."""
+    try:
+        app = serve.status().applications.get(APP)
+    except _Stop:  # a second signal: stop at once
+        return False
+    except Exception:  # noqa: BLE001 - Serve cannot tell: nothing it serves is known
+        return False
+    deployments = getattr(app, "deployments", None) or {}
+    return any(str(state).endswith("RUNNING") and count > 0
+               for d in deployments.values() for state, count in (d.replica_states or {}).items())
+
+
+def _drain_after_signal(spec: ReplicaSpec) -> None:
+    """Drain every replica after SIGINT/SIGTERM (a second signal skips what is left of the drain)."""
+    try:
+        _drain(spec.drain_key, spec.settings.drain_seconds)
+    except _Stop:
+        pass
+
+
 def _serve_until_signal(spec: ReplicaSpec) -> None:
-    """Announce the server, wait for SIGINT/SIGTERM, then drain (a second signal skips what is left of the drain)."""
+    """Announce the server, wait for SIGINT/SIGTERM, then drain."""
     settings = spec.settings
     print(f"serving {spec.name} on http://{settings.host}:{settings.port}/v1 with Ray Serve", flush=True)
     try:
         while True:
             time.sleep(3600)
     except _Stop:
-        try:
-            _drain(spec.drain_key, settings.drain_seconds)
-        except _Stop:
-            pass
+        _drain_after_signal(spec)
 
 
 def run_on_ray(spec: ReplicaSpec, replicas: int = 1, address: str | None = None, gpus: float = 0.0,
                cpus: float = 1.0, autoscaling: dict[str, Any] | None = None, start_timeout: float = 1800.0) -> None:
     """Deploy on Ray (a cluster at ``address``, or an instance started here) and serve until SIGINT/SIGTERM.
 
-    A signal before the deployment runs stops at once (KeyboardInterrupt: the command says "interrupted"); on a
+    A signal before any replica runs stops at once (KeyboardInterrupt: the command says "interrupted"); one after a
+    replica runs drains, even before the whole app runs (Ray's proxy sends requests to a replica once it runs); on a
     Ray started here a deployment that cannot fit is refused before it is placed; start-up gives up after
     ``start_timeout`` seconds (RuntimeError). A Ray started here dies with this process, even by SIGKILL
     (``ray_local.start_watchdog``).
@@ -283,7 +329,10 @@ def run_on_ray(spec: ReplicaSpec, replicas: int = 1, address: str | None = None,
                        _blocking=False)  # serve.run would wait without a deadline; _wait_until_running has one
             _wait_until_running(start_timeout)
         except _Stop:
-            raise KeyboardInterrupt from None
+            if not (serve_started and _serving()):
+                raise KeyboardInterrupt from None
+            _drain_after_signal(spec)  # a replica answers already: what it streams is drained, as once running
+            return
         _serve_until_signal(spec)
     finally:
         _on_signals(signal.SIG_DFL)  # a signal during the clean-up ends the process; the watchdog finishes it

@@ -28,6 +28,22 @@ def is_loopback(host: str) -> bool:
     return (mapped or address).is_loopback
 
 
+def key_problem(key: str) -> str | None:
+    """What makes ``key`` impossible for a client to send as ``Authorization: Bearer <key>`` (the end of a sentence
+    that names where the key came from), or None. Such a key would start the server, then answer every client 401."""
+    if key.startswith("\ufeff"):
+        return "starts with a UTF-8 byte-order mark (an editor wrote it), which no client sends; save it without one"
+    lines = len(key.splitlines())
+    if lines > 1:
+        return f"holds {lines} lines; put the key alone on one line"
+    # A header carries printable ASCII: clients refuse or re-encode the rest, and a NUL or line break ends it.
+    bad = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:
+        return (f"holds a character no HTTP header can carry ({key[bad]!a} at position {bad}); use printable ASCII "
+                "only")
+    return None
+
+
 @dataclass
 class ServeSettings:
     """How ``r2r-hf serve`` listens, batches and answers.
@@ -70,6 +86,10 @@ class ServeSettings:
         llm_max_wait: or once the oldest waiting answer has waited this many steps (0: never wait; None: by device).
         speculate: routed positions an answer may go past with the SLM's token before it waits (0: off;
             ``core/speculation.py``); with it, ``llm_min_rows`` counts the answers holding pending positions.
+        read_timeout: seconds a client may take to send a request, headers and body (slower ones are closed).
+        write_timeout: seconds a client may leave its answer unread while the server's buffer for it is full (or
+            its connection closes with bytes unsent); then the connection is aborted and the answer stops.
+        max_connections: open connections at most, each counted until its descriptor is closed.
         max_body_bytes: a request body larger than this is answered 413 before it is read or parsed. The default
             (2 MiB, as TGI's 2 MB) holds a whole batch of long prompts (8 prompts of 32k tokens are about 1.2 MB as
             text); a larger body can only be refused as longer than the context, after its parse and tokenising
@@ -111,8 +131,11 @@ class ServeSettings:
                                 "off; see the README)", parse="non_negative_int")
     read_timeout: float = setting(30.0, "seconds a client may take to send a request, headers and body (slower ones "
                                         "are closed)", parse="positive_seconds")
-    max_connections: int = setting(512, "open connections at most (lowered to what the open-file limit allows)",
-                                   parse="positive_int")
+    write_timeout: float = setting(30.0, "seconds a client may leave its answer unread (the server's buffer for it "
+                                         "full) before its connection is aborted and the answer stopped",
+                                   parse="positive_seconds")
+    max_connections: int = setting(512, "open connections at most, each counted until its descriptor is closed "
+                                        "(lowered to what the open-file limit allows)", parse="positive_int")
     max_body_bytes: int = setting(2 * 2**20, "request bodies larger than this many bytes get 413 before they are read "
                                              "(2 MiB holds 8 prompts of 32k tokens; larger ones only cost parse and "
                                              "tokenise time and memory before the context refuses them)",
@@ -122,8 +145,9 @@ class ServeSettings:
         for name in ("max_batch_size", "max_queue", "max_body_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
-        if not 0 < self.read_timeout < float("inf"):  # NaN fails too
-            raise ValueError(f"read_timeout must be a finite number of seconds > 0, got {self.read_timeout}.")
+        for name in ("read_timeout", "write_timeout"):
+            if not 0 < getattr(self, name) < float("inf"):  # NaN fails too
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {getattr(self, name)}.")
         self._check_access()
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}.")
@@ -155,6 +179,8 @@ class ServeSettings:
             if self.api_key != self.api_key.strip():
                 raise ValueError("api_key starts or ends with whitespace, which HTTP strips from the header, so no "
                                  "client could send it; remove it.")
+            if problem := key_problem(self.api_key):
+                raise ValueError(f"api_key {problem}.")
         elif not self.allow_unauthenticated and not is_loopback(self.host):
             raise ValueError(f"{self.host!r} is not a loopback address and no API key is set, so anyone who can reach "
                              "it could use the server; set a key (R2R_API_KEY or --api-key-file on the command line) "
