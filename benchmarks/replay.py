@@ -120,13 +120,13 @@ class Arrivals:
     def reads(self) -> tuple:
         return ()
 
-    def ended(self, synced: Synced) -> set[int]:
-        ended = set()
+    def ended(self, synced: Synced) -> dict[int, int]:
+        ended = {}
         for r in self.batch.occupied():
             answer = self.batch.rows[r].owner
             answer.times += [self.batch.clock] * len(synced.delivered[r])
             if synced.delivered[r] and len(answer.times) == len(answer.routed):
-                ended.add(r)
+                ended[r] = len(synced.delivered[r])
                 self.done.append(answer)
         return ended
 

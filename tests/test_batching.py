@@ -49,13 +49,13 @@ class Driver:
         return ()
 
     def ended(self, synced):
-        ended = set()
+        ended = {}
         for r in self.batch.occupied():
             name = self.batch.rows[r].owner
-            for token, by_llm, _ in synced.delivered[r]:
+            for taken, (token, by_llm, _) in enumerate(synced.delivered[r], 1):
                 self.out[name].append((token, by_llm))
                 if token in self.eos[name] or len(self.out[name]) == self.limit[name]:
-                    ended.add(r)
+                    ended[r] = taken
                     break
         return ended
 

@@ -44,8 +44,9 @@ def _serve_and_compare(model, tok, slots: int = 4, at_start=None, **settings):
     return report, counters
 
 
-@pytest.mark.parametrize("policy", [{"llm_min_rows": (1,), "llm_max_wait": 0}, {"llm_min_rows": (2,), "llm_max_wait": 4}],
-                         ids=["m1", "m2-w4"])
+@pytest.mark.parametrize("policy", [{"llm_min_rows": (1,), "llm_max_wait": 0}, {"llm_min_rows": (2,), "llm_max_wait": 4},
+                                    {"llm_min_rows": (3,), "llm_max_wait": 8, "speculate": 4}],
+                         ids=["m1", "m2-w4", "speculating"])
 def test_served_answers_on_emulated_graphs_equal_generate_alone(model, tok, monkeypatch, policy):
     monkeypatch.setattr(model, "capture_store", emulated_store())
     report, counters = _serve_and_compare(model, tok, max_context=96, **policy)

@@ -74,7 +74,7 @@ class Counters:
 
     Args:
         steps: decoding steps (each proposes for every row that is not waiting).
-        generated: tokens committed to answers (prompts excluded).
+        generated: answer tokens handed to the caller (prompts excluded; with speculation, confirmed ones only).
         llm_tokens: of those, tokens the LLM wrote.
         slm_forwards: SLM forwards (a prefill or catch-up read in several pieces counts each piece).
         llm_forwards: LLM forwards (the same way).
@@ -125,9 +125,9 @@ class Counters:
             self.llm_rows += len(served)
             self.waits.extend(plan.waited)
 
-    def confirmed(self, tokens: int, llm_tokens: int) -> None:
-        """Answer tokens that can no longer change (committed, or confirmed after speculation), and how many of them
-        count as the LLM's."""
+    def delivered(self, tokens: int, llm_tokens: int) -> None:
+        """Answer tokens handed to the caller (confirmed ones only), and how many of them count as the LLM's; an
+        answer that ended before some of them gives those back (a speculative tail past its EOS)."""
         self.generated += tokens
         self.llm_tokens += llm_tokens
 

@@ -41,8 +41,8 @@ class Finished:
     def reads(self) -> tuple[torch.Tensor, ...]:
         return (~self.batch.running.any(),)
 
-    def ended(self, synced: Synced) -> set[int]:
-        return set(range(len(self.batch.rows))) if synced.extra[0] else set()
+    def ended(self, synced: Synced) -> dict[int, int]:
+        return {r: len(synced.delivered[r]) for r in range(len(self.batch.rows))} if synced.extra[0] else {}
 
 
 def r2r_decode(
@@ -87,7 +87,10 @@ def r2r_decode(
             column = records.write(out, batch, routing.vocab_size)
             if sampled:
                 streams[column] = routing.sampler.state()
-        for column in range(records.step, batch.rows[0].confirmed):  # the columns no rollback can change now
+        first = records.step
+        for column in range(first, batch.rows[0].confirmed):  # the columns no rollback can change now
+            if column > first and not batch.running.any():  # (a burst, after a resolution: it synced)
+                break  # every row ended inside the burst: what follows is no answer's
             records.confirm(column, batch.running, routing.policy.speculate > 0)
             if streamer is not None:
                 if isinstance(streamer, RoutingAwareStreamer):
@@ -96,6 +99,8 @@ def r2r_decode(
             ended = stopping_criteria(seq.ids[:, : prompt_len + column + 1], records.scores_out)
             _finish(batch, ended, prompt_len + column + 1)
         if all(row.draining for row in batch.rows) and not batch.speculating():  # every row wrote its last token
+            break
+        if records.step < batch.rows[0].confirmed:  # every row ended inside a burst of confirmed columns
             break
     if streams and records.step:
         routing.sampler.restore(streams[records.step - 1])  # as after the last committed draw, not a discarded one

@@ -123,6 +123,7 @@ class BatchRows:
             out.append([(token, by_llm, row.last_index(row.delivered + i))
                         for i, (token, by_llm) in enumerate(row.arrived[:n])])
             row.arrived, row.delivered = row.arrived[n:], row.delivered + n
+            self.counters.delivered(n, sum(by_llm for _, by_llm, _ in out[-1]))
         return out
 
     def start_waiting(self, plan: StepPlan, states: Mapping[int, Any]) -> None:
@@ -178,6 +179,5 @@ class BatchRows:
         for row in live:
             new = frontier[id(row)]
             if new > row.confirmed:
-                done, row.tail = row.tail[: new - row.confirmed], row.tail[new - row.confirmed:]
+                row.tail = row.tail[new - row.confirmed:]
                 row.confirmed = new
-                self.counters.confirmed(len(done), sum(by_llm for _, by_llm in done))

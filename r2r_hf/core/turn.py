@@ -29,8 +29,9 @@ class Stops(Protocol):
     def reads(self) -> tuple[torch.Tensor, ...]:
         """Device values the check needs, read in the step's one synchronisation (``Synced.extra``)."""
 
-    def ended(self, synced: Synced) -> set[int]:
-        """Rows whose answer ended with the token they committed at the previous step."""
+    def ended(self, synced: Synced) -> dict[int, int]:
+        """Rows whose answer ended with a token handed over now (``Synced.delivered``), each with how many of its
+        delivered tokens the answer took (those after its end are not its own)."""
 
 
 class NoStops:
@@ -39,15 +40,19 @@ class NoStops:
     def reads(self) -> tuple[torch.Tensor, ...]:
         return ()
 
-    def ended(self, synced: Synced) -> set[int]:
-        return set()
+    def ended(self, synced: Synced) -> dict[int, int]:
+        return {}
 
 
 def decode_step(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult:
     """Advance ``batch`` (a ``RunningBatch``, or anything with its step interface) by one step."""
     proposal = batch.propose(policy.speculate > 0)  # device: choices, router scores, budget; nothing waits
     synced = batch.sync(proposal, stops.reads())  # the one host synchronisation (more where the LLM resolves)
-    ended = stops.ended(synced) | synced.failed
+    taken = stops.ended(synced)
+    for r, kept in taken.items():  # tokens handed over past an answer's end are not the answer's
+        surplus = synced.delivered[r][kept:]
+        batch.counters.delivered(-len(surplus), -sum(by_llm for _, by_llm, _ in surplus))
+    ended = set(taken) | synced.failed
     rectangle = batch.layout.reads_every_row  # HF's rectangle: its rows cannot wait, its LLM reads every row
     plan = plan_step(batch.rows, batch.step_no, proposal.rows, synced.routed, ended, policy, rectangle, not rectangle)
     return batch.execute(proposal, synced, plan)  # device: catch-up, commit, SLM read; then the rows' host state

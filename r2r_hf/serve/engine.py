@@ -284,11 +284,11 @@ class Engine:
     def _deliver(self, delivery: Delivery) -> None:
         """Each token's text, each ended answer's end event (counted before the client hears of it: it may scrape
         /metrics next), and an error for a row whose draw failed (its request ends, no other)."""
-        for row, now, piece in delivery.texts:
+        for row, now, piece, finished in delivery.texts:
             self.metrics.token(row, now)
             if piece:
                 self._emit(row.owner, ("text", row.index, piece))
-            if row.finish is not None:
+            if finished:
                 if self.trace is not None:
                     self.trace.answer(row)
                 row.owner.open -= 1

@@ -96,7 +96,12 @@ class _EngineCollector:
             "r2r_slm_forwards": ("SLM forwards", counters.slm_forwards),
             "r2r_llm_forwards": ("LLM forwards", counters.llm_forwards),
             "r2r_llm_calls": ("LLM catch-ups (steps in which the LLM ran)", counters.llm_calls),
-            "r2r_llm_call_rows": ("Rows the LLM wrote a token for, summed over its catch-ups", counters.llm_rows),
+            "r2r_llm_call_rows": ("Rows the LLM served (wrote a token for, or resolved speculative tokens of), summed "
+                                  "over its catch-ups", counters.llm_rows),
+            "r2r_speculative_agreed": ("Speculative (pending) tokens the LLM confirmed", counters.agreed),
+            "r2r_speculative_rejected": ("Speculative tokens the LLM replaced (its row cut back there)",
+                                         counters.rejected),
+            "r2r_speculative_thrown_tokens": ("Committed tokens thrown away by speculative rollbacks", counters.thrown),
             "r2r_host_syncs": ("Host synchronisations", counters.host_syncs),
             "r2r_joins": ("Answers that joined the batch", counters.joins),
             "r2r_join_kv_bytes": ("KV bytes copied to make room for joining answers", counters.join_bytes),

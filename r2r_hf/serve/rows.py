@@ -98,25 +98,27 @@ class Delivery:
 
     Args:
         batch: the running batch (each slot's ``RowState.owner`` is its ``Row``).
-        texts: (row, when, text piece) for every token that reached its row, in order.
+        texts: (row, when, text piece, whether it ended the answer) for every token that reached its row, in order
+            (after speculation several tokens of one row reach it in one step).
         failed: rows whose draw failed (their request gets an error).
     """
 
     batch: object
-    texts: list[tuple[Row, float, str]] = field(default_factory=list)
+    texts: list[tuple[Row, float, str, bool]] = field(default_factory=list)
     failed: list[Row] = field(default_factory=list)
 
     def reads(self) -> tuple:
         return ()
 
-    def ended(self, synced) -> set[int]:
-        now, ended = time.monotonic(), set()
+    def ended(self, synced) -> dict[int, int]:
+        now, ended = time.monotonic(), {}
         for r, state in enumerate(self.batch.rows):
-            for token, by_llm, last in [] if state is None else synced.delivered[r]:
+            for taken, (token, by_llm, last) in enumerate([] if state is None else synced.delivered[r], 1):
                 row: Row = state.owner
-                self.texts.append((row, now, row.add(token, by_llm, last=last)))
+                piece = row.add(token, by_llm, last=last)
+                self.texts.append((row, now, piece, row.finish is not None))
                 if row.finish is not None:
-                    ended.add(r)
+                    ended[r] = taken
                     break
-        self.failed = [self.batch.rows[r].owner for r in sorted(synced.failed - ended)]
+        self.failed = [self.batch.rows[r].owner for r in sorted(synced.failed - set(ended))]
         return ended
