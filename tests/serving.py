@@ -1,17 +1,28 @@
-"""A live server on loopback for tests: the real app under uvicorn in a thread, on a free port."""
+"""Live servers on loopback for tests: the real app under uvicorn in a thread, on a free port (``serving``), or
+``r2r-hf serve`` as a process of its own (``Server``; conftest's ``serve_process`` fixture starts and stops them)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
+import httpx
+import pytest
 import uvicorn
 
 from r2r_hf.serve import ServeSettings, build_app
 from r2r_hf.serve.listen import guarded
+
+
+posix_only = pytest.mark.skipif(sys.platform == "win32", reason="process groups and rlimits are POSIX")
 
 
 def free_port() -> int:
@@ -80,3 +91,59 @@ def slow_decoding(monkeypatch, model, seconds: float = 0.02) -> None:
 
     monkeypatch.setattr(engine, "turn", slow)
     monkeypatch.setattr(model.generation_config, "eos_token_id", None)
+
+
+class Server:
+    """``python -m r2r_hf.cli serve`` in its own process group, its output read into ``lines`` as it comes."""
+
+    def __init__(self, router_dir, pair_dir, *flags, files: int | None = None, env=None) -> None:
+        command = [sys.executable, "-m", "r2r_hf.cli", "--quiet", "serve", str(router_dir), "--slm", pair_dir[0],
+                   "--llm", pair_dir[1], "--threads", "1", *flags]
+
+        def limit():  # a lowered open-file limit, as on machines where it is 256
+            if files:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+                                        start_new_session=True, preexec_fn=limit)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self.reader.start()
+
+    def line(self, pattern: str, timeout: float = 180) -> re.Match:
+        """The first output line matching ``pattern``, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if found := re.search(pattern, line):
+                    return found
+            assert self.process.poll() is None, "the server ended:\n" + "".join(self.lines)
+            time.sleep(0.1)
+        raise AssertionError(f"no line matched {pattern!r}:\n" + "".join(self.lines))
+
+    def url(self) -> str:
+        return self.line(r"^serving \S+ on (http://\S+)/v1").group(1)
+
+    def stop(self) -> None:
+        """Its whole process group ends: SIGTERM, then SIGKILL."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=30)
+        self.reader.join(10)
+
+
+def short_completion(url: str, name: str, timeout: float = 60) -> httpx.Response:
+    """A greedy two-token completion from the model ``name`` at ``url``."""
+    body = {"model": name, "prompt": "the old man said", "max_tokens": 2, "temperature": 0}
+    return httpx.post(url + "/v1/completions", json=body, timeout=timeout)

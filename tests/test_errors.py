@@ -1,13 +1,20 @@
-"""Bad inputs get one clear sentence that says what is wrong and what to do."""
+"""Bad inputs get one clear sentence that says what is wrong and what to do: a router and models that do not fit
+together, tokenizers that differ on ids both models can write, and prompts that are empty, embeddings, or longer
+than the context (which warns as ``slm.generate`` does).
+
+The tokenizer and prompt cases come from issue 15's hostile probe (items 6 and 8) and issue 19's second review."""
+
+from unittest import mock
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from r2r_hf import R2RConfig, R2RForCausalLM
-from r2r_hf.testing import make_tiny_llm, make_tiny_slm
+from r2r_hf.cli import main as cli_main
+from r2r_hf.testing import make_tiny_llm, make_tiny_slm, make_tokenizer
 
-from conftest import SMALL_ROUTER
+from conftest import SMALL_ROUTER, one_line_error
 
 
 def test_router_sized_for_another_slm_names_both_sizes(slm, llm):
@@ -81,3 +88,54 @@ def test_topk_larger_than_vocabulary_is_refused():
     llm = make_tiny_llm(vocab_size=64)
     with pytest.raises(ValueError, match="top 100 logits"):
         R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER)
+
+
+# -------------------------------------------------------- tokenizers compared where it matters (issue 15, item 6)
+def _save(model, tokenizer, folder):
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("vocab, accepted", [(400, True), (416, False)])
+def test_tokenizers_are_compared_on_the_ids_both_models_can_write(tmp_path, vocab, accepted):
+    extra = make_tokenizer()
+    extra.add_special_tokens({"additional_special_tokens": ["<|extra|>"]})
+    assert extra.convert_tokens_to_ids("<|extra|>") == 400
+    slm = _save(make_tiny_slm(vocab_size=vocab), make_tokenizer(), tmp_path / "slm")
+    llm = _save(make_tiny_llm(vocab_size=vocab), extra, tmp_path / "llm")
+    if accepted:  # id 400 is past both vocabularies: neither model can write it
+        assert R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER).shared_vocab_size == 400
+    else:
+        with pytest.raises(ValueError, match="differ in 1 of the 416 ids"):
+            R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER)
+
+
+# ------------------------------------------------ prompts: empty, embeddings, past the context (issues 15 and 19)
+def test_an_empty_prompt_is_refused(model, router_dir, capsys):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        model.generate(input_ids=torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    one_line_error(capsys, cli_main(["generate", "--router", str(router_dir), " "]), "The prompt is empty")
+
+
+def test_embeddings_as_the_positional_prompt_are_one_sentence(model, single):
+    embeddings = model.slm.get_input_embeddings()(single["input_ids"])
+    with pytest.raises(ValueError, match=r"takes token ids.*float32 tensor of shape \[1, 12, 64\]; prompts as emb"):
+        model.generate(embeddings, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"got a int64 tensor of shape \[12\]"):
+        model.generate(input_ids=single["input_ids"][0], max_new_tokens=2)
+
+
+def test_a_prompt_past_the_context_warns_as_slm_generate_does(model, slm):
+    from transformers.generation import stopping_criteria
+
+    prompt = torch.randint(3, 300, (1, 1030))
+    with mock.patch.object(stopping_criteria.logger, "warning_once") as warn:
+        slm.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        expected = warn.call_args
+        warn.reset_mock()
+        model.generate(prompt, max_new_tokens=3, do_sample=False)
+    assert expected is not None and "maximum length (1024)" in expected.args[0]
+    assert warn.call_args == expected

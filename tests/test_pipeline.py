@@ -10,16 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline_helpers import fast_settings, make_models, write_prompts
+from pipeline_helpers import fast_settings, write_prompts
 from r2r_hf.pipeline import label, load_labels, read_prompts
 from r2r_hf.pipeline.sentences import compare_sentences, sentence_end_ids
 from r2r_hf.pipeline.store import read_json, read_tensors
 from r2r_hf.pipeline.verifiers.judge import JudgeVerifier, render
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return make_models(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")

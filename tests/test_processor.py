@@ -1,11 +1,16 @@
-"""The LogitsProcessor form: routing inside a plain slm.generate call."""
+"""The LogitsProcessor form: routing inside a plain slm.generate call, with fresh records per call and HF's
+processor order (sampling warpers shape routed rows, logits processors do not).
+
+The last three tests come from issue 15's hostile probe (item 5)."""
 
 import pytest
 import torch
 
 from r2r_hf import R2RLogitsProcessor
+from r2r_hf.testing import make_tiny_llm
 
-GREEDY = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=2)
+NO_SAMPLING = dict(do_sample=False, pad_token_id=0, eos_token_id=2)
+GREEDY = dict(max_new_tokens=10, **NO_SAMPLING)
 
 
 @pytest.mark.parametrize("inputs", ["single", "batch"])
@@ -54,3 +59,44 @@ def test_closed_processor_refuses_to_run(model, slm, llm, single):
     proc.close()
     with pytest.raises(ValueError, match="closed"):
         slm.generate(**single, **GREEDY, logits_processor=[proc])
+
+
+# ------------------------------------------------------------------ issue 15, item 5
+def test_processor_refuses_a_nan_threshold(model, llm):
+    with pytest.raises(ValueError, match="threshold must be a number"):
+        R2RLogitsProcessor(llm=llm, router=model, threshold=float("nan"))
+
+
+def test_generating_again_from_the_output_starts_fresh_records(model, slm, llm, single):
+    with R2RLogitsProcessor(llm=llm, router=model, threshold=0.0) as proc:
+        first = slm.generate(**single, max_new_tokens=4, logits_processor=[proc], **NO_SAMPLING)
+        assert proc.routed.shape == (1, 4)
+        mask = torch.ones_like(first)
+        second = slm.generate(first, attention_mask=mask, max_new_tokens=3, logits_processor=[proc], **NO_SAMPLING)
+        assert proc.routed.shape == (1, 3)
+        # A fresh LLM cache as well: always routing is exactly llm.generate on the longer prompt.
+        assert torch.equal(second, llm.generate(first, attention_mask=mask, max_new_tokens=3, **NO_SAMPLING))
+        # Without a cache a call on the previous output cannot be told from a continuation; reset() says it.
+        slm.generate(second, max_new_tokens=2, logits_processor=[proc], use_cache=False, **NO_SAMPLING)
+        assert proc.routed.shape == (1, 5)
+        proc.reset()
+        slm.generate(second, max_new_tokens=2, logits_processor=[proc], use_cache=False, **NO_SAMPLING)
+        assert proc.routed.shape == (1, 2)
+
+
+def test_sampling_warpers_shape_routed_rows_and_logits_processors_do_not(model, slm, single):
+    """What the processor module's docstring says about HF's processor order (transformers 5.23)."""
+    llm = make_tiny_llm(vocab_size=416)  # the SLM's width: both samplers draw from the same number of ids
+    sampling = {"do_sample": True, "temperature": 0.7, "top_k": 8, "top_p": 0.9, "max_new_tokens": 8,
+                "pad_token_id": 0, "eos_token_id": 2}
+    with R2RLogitsProcessor(llm=llm, router=model, threshold=0.0) as proc:
+        torch.manual_seed(7)
+        routed = slm.generate(**single, logits_processor=[proc], **sampling)
+    torch.manual_seed(7)
+    assert torch.equal(routed, llm.generate(**single, **sampling)), "warpers run after the processor"
+    penalised = {**NO_SAMPLING, "repetition_penalty": 5.0, "max_new_tokens": 12}
+    with R2RLogitsProcessor(llm=llm, router=model, threshold=0.0) as proc:
+        routed = slm.generate(**single, logits_processor=[proc], **penalised)
+    plain = llm.generate(**single, **NO_SAMPLING, max_new_tokens=12)
+    assert torch.equal(routed, plain), "the repetition penalty shaped the SLM's scores only"
+    assert not torch.equal(plain, llm.generate(**single, **penalised))

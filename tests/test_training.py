@@ -1,6 +1,10 @@
-"""Router training and threshold calibration."""
+"""Router training and threshold calibration, and what they refuse: one-class data, settings that cannot train,
+labels of another SLM, a corrupt summary, a loss that diverges; a recall target no threshold reaches is flagged.
+
+The refusals come from issue 15's hostile probe (items 3 and 4) and issue 19's second review (items 4, 10-12)."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -9,7 +13,9 @@ from r2r_hf import R2RForCausalLM
 from r2r_hf.training import metrics_at, threshold_for_rate, threshold_for_recall
 from r2r_hf.cli import main as cli_main
 from r2r_hf.pipeline import load_labels
-from r2r_hf.training import TrainSettings, auto_hidden_dims, scores_on, train_router
+from r2r_hf.pipeline.store import WorkDir, read_tensors, write_tensors
+from r2r_hf.training import TrainSettings, auto_hidden_dims, calibrate_router, scores_on, train_router
+from conftest import QUICK_TRAIN, SMALL_ROUTER, one_line_error
 from synthetic_labels import write_synthetic_run
 
 
@@ -49,13 +55,6 @@ def test_auto_router_size_follows_the_data():
     assert auto_hidden_dims(50_000) == [256] * 3
     assert auto_hidden_dims(1_000_000) == [512] * 4
     assert auto_hidden_dims(10_000_000) == [1024] * 6
-
-
-@pytest.fixture(scope="module")
-def synthetic(tmp_path_factory):
-    root = tmp_path_factory.mktemp("synthetic")
-    write_synthetic_run(root)
-    return root
 
 
 def test_validation_split_is_by_sample_and_deterministic(synthetic):
@@ -136,3 +135,115 @@ def test_cli_rejects_invalid_option_values(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["train", "--data", "d", "--out", "o", "--recall", "1.5"])
     assert exit_info.value.code == 2 and "between 0 and 1" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ one-class data (issue 15, item 3)
+@pytest.mark.parametrize("share, counts", [(0.0, "holds 0 divergent and"), (1.0, "and 0 non-divergent tokens")])
+def test_training_on_one_class_is_refused_with_the_counts(tmp_path, share, counts, capsys):
+    write_synthetic_run(tmp_path / "data", samples=24, divergent_share=share)
+    out = tmp_path / "router"
+    rc = cli_main(["--quiet", "train", "--data", str(tmp_path / "data"), "--out", str(out), *QUICK_TRAIN])
+    one_line_error(capsys, rc, counts, "training split")
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ unreachable recall (issue 15, item 4)
+def _silent_router(tmp_path):
+    """A router whose scores are all ~0: no threshold on the grid routes a single token."""
+    model = R2RForCausalLM(R2RForCausalLM.config_class(slm_hidden_size=64, **SMALL_ROUTER))
+    with torch.no_grad():
+        model.router.backbone.output_layer[1].weight.zero_()
+        model.router.backbone.output_layer[1].bias.fill_(-30.0)
+    model.save_pretrained(tmp_path / "router")
+    return tmp_path / "router"
+
+
+def test_unreachable_recall_keeps_the_best_threshold_and_says_so(synthetic, tmp_path, capsys, caplog):
+    folder = _silent_router(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="r2r_hf.training.train"):
+        assert cli_main(["calibrate", "--router", str(folder), "--data", str(synthetic), "--recall", "0.95"]) == 0
+    assert "divergent recall 0.0% (target 95.0% not reached)" in capsys.readouterr().out
+    assert "No threshold on the grid reaches divergent recall 0.95" in caplog.text
+    record = json.loads((folder / "router_metrics.json").read_text())["calibration"]
+    assert record["target"] == {"recall": 0.95} and record["target_met"] is False and record["recall"] == 0.0
+    assert "no grid threshold reaches recall 0.95" in record["method"]
+    assert "(not reached)" in (folder / "README.md").read_text()
+
+
+def test_a_rate_calibration_without_divergent_tokens_records_no_recall(tmp_path, capsys, caplog):
+    write_synthetic_run(tmp_path / "data", samples=24, divergent_share=0.0)
+    folder = _silent_router(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="r2r_hf.training.train"):
+        assert cli_main(["calibrate", "--router", str(folder), "--data", str(tmp_path / "data"),
+                         "--llm-rate", "0.2"]) == 0
+    assert "divergent recall not measured (no divergent token in the calibration data)" in capsys.readouterr().out
+    assert "holds no divergent token, so the router's recall cannot be measured" in caplog.text
+    assert json.loads((folder / "router_metrics.json").read_text())["calibration"]["recall"] is None
+    assert "recall not measured" in (folder / "README.md").read_text()
+
+
+def test_reachable_targets_are_recorded_as_met(synthetic):
+    router = R2RForCausalLM(R2RForCausalLM.config_class(slm_hidden_size=64, router_type="entropy"))
+    val = load_labels(synthetic).split_of("validation")
+    calibrate_router(router, val, llm_rate=0.2)
+    assert router.record["calibration"]["target_met"] is True
+
+
+# ------------------------------------------------------------------ settings that cannot train (issue 19)
+@pytest.mark.parametrize("field, value, message", [
+    ("lr", float("inf"), "lr must be in (0, 1]"), ("lr", 1e10, "lr must be in (0, 1]"),
+    ("lr", float("nan"), "lr must be in (0, 1]"), ("weight_decay", float("inf"), "weight_decay must be a finite"),
+    ("epochs", 0, "epochs must be a whole number >= 1"), ("seed", 2**70, "seed must be a whole number from 0"),
+])
+def test_train_settings_refuse_values_that_cannot_train(field, value, message):
+    from r2r_hf.training import TrainSettings
+
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        TrainSettings(**{field: value})
+
+
+# ---------------------------------------------------- calibrating on another SLM's labels (issue 19, item 4)
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_calibrate_refuses_labels_of_another_slm(tmp_path, capsys):
+    write_synthetic_run(tmp_path / "mine", slm="org/slm")
+    router = tmp_path / "router"
+    assert cli_main(["--quiet", "train", "--data", str(tmp_path / "mine"), "--out", str(router), *QUICK_TRAIN]) == 0
+    before = _files(router)
+    for other, kwargs, message in (
+        ("other", {"slm": "org/other-slm"}, "was labelled with the SLM 'org/other-slm', but this router reads the "
+                                            "SLM 'org/slm'"),
+        ("wide", {"slm": "org/slm", "hidden": 32}, "(hidden 32, embedding 32, top 100 logits) are not the ones this "
+                                                   "router reads (hidden 64, embedding 64, top 100)"),
+    ):
+        write_synthetic_run(tmp_path / other, **kwargs)
+        capsys.readouterr()
+        rc = cli_main(["calibrate", "--router", str(router), "--data", str(tmp_path / other), "--llm-rate", "0.2"])
+        one_line_error(capsys, rc, message)
+        assert _files(router) == before
+    write_synthetic_run(tmp_path / "copy", slm=str(tmp_path / "models" / "slm"))  # a local copy of org/slm
+    assert cli_main(["--quiet", "calibrate", "--router", str(router), "--data", str(tmp_path / "copy"),
+                     "--llm-rate", "0.2"]) == 0
+
+
+# ---------------------------------------------- a corrupt summary, a diverging loss (issue 19, items 10 and 12)
+def test_a_summary_of_the_wrong_shape_is_refused_before_training(tmp_path, capsys):
+    write_synthetic_run(tmp_path / "data")
+    (tmp_path / "data" / "summary.json").write_text("{}")
+    rc = cli_main(["--quiet", "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "r"), *QUICK_TRAIN])
+    one_line_error(capsys, rc, "summary.json is corrupt (its 'counts' is NoneType, not a JSON object)")
+    assert not (tmp_path / "r").exists()
+
+
+def test_training_that_diverges_is_one_sentence_and_writes_nothing(tmp_path, capsys):
+    write_synthetic_run(tmp_path / "data")
+    work = WorkDir(tmp_path / "data")
+    tensors, meta = read_tensors(work.shard("features", 0))
+    tensors["hidden"][0, 0] = float("inf")  # an SLM feature that overflowed (fp16, say)
+    write_tensors(work.shard("features", 0), tensors, meta)
+    rc = cli_main(["--quiet", "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "r"), *QUICK_TRAIN])
+    one_line_error(capsys, rc, "Training diverged in epoch 1 (training loss nan", "lower the learning rate (--lr")
+    assert not (tmp_path / "r").exists()
+    assert torch.isinf(read_tensors(work.shard("features", 0))[0]["hidden"]).any()

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from pipeline_helpers import fast_settings, make_models, write_prompts
+from pipeline_helpers import fast_settings, write_prompts
 from r2r_hf.pipeline import label, load_labels
 from r2r_hf.pipeline.store import WorkDir, read_json, read_tensors
 from r2r_hf.pipeline.verifiers import CodeVerifier, Mismatch, parse_chain
@@ -69,11 +69,6 @@ def test_chain_names_are_checked():
     with pytest.raises(ValueError, match="can only end a chain"):
         parse_chain("divergent,code")
     assert parse_chain("code,divergent") == ("code", "divergent")
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return make_models(tmp_path_factory.mktemp("models"))
 
 
 def _mtimes(folder):

@@ -1,5 +1,8 @@
 """The Ray command's rules without starting Ray: what fits on a Ray started here, the loopback environment, and
-the watchdog that ends a Ray started here with the command (a plain process tree stands in for Ray's)."""
+the watchdog that ends a Ray started here with the command (a plain process tree stands in for Ray's).
+
+From issue 34's third hostile probe (items 16-18); the tests that start Ray are in ``test_serve_ray.py`` (marked
+``ray``, run alone)."""
 
 import os
 import signal

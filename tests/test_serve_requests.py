@@ -1,9 +1,11 @@
-"""Issue 34, the HTTP layer: nothing a client sends breaks, stalls or misleads the server (items 6, 7, 9-13 and the
-small ones), and the core's range checks are the server's only ones (issue 30).
+"""HTTP requests: nothing a client sends breaks, stalls or misleads the server (an infinite threshold, a body over
+the limit, a long prompt, clients that give up, lone surrogates, refusing chat templates, too many rows, wrong
+content types and NaN), and the core's range checks are the server's only ones.
 
-Tiny fp32 models over loopback, the official ``openai`` client and raw HTTP (``httpx``). Every test here failed on
-the server before its fix (item 9's against the engine whose ``cancel`` only marked a queued request): each says
-what it got then.
+From issue 34's hostile probe of the HTTP layer (items 6, 7, 9-13 and the small ones) and issue 30 (the range
+checks). Tiny fp32 models over loopback, the official ``openai`` client and raw HTTP (``httpx``). Every test here
+failed on the server before its fix (item 9's against the engine whose ``cancel`` only marked a queued request):
+each says what it got then.
 """
 
 import copy
