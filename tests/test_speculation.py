@@ -197,6 +197,7 @@ def test_captured_generate_speculating_equals_eager(related, tok, monkeypatch, r
                        cache_implementation="static")
         _same(fast, eager)
         assert fast.counters["agreement_at_routed"] is not None
+    assert any(key[4] for key in related.capture_store.state.reads), "the resolving reads were captured too"
 
 
 def test_the_server_speculates_streams_confirmed_tokens_and_counts_what_it_did(related, tok):

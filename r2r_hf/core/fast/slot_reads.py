@@ -54,7 +54,7 @@ class CapturedReads:
         self.model, self.cache, self.capture, self.hidden = model, cache, capture, hidden
         self.regions = fused_regions(model) if fuse else None
         self.rows = row_buckets(cache.slots)
-        self.steps: dict[tuple[int, int], Step] = {}
+        self.steps: dict[tuple[int, int, bool], Step] = {}  # (rows, tokens, every position's logits) -> captured
         device = model.get_input_embeddings().weight.device
         self.index = {k: torch.arange(k, device=device) for k in self.rows}
 
@@ -63,52 +63,57 @@ class CapturedReads:
         """The widest piece one replay reads."""
         return BUCKETS[-1]
 
-    def _fn(self, rows: int) -> Step:
-        cache, model, hidden, index = self.cache, self.model, self.hidden, self.index[rows]
+    def _fn(self, rows: int, every: bool = False) -> Step:
+        cache, model, hidden, index = self.cache, self.model, self.hidden and not every, self.index[rows]
 
         def read(ids, position, column, real):
             cache.plan(list(range(rows)), column, cache.capacity, index=index)
-            return forward_piece(model, cache, ids, position, column, real, cache.capacity, hidden)
+            return forward_piece(model, cache, ids, position, column, real, cache.capacity, hidden, every)
 
         return read
 
-    def step(self, rows: int, width: int, example: dict[str, torch.Tensor]) -> Step:
-        if (rows, width) not in self.steps:
-            if self.regions is not None:
+    def step(self, rows: int, width: int, example: dict[str, torch.Tensor], every: bool = False) -> Step:
+        """The captured read of ``rows`` x ``width`` (with ``every``: every position's logits, HF's forward: the
+        fused head keeps the last only); captured on first use."""
+        if (rows, width, every) not in self.steps:
+            if self.regions is not None and not every:
                 step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions),
                                      example, type(self.model).__name__)
                 if step is not None:
-                    self.steps[rows, width] = step
+                    self.steps[rows, width, every] = step
                     return step
                 self.regions = None  # every bucket, those captured already too: one kind of read per model
-                self.steps.clear()
-            self.steps[rows, width] = self.capture(self._fn(rows), example)
-        return self.steps[rows, width]
+                self.steps = {key: step for key, step in self.steps.items() if key[2]}
+            self.steps[rows, width, every] = self.capture(self._fn(rows, every), example)
+        return self.steps[rows, width, every]
 
     @property
     def fused(self) -> bool:
         """Whether the captured reads are fused ones."""
         return self.regions is not None
 
-    def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int]):
-        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or None."""
+    def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], every: bool = False):
+        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or
+        None (with ``every``: the logits [k, width, V] after each token of the right-aligned piece, and None)."""
         k = next(b for b in self.rows if b > max(rows))
         width = bucket_for(max(counts))
         full_starts, full_counts = [0] * k, [0] * k
         for r, s, n in zip(rows, starts, counts):
             full_starts[r], full_counts[r] = s, n
         inputs = piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash)
-        out = self.step(k, width, inputs)(**inputs)
+        out = self.step(k, width, inputs, every)(**inputs)
         picked = torch.tensor(rows, device=out[0].device)
-        return out[0][picked], (out[1][picked] if self.hidden else None)
+        return out[0][picked], (out[1][picked] if self.hidden and not every else None)
 
-    def warm(self, tokens: torch.Tensor) -> int:
-        """Capture every (rows, tokens) bucket with inputs that write nothing; the number captured. Largest first:
-        the smaller graphs then reuse the blocks the larger ones left in the pool (vLLM captures in that order too)."""
+    def warm(self, tokens: torch.Tensor, every: bool = False) -> int:
+        """Capture every (rows, tokens) bucket with inputs that write nothing (and with ``every``, the reads that
+        keep every position's logits: speculative resolutions); the number captured. Largest first: the smaller
+        graphs then reuse the blocks the larger ones left in the pool (vLLM captures in that order too)."""
         for k in reversed(self.rows):
             for width in reversed(BUCKETS):
                 inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
-                self.step(k, width, inputs)
+                for kind in (False, True) if every else (False,):
+                    self.step(k, width, inputs, kind)
         return len(self.steps)
 
 
@@ -152,10 +157,11 @@ class CapturedRouter:
 
 
 def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False,
-              router_dtype: str = "float32") -> dict:
+                  router_dtype: str = "float32", speculate: bool = False) -> dict:
     """From now on every read of the slot ``layout`` (a ``layouts.slot_layout.SlotLayout``) replays a captured call:
-    the slots become static (their current size), every bucket is captured now with ``warm``, fused reads where
-    ``fuse``, the router in ``router_dtype`` (``router_copy.py``); what it took."""
+    the slots become static (their current size), every bucket is captured now with ``warm`` (with ``speculate``
+    also the LLM's reads that keep every position's logits), fused reads where ``fuse``, the router in
+    ``router_dtype`` (``router_copy.py``); what it took."""
     p = layout.pair
     for model, cache in ((p.slm, layout.slm_cache), (p.llm, layout.llm_cache)):  # allocate outside any capture
         inputs = piece_inputs(layout.tokens, list(range(layout.slots)), [0] * layout.slots, [0] * layout.slots, 1,
@@ -163,16 +169,16 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
         cache.plan(list(range(layout.slots)), inputs["column"], 1)
         forward_piece(model, cache, **inputs, used=1, hidden=False)
     layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse),
-                     "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse)}
+                       "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse)}
     layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:
         start = time.perf_counter()
-        report["steps"] = sum(c.warm(layout.tokens) for c in layout.captured.values())
+        report["steps"] = sum(c.warm(layout.tokens, speculate and role == "llm") for role, c in layout.captured.items())
         head = p.slm.get_output_embeddings().weight
         if getattr(p.router, "capturable", True):
             report["steps"] += layout.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
-                                                     head.dtype)
+                                                       head.dtype)
         report["seconds"] = time.perf_counter() - start
     report["fused"] = {role: reads.fused for role, reads in layout.captured.items()}  # after warming: what ran
     return report
