@@ -38,6 +38,7 @@ class Costs(Protocol):
 
     router: tuple[float, float]
     step: float
+    packed: bool  # a forward of ragged rows priced by its mean tokens per row, not its longest (a what-if)
 
 
 class Routed(list):
@@ -82,6 +83,7 @@ class ReplayBatch(BatchRows):
         super().__init__(slots)
         self.book, self.costs, self.counters = SlotBook(slots), costs, Counters()
         self.clock = 0.0
+        self.spent = dict.fromkeys(("slm", "llm", "router", "host"), 0.0)  # the clock, by what it was spent on
         self.last = [-1] * slots  # whether each slot committed a token at the last step (0) or not (-1)
 
     def join(self, answer: Answer) -> None:
@@ -108,7 +110,7 @@ class ReplayBatch(BatchRows):
         """The recorded routing of each proposing row's next token (a stream's states are not modelled)."""
         rows = self.proposing()
         if rows:
-            self.clock += self.costs.router[0] + self.costs.router[1] * len(rows)
+            self._spend("router", self.costs.router[0] + self.costs.router[1] * len(rows))
         routed = [self.rows[r].owner.routed[len(self.rows[r].owner.routed) - self.rows[r].max_new] for r in rows]
         return SimpleNamespace(rows=rows, routed=routed, states={}, after={})
 
@@ -132,7 +134,7 @@ class ReplayBatch(BatchRows):
         reads = plan.slm_reads if settled is None else settled.slm_reads
         if reads:
             self._read("slm", list(reads))
-        self.clock += self.costs.step  # (a resolution's read-back of its rejections: inside the serial step's time)
+        self._spend("host", self.costs.step)  # (a resolution's read-back of its rejections: in the serial step's time)
         self.advance(plan, settled)
         self.counters.step(plan)
         return SimpleNamespace(plan=plan, synced=synced, settled=settled)
@@ -158,8 +160,14 @@ class ReplayBatch(BatchRows):
     def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
               upto: dict[int, int] | None = None) -> None:
         for forward in self.book.read(role, rows, limit, short, PIECE, upto):
-            self.clock += self.costs.forward(role, len(forward), max(n for _, _, n in forward))
-            self.counters.forward(role, len(forward), max(n for _, _, n in forward))
+            longest = max(n for _, _, n in forward)  # the slots' read is a padded rectangle: rows x the longest
+            priced = sum(n for _, _, n in forward) / len(forward) if getattr(self.costs, "packed", False) else longest
+            self._spend(role, self.costs.forward(role, len(forward), priced))
+            self.counters.forward(role, len(forward), longest)
+
+    def _spend(self, what: str, seconds: float) -> None:
+        self.clock += seconds
+        self.spent[what] += seconds
 
 
 class Arrivals:

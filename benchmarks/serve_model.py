@@ -48,6 +48,7 @@ class Costs:
     router: tuple[float, float]  # a + b k
     step: float
     name: str = ""
+    packed: bool = False  # price a read of ragged rows by its mean tokens per row (a what-if: the slots' pads)
 
     def forward(self, role: str, rows: int, tokens: int) -> float:
         model = self.slm if role == "slm" else self.llm
@@ -103,10 +104,11 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
             "rows_per_llm_call": c.llm_rows / c.llm_calls if c.llm_calls else None,
             "wait_p50": c.waits.quantile(0.5), "wait_p95": c.waits.quantile(0.95),
             "itl_p50_ms": 1000 * _quantile(gaps, 0.5), "itl_p95_ms": 1000 * _quantile(gaps, 0.95),
-            "llm_token_rate": sum(sum(a.routed) for a in done) / tokens,
+            "itl_p99_ms": 1000 * _quantile(gaps, 0.99), "llm_token_rate": sum(sum(a.routed) for a in done) / tokens,
             "llm_calls_per_token": c.llm_calls / tokens, "thrown_per_token": c.thrown / tokens,
             "resolutions": c.resolutions, "agreed": c.agreed, "rejected": c.rejected,
-            "pending_per_resolution": (c.agreed + c.rejected) / c.resolutions if c.resolutions else None}
+            "pending_per_resolution": (c.agreed + c.rejected) / c.resolutions if c.resolutions else None,
+            "time_share": {what: seconds / batch.clock for what, seconds in batch.spent.items()}}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -167,7 +169,7 @@ def cpu_costs(path: str | Path = "benchmarks/results/forward_costs.json", step: 
 def llm_alone(answers, concurrency: int, costs: Costs) -> float:
     """Tokens/s of the LLM alone served the same way: every token the LLM's, no SLM, no router."""
     everything = [(prompt, [True] * len(routed)) for prompt, routed in answers]
-    free = Costs(slm=(0.0, 0.0, 0.0), llm=costs.llm, router=(0.0, 0.0), step=costs.step)
+    free = Costs(slm=(0.0, 0.0, 0.0), llm=costs.llm, router=(0.0, 0.0), step=costs.step, packed=costs.packed)
     return simulate(everything, concurrency, WaitPolicy(), free)["tokens_per_s"]
 
 
