@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks.replay import Routed, replay
-from benchmarks.serve_model import H200_CAPTURED, Costs, simulate, synthetic
+from benchmarks.serve_model import H200_CAPTURED, Costs, answers_of, simulate, synthetic
 from benchmarks.serve_speculative import RECOMMENDED_DEPTH, WAITING_GRID, shipped
 from r2r_hf import R2RForCausalLM
 from r2r_hf.core.policy import WaitPolicy
@@ -101,3 +101,15 @@ def test_speculation_beats_every_waiting_policy_on_the_h200_where_users_share_it
         speculating = simulate(answers, concurrency, default, H200_CAPTURED)
         assert speculating["tokens_per_s"] > 1.05 * waiting, concurrency
         assert speculating["rejected"] > 0 and speculating["thrown_per_token"] < 0.25
+
+
+def test_answers_carry_the_llms_agreement_recorded_or_drawn_at_routed_positions(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"answer": {"prompt": 5, "routed": [0, 1, 1], "agrees": [1, 0, 1]}}\n{"turn": [0, 1]}\n'
+                     '{"answer": {"prompt": 7, "routed": [1, 0, 1, 1]}}\n')
+    (p1, first), (p2, second) = answers_of(trace, agreement=0.0)
+    assert (p1, list(first), first.agrees) == (5, [False, True, True], [True, False, True]), "as recorded"
+    assert (p2, list(second), second.agrees) == (7, [True, False, True, True], [False, True, False, False])
+    drawn = synthetic([(10, [False] * 4000)], 0.25, seed=2)[0][1]
+    routed = [a for r, a in zip(drawn, drawn.agrees) if r]
+    assert abs(sum(routed) / len(routed) - 0.876) < 0.03 and all(a for r, a in zip(drawn, drawn.agrees) if not r)
