@@ -18,7 +18,6 @@ processors and its random stream (``choice.py``). It only delays that row's toke
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -117,14 +116,17 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
 
 
 def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitPolicy:
-    """Where rows speculate: the LLM resolves once most running rows (and at least two) hold a pending position,
-    a row holding ``speculate`` routes again, or the oldest pending position is ``SERVE_SPECULATE_WAIT`` steps old
-    (chosen with the cost model: docs/performance.md)."""
-    return WaitPolicy(tuple(max(2, math.ceil(rows * 3 / 4)) for rows in range(1, max_rows + 1)),
-                      SERVE_SPECULATE_WAIT, speculate)
+    """Where rows speculate: the LLM resolves once every running row (and at least two: one row alone never
+    resolves at once, which would be m = 1) holds a pending position or waits, once the oldest pending position is
+    ``SERVE_SPECULATE_WAIT`` steps old, or when no row can go on without it (a row that holds ``speculate`` pending
+    positions and routes again waits meanwhile). Chosen with the cost model (``benchmarks/serve_speculative.py``,
+    H200 estimates, docs/performance.md): at 8 and 16 users, p = 0.05-0.2, 3 % below the best of its grid in each
+    case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
+    LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99."""
+    return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate)
 
 
-SERVE_SPECULATE_WAIT = 64
+SERVE_SPECULATE_WAIT = 16
 # A generate call that speculates resolves its rows' pending positions once the oldest is this many steps old (or a
 # row holds ``speculate`` of them and routes again, or none can go on). Chosen with the cost model: docs/performance.md.
 SPECULATE_WAIT = 32
