@@ -151,6 +151,7 @@ class ReplayBatch(BatchRows):
         rejected = {r: next((j for j, p in enumerate(self.rows[r].pending) if not self.rows[r].owner.agrees[p.index]),
                             None) for r in plan.resolving}
         settled = settle(self.rows, plan, rejected, cuts_together=False)
+        self.counters.host_syncs += 1  # the resolution's own, as the real batch's
         for r, index in settled.rollbacks.items():
             self.book.cut(r, index)
         thrown = sum(self.rows[r].written - index for r, index in settled.rollbacks.items())

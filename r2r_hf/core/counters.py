@@ -162,7 +162,7 @@ class Counters:
             "speculative_agreed": self.agreed,
             "speculative_rejected": self.rejected,
             "thrown": self.thrown,
-            "pending_resolved_per_llm_call": (self.agreed + self.rejected) / self.llm_calls if self.llm_calls else None,
+            "pending_resolved_per_llm_call": (self.agreed + self.rejected) / self.resolutions if self.resolutions else None,
             "agreement_at_routed": self.agreed / (self.agreed + self.rejected) if self.agreed + self.rejected else None,
             "thrown_per_token": per_token(self.thrown),
         }
