@@ -106,7 +106,7 @@ class ReplayBatch(BatchRows):
         for r in rows:
             self.rows[r].prefilling = self.book.unread("slm", r) > 0
 
-    def propose(self, speculate: bool = False) -> SimpleNamespace:
+    def propose(self, speculate_below: float | None = None) -> SimpleNamespace:
         """The recorded routing of each proposing row's next token (a stream's states are not modelled)."""
         rows = self.proposing()
         if rows:

@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--speculate", type=int, default=8, help="pending positions a row may hold")
     parser.add_argument("--wait", type=int, default=32, help="steps the oldest pending position may wait")
+    parser.add_argument("--speculate-below", type=float, default=None,
+                        help="a routed row goes on only where the router's score is below this (default: everywhere)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--phases", default="quality_cost,batch1,threshold0")
@@ -130,6 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
     runner = Runner(args.router, None, args.max_new_tokens, getattr(torch, args.dtype))
     problems = by_length(_problems())[: args.tasks]
     speculate = {"speculate": args.speculate, "llm_max_wait": args.wait}
+    if args.speculate_below is not None:
+        speculate["speculate_below"] = args.speculate_below
     out["conditions"] = {"tasks": [p["task_id"] for p in problems], "max_new_tokens": args.max_new_tokens,
                          "dtype": args.dtype, "threads": args.threads, "speculation": speculate,
                          "torch": torch.__version__, "transformers": transformers.__version__,

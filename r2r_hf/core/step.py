@@ -42,6 +42,7 @@ class Proposal:
             to draw from (None: it cannot fail).
         router_scores: [k] the router's scores; routed: [k] where the row routes.
         states: each row's random stream before its draw (the LLM draws from there); after: after it (speculation).
+        sure: [k] where the router's score reaches ``WaitPolicy.speculate_below`` (None: no row speculates).
     """
 
     rows: list[int]
@@ -54,6 +55,7 @@ class Proposal:
     routed: torch.Tensor
     states: Mapping[int, Any]
     after: Mapping[int, Any]
+    sure: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -67,12 +69,15 @@ class Synced:
             or, after speculation, the tokens the LLM confirmed (``rows.BatchRows.arrive``).
         failed: rows whose scores held no probability to draw from (their answer cannot go on).
         extra: the values the caller's stop rule asked to read (``turn.Stops.reads``).
+        sure: per proposing row, whether the router's score reached ``WaitPolicy.speculate_below`` (empty: no row
+            speculates).
     """
 
     routed: list[bool]
     delivered: list[list[tuple[int, bool, bool]]]
     failed: set[int]
     extra: list[int]
+    sure: list[bool] = ()
 
 
 @dataclass(frozen=True)
@@ -115,13 +120,15 @@ class DeviceStep(BatchRows):
     read: ``pair``, ``layout``, ``choice``, ``counters``, ``device``, ``slm_logits``/``slm_hidden``, ``thresholds``,
     ``running``, ``last_token``, ``budget``, ``index`` and ``store_slm``."""
 
-    def propose(self, speculate: bool = False) -> Proposal:
-        """Every proposing row's token, router score and routing decision (device values; nothing waits); with
-        ``speculate``, also each row's stream after its draw (a row that goes on past a routed position keeps it)."""
+    def propose(self, speculate_below: float | None = None) -> Proposal:
+        """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
+        may speculate (``speculate_below``: the score from which a routed row waits instead), also each row's stream
+        after its draw (a row that goes on past a routed position keeps it) and where its score reaches the bound."""
+        speculate = speculate_below is not None
         rows = self.proposing()
         if not rows:
             nothing = torch.zeros(0, device=self.device)
-            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {}, {})
+            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {}, {}, None)
         index = self.index(rows)
         logits, hidden = _taken(self.slm_logits, index), _taken(self.slm_hidden, index)
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
@@ -135,7 +142,8 @@ class DeviceStep(BatchRows):
             budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
-        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after)
+        sure = router_scores >= speculate_below if speculate else None
+        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after, sure)
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
@@ -146,13 +154,17 @@ class DeviceStep(BatchRows):
         parts = [proposal.routed.long(), self.last_token.to(device), failed_draws.to(device)]
         parts.append(flags.long().to(device) if flags is not None else parts[0].new_zeros(0))
         parts += [value.reshape(-1).long().to(device) for value in extra]
+        if proposal.sure is not None:
+            parts.append(proposal.sure.long())
         flat = torch.cat(parts).tolist()
         self.counters.host_syncs += 1
         failed = {proposal.rows[i] for i, v in enumerate(flat[k + s : 2 * k + s]) if v}
         flagged = flat[2 * k + s : 2 * k + s + (s if flags is not None else 0)]
         failed |= {r for r, v in enumerate(flagged) if v}
         delivered = self.arrive(flat[k : k + s])
-        return Synced([bool(v) for v in flat[:k]], delivered, failed, flat[2 * k + s + len(flagged):])
+        rest = flat[2 * k + s + len(flagged):]
+        extra, sure = (rest[:-k], [bool(v) for v in rest[-k:]]) if proposal.sure is not None and k else (rest, [])
+        return Synced([bool(v) for v in flat[:k]], delivered, failed, extra, sure)
 
     def execute(self, proposal: Proposal, synced: Synced, plan: StepPlan) -> StepResult:
         """Run ``plan`` on the device (see the module docstring) and advance the rows' host state."""
