@@ -73,3 +73,10 @@ def test_settle_cuts_a_slot_back_alone_and_a_rectangle_together():
     assert together.rollbacks == {0: 4, 1: 4, 2: 4} and together.llm_writers == (0,) and together.kept == (1, 2)
     assert together.writers == (0, 1, 2) and together.slm_writers == ()
     assert Settlement.plain(plan).writers == plan.writers, "nothing rejected: the plan's commits"
+
+
+def test_a_row_the_router_is_sure_of_waits_rather_than_speculates():
+    policy = WaitPolicy((3,), 16, speculate=4, speculate_below=0.9)
+    rows = _rows({}, {})
+    plan = plan_step(rows, 0, [0, 1], [True, True], set(), policy, sure=[True, False])
+    assert plan.speculating == (1,) and plan.waiting == (0,), "row 0's score reached speculate_below"
