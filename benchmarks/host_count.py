@@ -16,7 +16,9 @@ their ``device`` and ``non_blocking`` arguments), a ``TorchDispatchMode`` the at
   ``bool()``/``int()``/``float()`` of a device tensor, and ops that size their output on the host (``nonzero``,
   boolean-mask indexing, ``unique``...: ``r2r_hf.testing.graphs.sync_problem``, the emulation's own list).
 * **eager op** (``eager``): an aten op outside every graph replay that launches device work (views and metadata
-  excluded: ``benchmarks.kernel_counts.FREE``; ops on host tensors excluded: the host computes them). A replay
+  excluded: ``benchmarks.kernel_counts.FREE``; ops on host tensors excluded: the host computes them). Under
+  inference mode ``to``, ``contiguous`` and ``reshape`` reach the dispatcher whole: one that returns new memory
+  (a dtype cast, ``copy=True``, a non-contiguous input) is a copy kernel and counts (``COPYING``). A replay
   itself counts once in ``replays``; the copies into its static inputs and out of its outputs are eager ops, as
   on a GPU.
 """
@@ -44,6 +46,8 @@ READS = {torch.Tensor.item: ".item()", torch.Tensor.tolist: ".tolist()", torch.T
 TRANSFERS = {torch.tensor, torch.as_tensor, torch.Tensor.new_tensor, torch.Tensor.to, torch.Tensor.cuda,
              torch.Tensor.copy_, *READS}
 ROOT = str(Path(__file__).resolve().parents[1])
+# Ops in ``FREE`` that launch a copy when their result does not share their input's memory (see the docstring).
+COPYING = {"to", "contiguous", "reshape", "type_as", "flatten"}
 
 
 @dataclass
@@ -191,14 +195,23 @@ class _Ops(TorchDispatchMode):
         kwargs, c = kwargs or {}, self.counter
         if not c.paused:
             c.counts.aten += 1
+        out = func(*args, **kwargs)
         if not (c.paused or c.quiet):
-            name = func._schema.name
+            name, short = func._schema.name, func.overloadpacket.__name__
             if name != "aten::lift_fresh" and sync_problem(func, args, kwargs):
                 c.note("d2h")
-            elif func.overloadpacket.__name__.rstrip("_") not in FREE:
+            elif short.rstrip("_") not in FREE or (short in COPYING and _copied(args, out)):
                 c.counts.eager += 1
-                c.counts.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **kwargs)
+                c.counts.ops[short] += 1
+        return out
+
+
+def _copied(args: tuple, out) -> bool:
+    """Whether an op of ``COPYING`` returned new memory (a copy kernel ran) rather than its input's."""
+    source = args[0] if args else None
+    if not isinstance(source, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    return out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
 
 
 def counting_steps(counter: Counter | None = None) -> type[EmulatedGraphStep]:
