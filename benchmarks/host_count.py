@@ -107,6 +107,12 @@ def _to_host(args: tuple, kwargs: dict) -> bool:
     return any(a == "cpu" for a in (*args[1:], kwargs.get("device")) if isinstance(a, str))
 
 
+def _moves(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a ``.to(...)``/``.cuda()`` call names a device (``.to(dtype)`` alone converts where the tensor is)."""
+    named = (*args[1:], kwargs.get("device"))
+    return func is torch.Tensor.cuda or any(isinstance(a, (torch.device, str, torch.Tensor)) for a in named)
+
+
 class Counter:
     """Both modes over one ``Counts``; ``paused`` (a depth) while a graph replays."""
 
@@ -140,6 +146,8 @@ class Counter:
         if func is torch.Tensor.new_tensor:
             return None if _host(args[0]) or isinstance(args[1], torch.Tensor) else "h2d"
         if func in (torch.Tensor.to, torch.Tensor.cuda):
+            if not _moves(func, args, kwargs):
+                return None
             if _host(args[0]) and not _to_host(args, kwargs):
                 return "h2d_async" if kwargs.get("non_blocking") else "h2d"
             return "d2h" if not _host(args[0]) and _to_host(args, kwargs) else None
@@ -179,8 +187,11 @@ class _Calls(TorchFunctionMode):
             out = func(*args, **kwargs)
         finally:
             c.quiet -= quiet
+        if kind in ("h2d", "h2d_async") and func in (torch.Tensor.to, torch.Tensor.cuda) and out is args[0]:
+            out = out.detach()  # on a GPU a new tensor on the device; here the same memory, no longer the host's
         made_on_host = func in FACTORIES and kwargs.get("device") in (None, "cpu")
-        if host_only or made_on_host or kind == "d2h" or (func in (torch.tensor, torch.as_tensor) and kind is None
+        moved = kind in ("h2d", "h2d_async") and func in (torch.Tensor.to, torch.Tensor.cuda)  # now a device tensor
+        if (host_only and not moved) or made_on_host or kind == "d2h" or (func in (torch.tensor, torch.as_tensor) and kind is None
                                                            and not isinstance(args[0] if args else None, torch.Tensor)):
             _tag(out)
         return out

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from .static_reads import BUCKETS, bucket_for
+from ..staging import in_order, staged
 from ..layouts.model_calls import route_scores
 from .fused_reads import capture_fused, fused_regions, slot_read
 from .graphs import Step
@@ -98,9 +99,13 @@ class CapturedReads:
         for r, s, n in zip(rows, starts, counts):
             full_starts[r], full_counts[r] = s, n
         inputs = piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash)
-        out = self.step(k, width, inputs)(**inputs)
-        picked = torch.tensor(rows, device=out[0].device)
-        return out[0][picked], (out[1][picked] if self.hidden else None)
+        out = self.step(k, width, inputs).run(**inputs)  # the captured outputs: each kept row copied out once
+        if in_order(rows) and len(rows) == k:
+            kept = [value.clone() for value in out]
+        else:
+            picked = staged(rows, out[0].device)
+            kept = [value.index_select(0, picked) for value in out]
+        return kept[0], (kept[1] if self.hidden else None)
 
     def warm(self, tokens: torch.Tensor) -> int:
         """Capture every (rows, tokens) bucket with inputs that write nothing; the number captured. Largest first:
@@ -135,9 +140,11 @@ class CapturedRouter:
     def _scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         k = next(b for b in self.rows if b >= len(token))
         pad = k - len(token)
-        inputs = {"logits": torch.nn.functional.pad(logits, (0, 0, 0, pad)),
-                  "hidden": torch.nn.functional.pad(hidden, (0, 0, 0, pad)),
-                  "token": torch.nn.functional.pad(token, (0, pad))}
+        inputs = {"logits": logits, "hidden": hidden, "token": token}
+        if pad:  # (a padded copy is a new tensor: copied in; the same tensor as last time holds the same values)
+            inputs = {"logits": torch.nn.functional.pad(logits, (0, 0, 0, pad)),
+                      "hidden": torch.nn.functional.pad(hidden, (0, 0, 0, pad)),
+                      "token": torch.nn.functional.pad(token, (0, pad))}
         if k not in self.steps:
             slm, router, num_topk = self.slm, self.scorer.module, self.num_topk
             self.steps[k] = self.capture(lambda logits, hidden, token: (
