@@ -181,7 +181,8 @@ class _Calls(TorchFunctionMode):
         if kind is not None:
             c.note(kind)
         # The copy or read itself, or host work, is no device op; an op copying its index over still runs one.
-        quiet = host_only or (kind is not None and func in TRANSFERS)
+        made_on_host = func in FACTORIES and kwargs.get("device") in (None, "cpu")
+        quiet = host_only or made_on_host or (kind is not None and func in TRANSFERS)
         c.quiet += quiet
         try:
             out = func(*args, **kwargs)
@@ -189,7 +190,6 @@ class _Calls(TorchFunctionMode):
             c.quiet -= quiet
         if kind in ("h2d", "h2d_async") and func in (torch.Tensor.to, torch.Tensor.cuda) and out is args[0]:
             out = out.detach()  # on a GPU a new tensor on the device; here the same memory, no longer the host's
-        made_on_host = func in FACTORIES and kwargs.get("device") in (None, "cpu")
         moved = kind in ("h2d", "h2d_async") and func in (torch.Tensor.to, torch.Tensor.cuda)  # now a device tensor
         if (host_only and not moved) or made_on_host or kind == "d2h" or (func in (torch.tensor, torch.as_tensor) and kind is None
                                                            and not isinstance(args[0] if args else None, torch.Tensor)):

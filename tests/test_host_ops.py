@@ -24,9 +24,23 @@ def test_the_counter_tells_copies_reads_and_device_ops_apart():
         host + 1  # host work: nothing
         (x > 3).nonzero()  # the comparison, and a read: nonzero sizes its output on the host
         x[1] = 5.0  # a device op (a fill), no copy
+        torch.arange(2) + host  # host work: a factory without a device makes a host tensor
+        x[host.to(torch.long)]  # a cast on the host, then a copy over (and the index op)
     c = counter.counts
-    assert (c.h2d, c.h2d_async, c.d2h) == (3, 1, 3)
-    assert dict(c.ops) == {"index": 3, "mul": 1, "sum": 1, "gt": 1, "copy_": 1} and c.eager == 7
+    assert (c.h2d, c.h2d_async, c.d2h) == (4, 1, 3)
+    assert dict(c.ops) == {"index": 4, "mul": 1, "sum": 1, "gt": 1, "copy_": 1} and c.eager == 8
+
+
+def test_a_staged_copy_is_asynchronous_and_gives_a_device_tensor():
+    from r2r_hf.core.staging import staged
+
+    device, x = torch.device("cpu"), torch.arange(8.0)
+    counter = Counter()
+    with counter:
+        x[staged([1, 2], device)]  # one asynchronous copy, then an index op on the device
+        x[staged(torch.tensor([3, 4]), device)]  # the same from a host tensor
+    c = counter.counts
+    assert (c.h2d, c.h2d_async, c.d2h) == (0, 2, 0) and dict(c.ops) == {"index": 2}
 
 
 def test_a_cast_or_a_copying_view_counts_as_the_copy_it_launches():
