@@ -4,7 +4,8 @@ On a GPU an eager step is launch-bound (an eager 1.5B step 18.5 ms against ~1 ms
 (``layouts/slot_cache.py``) becomes a fixed-shape step once its shapes are fixed: the slots it reads are the first ``k``
 of a rows bucket (1, 2, 4, 8, 16 ... up to the batch: a read pads to the bucket holding its highest slot, and
 the slots it does not read get no tokens: their padding goes to the spare column), its width is a tokens
-bucket (``static_reads.BUCKETS``: 1 ... 64), and it attends the slots' whole capacity (the caches are static). So
+bucket (``static_reads.BUCKETS``: 1 ... 64), and it attends a span bucket: the columns its rows fill, rounded up
+to a power of two (at least 256, at most the capacity: ``fused.attended``, as ``generate``'s reads attend). So
 every read of the decoding loop — the SLM's step, a prompt's chunk, the LLM's catch-up — is a few replays of
 captured steps, and so is the router on the proposals (per rows bucket). vLLM and SGLang capture per batch
 size the same way.
@@ -24,10 +25,20 @@ import torch
 from .static_reads import BUCKETS, bucket_for
 from ..staging import in_order, staged
 from ..layouts.model_calls import route_scores
+from .fused import attended
 from .fused_reads import capture_fused, fused_regions, slot_read
 from .graphs import Step
 from .router_copy import Scorer
 from ..layouts.slot_cache import SlotCache, forward_piece, piece_inputs
+
+
+def span_buckets(capacity: int) -> tuple[int, ...]:
+    """The spans a read of slots of ``capacity`` columns attends (``fused.attended`` of each count of filled columns:
+    at most ``capacity`` - 1, as a slot keeps one column free past its answer's end: ``RunningBatch.join``)."""
+    out = [attended(1, capacity)]
+    while out[-1] < capacity - 1:
+        out.append(attended(out[-1] + 1, capacity))
+    return tuple(out)
 
 
 def row_buckets(slots: int) -> tuple[int, ...]:
@@ -55,7 +66,8 @@ class CapturedReads:
         self.model, self.cache, self.capture, self.hidden = model, cache, capture, hidden
         self.regions = fused_regions(model) if fuse else None
         self.rows = row_buckets(cache.slots)
-        self.steps: dict[tuple[int, int], Step] = {}
+        self.spans = span_buckets(cache.capacity)
+        self.steps: dict[tuple[int, int, int], Step] = {}  # (rows, tokens, span) bucket -> its captured read
         device = model.get_input_embeddings().weight.device
         self.index = {k: torch.arange(k, device=device) for k in self.rows}
 
@@ -64,27 +76,28 @@ class CapturedReads:
         """The widest piece one replay reads."""
         return BUCKETS[-1]
 
-    def _fn(self, rows: int) -> Step:
+    def _fn(self, rows: int, span: int) -> Step:
         cache, model, hidden, index = self.cache, self.model, self.hidden, self.index[rows]
 
         def read(ids, position, column, real):
-            cache.plan(list(range(rows)), column, cache.capacity, index=index)
-            return forward_piece(model, cache, ids, position, column, real, cache.capacity, hidden)
+            cache.plan(list(range(rows)), column, span, index=index)
+            return forward_piece(model, cache, ids, position, column, real, span, hidden)
 
         return read
 
-    def step(self, rows: int, width: int, example: dict[str, torch.Tensor]) -> Step:
-        if (rows, width) not in self.steps:
+    def step(self, rows: int, width: int, span: int, example: dict[str, torch.Tensor]) -> Step:
+        key = (rows, width, span)
+        if key not in self.steps:
             if self.regions is not None:
-                step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions),
-                                     example, type(self.model).__name__)
+                step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions,
+                                                                     span), example, type(self.model).__name__)
                 if step is not None:
-                    self.steps[rows, width] = step
+                    self.steps[key] = step
                     return step
                 self.regions = None  # every bucket, those captured already too: one kind of read per model
                 self.steps.clear()
-            self.steps[rows, width] = self.capture(self._fn(rows), example)
-        return self.steps[rows, width]
+            self.steps[key] = self.capture(self._fn(rows, span), example)
+        return self.steps[key]
 
     @property
     def fused(self) -> bool:
@@ -95,11 +108,12 @@ class CapturedReads:
         """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or None."""
         k = next(b for b in self.rows if b > max(rows))
         width = bucket_for(max(counts))
+        span = attended(max(s + n for s, n in zip(starts, counts)), self.cache.capacity)  # the columns filled
         full_starts, full_counts = [0] * k, [0] * k
         for r, s, n in zip(rows, starts, counts):
             full_starts[r], full_counts[r] = s, n
         inputs = piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash)
-        out = self.step(k, width, inputs).run(**inputs)  # the captured outputs: each kept row copied out once
+        out = self.step(k, width, span, inputs).run(**inputs)  # the captured outputs: each kept row copied out once
         if in_order(rows) and len(rows) == k:
             kept = [value.clone() for value in out]
         else:
@@ -113,7 +127,8 @@ class CapturedReads:
         for k in reversed(self.rows):
             for width in reversed(BUCKETS):
                 inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
-                self.step(k, width, inputs)
+                for span in reversed(self.spans):
+                    self.step(k, width, span, inputs)
         return len(self.steps)
 
 
