@@ -188,11 +188,12 @@ class _Calls(TorchFunctionMode):
             out = func(*args, **kwargs)
         finally:
             c.quiet -= quiet
-        if kind in ("h2d", "h2d_async") and func in (torch.Tensor.to, torch.Tensor.cuda) and out is args[0]:
-            out = out.detach()  # on a GPU a new tensor on the device; here the same memory, no longer the host's
         moved = kind in ("h2d", "h2d_async") and func in (torch.Tensor.to, torch.Tensor.cuda)  # now a device tensor
-        if (host_only and not moved) or made_on_host or kind == "d2h" or (func in (torch.tensor, torch.as_tensor) and kind is None
-                                                           and not isinstance(args[0] if args else None, torch.Tensor)):
+        if moved and out is args[0]:
+            out = out.detach()  # on a GPU a new tensor on the device; here the same memory, no longer the host's
+        from_data = func in (torch.tensor, torch.as_tensor) and kind is None and not isinstance(
+            args[0] if args else None, torch.Tensor)  # made from host data
+        if (host_only and not moved) or made_on_host or kind == "d2h" or from_data:
             _tag(out)
         return out
 

@@ -165,8 +165,11 @@ def test_reads_attend_the_columns_filled_rounded_up_to_powers_of_two(model, tok,
         assert service.engine.capture_report["steps"] == 2 * 2 * 7 * 2 + 2, "reads per rows x tokens x span (256, 301)"
         serving_now.append(True)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
-        ask = lambda job: client.completions.create(model="tiny", prompt=job[0], max_tokens=job[1], temperature=0,  # noqa: E731
-                                                    extra_body={"threshold": tau}).choices[0].text
+        def ask(job):
+            reply = client.completions.create(model="tiny", prompt=job[0], max_tokens=job[1], temperature=0,
+                                              extra_body={"threshold": tau})
+            return reply.choices[0].text
+
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             got = list(pool.map(ask, jobs))
     for (prompt, n), answer in zip(jobs, got):

@@ -98,7 +98,8 @@ def r2r_decode(
                     streamer.put_routing(*(value.cpu() for value in records.column(column)))
                 streamer.put(seq.ids[:, prompt_len + column].cpu())
             if criteria:
-                _finish(batch, criteria(seq.ids[:, : prompt_len + column + 1], records.scores_out), prompt_len + column + 1)
+                end = prompt_len + column + 1
+                _finish(batch, criteria(seq.ids[:, :end], records.scores_out), end)
         if all(row.draining for row in batch.rows) and not batch.speculating():  # every row wrote its last token
             break
         if records.step < batch.rows[0].confirmed:  # every row ended inside a burst of confirmed columns
@@ -116,7 +117,8 @@ def r2r_decode(
 def _needed(criteria: StoppingCriteriaList, length: int) -> StoppingCriteriaList:
     """HF's stopping criteria but a length limit at or past the call's own (``RowState.max_new`` ends every answer
     there): a criterion costs kernels at every step, and that one decides nothing."""
-    return StoppingCriteriaList(c for c in criteria if not (isinstance(c, MaxLengthCriteria) and c.max_length >= length))
+    kept = (c for c in criteria if not (isinstance(c, MaxLengthCriteria) and c.max_length >= length))
+    return StoppingCriteriaList(kept)
 
 
 def _finish(batch: RunningBatch, ended: torch.Tensor, end: int) -> None:
@@ -136,7 +138,7 @@ class _Records:
     ``running`` is replaced, never written in place, so a reference keeps its value)."""
 
     def __init__(self, keep_scores: bool, keep_logits: bool) -> None:
-        self.written: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # column -> routed, scores, running
+        self.written: dict[int, tuple[torch.Tensor, ...]] = {}  # column -> routed, scores, running
         self.columns: list[tuple[torch.Tensor, ...]] = []  # confirmed, in order: those and ``running`` at confirming
         self.scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
         self.logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None

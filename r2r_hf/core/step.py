@@ -89,7 +89,8 @@ class StepResult:
     Args:
         plan: what it decided; synced: what the host read.
         token: [S] the token each slot committed (-1 where none; the pad for finished rows of a rectangle).
-        proposal: the proposals (``routed`` and ``router_scores`` below place them at their slots, when asked) (their scores and logits: ``generate``'s output_scores/output_logits).
+        proposal: the proposals (their scores and logits: ``generate``'s output_scores/output_logits; ``routed`` and
+            ``router_scores`` below place its routing at the slots, when asked).
         llm_scores: [w, V] the LLM writers' processed scores; llm_logits: [r, V] the logits of the rows the LLM
             read (``plan.llm_reads``); None when the LLM did not run or resolved pending positions.
         settled: what the step committed where the LLM resolved pending positions (``plan.settle``), or None.
@@ -158,7 +159,8 @@ class DeviceStep(BatchRows):
         if self.layout.reads_every_row:  # a rectangle's finished rows route nothing (a slot's proposers all run)
             routed &= self.running
         if self.budget is not None and not self.budgeted.isdisjoint(rows):  # (rows without a budget spend none)
-            live, budget_rows = _taken(self.running, index), None if index is None else index.to(self.budget.share.device)
+            live = _taken(self.running, index)
+            budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
         return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after)

@@ -133,7 +133,8 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
     return read
 
 
-def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: Regions, span: int | None = None) -> Step:
+def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: Regions,
+              span: int | None = None) -> Step:
     """``slot_cache.forward_piece`` fused, over the first k slots: (ids, position, column, real [k, g]) -> outputs.
 
     Padding is written to the spare column and its queries see column 0 (``slot_cache.piece_masks``); the read
