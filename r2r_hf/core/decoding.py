@@ -88,18 +88,7 @@ def r2r_decode(
             column = records.write(out, batch, routing.vocab_size)
             if sampled:
                 streams[column] = routing.sampler.state()
-        first = records.step
-        for column in range(first, batch.rows[0].confirmed):  # the columns no rollback can change now
-            if column > first and not batch.running.any():  # (a burst, after a resolution: it synced)
-                break  # every row ended inside the burst: what follows is no answer's
-            records.confirm(column, batch.running)
-            if streamer is not None:
-                if isinstance(streamer, RoutingAwareStreamer):
-                    streamer.put_routing(*(value.cpu() for value in records.column(column)))
-                streamer.put(seq.ids[:, prompt_len + column].cpu())
-            if criteria:
-                end = prompt_len + column + 1
-                _finish(batch, criteria(seq.ids[:, :end], records.scores_out), end)
+        _confirm(batch, records, criteria, streamer, prompt_len)
         if all(row.draining for row in batch.rows) and not batch.speculating():  # every row wrote its last token
             break
         if records.step < batch.rows[0].confirmed:  # every row ended inside a burst of confirmed columns
@@ -112,6 +101,24 @@ def r2r_decode(
     if not return_dict:
         return sequences
     return records.output(sequences, routing, batch.counters)
+
+
+def _confirm(batch: RunningBatch, records: _Records, criteria: StoppingCriteriaList, streamer: BaseStreamer | None,
+             prompt_len: int) -> None:
+    """The columns no rollback can change now are confirmed: recorded, streamed, and HF's stopping criteria mark
+    the rows they end finished."""
+    first, seq = records.step, batch.layout.seq
+    for column in range(first, batch.rows[0].confirmed):
+        if column > first and not batch.running.any():  # (a burst, after a resolution: it synced)
+            break  # every row ended inside the burst: what follows is no answer's
+        records.confirm(column, batch.running)
+        if streamer is not None:
+            if isinstance(streamer, RoutingAwareStreamer):
+                streamer.put_routing(*(value.cpu() for value in records.column(column)))
+            streamer.put(seq.ids[:, prompt_len + column].cpu())
+        if criteria:
+            end = prompt_len + column + 1
+            _finish(batch, criteria(seq.ids[:, :end], records.scores_out), end)
 
 
 def _needed(criteria: StoppingCriteriaList, length: int) -> StoppingCriteriaList:
