@@ -24,6 +24,7 @@ import torch
 from .budget import Budget
 from .choice import CallChoice, Chooser, RowChoice, RowRule
 from .counters import Counters
+from .fast.router_copy import stateless
 from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
@@ -32,7 +33,6 @@ from .rows import RowState
 from .routing import Routing
 from .staging import in_order, staged
 from .step import DeviceStep
-from .fast.router_copy import stateless
 
 
 @dataclass
