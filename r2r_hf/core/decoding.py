@@ -123,9 +123,17 @@ def _confirm(batch: RunningBatch, records: _Records, criteria: StoppingCriteriaL
 
 def _needed(criteria: StoppingCriteriaList, length: int) -> StoppingCriteriaList:
     """HF's stopping criteria but a length limit at or past the call's own (``RowState.max_new`` ends every answer
-    there): a criterion costs kernels at every step, and that one decides nothing."""
-    kept = (c for c in criteria if not (isinstance(c, MaxLengthCriteria) and c.max_length >= length))
-    return StoppingCriteriaList(kept)
+    there): a criterion costs kernels at every step, and that one decides nothing. It stays where the call runs past
+    the model's positions: it warns then, as HF's loop does."""
+    return StoppingCriteriaList(c for c in criteria if not _idle(c, length))
+
+
+def _idle(criterion, length: int) -> bool:
+    """Whether ``criterion`` is a length limit a call of ``length`` tokens never meets before its own, silently."""
+    if not isinstance(criterion, MaxLengthCriteria) or criterion.max_length < length:
+        return False
+    positions = getattr(criterion, "max_position_embeddings", None)
+    return positions is None or length <= positions
 
 
 def _finish(batch: RunningBatch, ended: torch.Tensor, end: int) -> None:
