@@ -23,9 +23,12 @@ phases). Budgets (H200, bf16, 1.5B + 32B; estimated from the review's cost model
   r2r_unfused_1, llm_graphs_1   the same pair on graphs of HF's forward: fusing's gain            40 + 25 s
   r2r_shares_1   R2R fused at the other shares (p = 0, 0.05, 0.2)                                       45 s
   slm_fused_1    the SLM alone on fused graphs: never-route's target (within 1.10x)                     20 s
-  components_1   captured t_SLM, t_router, t_LLM per bucket; the cost model (loop efficiency)            45 s
+  components_1   captured t_SLM, t_router, t_LLM per bucket (and a speculative resolution's read, every
+                 position's logits, per bucket); the cost model (loop efficiency)                       45 s
   r2r_router_1   the real router at its 90th-percentile threshold, folded into the SLM's read and in
-                 bf16 (core/fast/router_copy.py; a forced schedule cannot be folded): p as measured             40 s
+                 bf16 (core/fast/router_copy.py; a forced schedule cannot be folded): p as measured      40 s
+  r2r_speculative_1  R2R speculating (speculate 8, wait 32) at p = 0.1: random weights disagree at every
+                 routed position, so every resolution rolls back: the worst case, with its counters      40 s
   serving        the engine in-process (gpu_serve.py): R2R fused (the GPU's waiting default) and the
                  LLM alone on the same engine (no SLM, no router), concurrency 8 and 16, time outside
                  the graphs per step; then R2R with m = 1 and HF's generate_batch (the slot regions'
@@ -103,6 +106,7 @@ def phases(plan: Plan, report: Report, ctx: dict) -> list[Phase]:
         later(f"slm_fused_{one}", 20, lambda: ph.alone(model(), "slm", plan, one, prompt(one), report, fused=True)),
         components(one),
         later(f"r2r_router_{one}", 40, lambda: ph.r2r_router(model(), plan, prompt(one), gen, report)),
+        later(f"r2r_speculative_{one}", 40, lambda: ph.speculative(model(), plan, prompt(one), gen, report)),
         later("serving", plan.serve_budget_s, lambda: ph.serving(model(), plan, report)),
         later("agreement", 45, lambda: ph.bf16_agreement(model(), plan, report)),
     ]

@@ -181,6 +181,27 @@ def components(model, plan: Plan, batch: int, prompt: torch.Tensor, gen: dict, r
     report.put("cost_model", str(batch), rows)
 
 
+def speculative(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Report) -> None:
+    """R2R speculating (issue 43: ``speculate=8``, the LLM resolving once the oldest pending token is 32 steps old)
+    at the headline share, batch 1, on the forced schedule, fused path. Random weights: the LLM disagrees with the
+    SLM at almost every routed position, so every resolution rolls back at its first pending token — the worst
+    case, with its counters; the resolving reads' own cost is ``components_ms``' ``t_llm_every``, and the cost
+    model (``benchmarks/serve_speculative.py``) takes the agreement measured on a real pair (0.876)."""
+    router, forced = model.router, ForcedRouter(model.router, 1, plan.tokens)
+    model.router = forced
+    try:
+        forced.set_schedule(decisions(plan, plan.headline, 1))
+        call = lambda: model.generate(prompt, **gen, cache_implementation="static", threshold=0.5,  # noqa: E731
+                                      speculate=8, llm_max_wait=32, return_dict_in_generate=True)
+        run = {"p": plan.headline, "first_call_s": first_call(call, plan.device)}
+        run["ms_per_token"] = 1e3 * timed(call, plan.device, plan.repeats) / plan.tokens
+        run["counters"] = {k: v for k, v in call().counters.items() if v is not None}
+        run["fused"] = what_ran(model)
+        report.put("r2r_speculative_ms", "1", run)
+    finally:
+        model.router = router
+
+
 def bf16_agreement(model, plan: Plan, report: Report) -> None:
     """Teacher-forced logits of the captured path against the eager one (dynamic cache), 2 rows, over a cache of
     the timed phases' capacity (prompt + tokens: the warm phase compiled for it)."""

@@ -8,8 +8,9 @@ Each (configuration, concurrency) is a fresh server process (``--threads 1``, up
 number of chat requests at a fixed concurrency, then stops. Configurations, all at the shipped router's
 threshold unless said: ``wait`` (routed answers wait for a shared LLM forward: m = running answers / 3, at
 most 16 steps, the GPU default), ``m1`` (the LLM runs in the step an answer routes: the CPU default), ``llm``
-(threshold 0: the LLM writes every token, the SLM's steps still run: the LLM alone in the same server) and
-``slm`` (threshold 2: no token routes). Per run: tokens/s, time to first token, inter-token latency (the gaps
+(threshold 0: the LLM writes every token, the SLM's steps still run: the LLM alone in the same server),
+``slm`` (threshold 2: no token routes), ``spec`` (speculative routing, ``--speculate 8``) and ``spec-llm``
+(threshold 0 with speculation: the LLM's own answers, the SLM drafting). Per run: tokens/s, time to first token, inter-token latency (the gaps
 between an answer's stream chunks), and the counters of ``/metrics`` (model forwards per token, rows per LLM
 forward, steps a routed answer waited). Each server writes a trace (``R2R_SERVE_TRACE``) that
 ``benchmarks/serve_model.py`` replays with forward costs. Results go to benchmarks/results/serve_load.json,
@@ -39,7 +40,10 @@ ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
 WAIT = ",".join(str(max(1, round(rows / 3))) for rows in range(1, 17))  # core/policy.py's GPU default
 CONFIGS = {"wait": ["--llm-min-rows", WAIT, "--llm-max-wait", "16"], "m1": ["--llm-min-rows", "1", "--llm-max-wait", "0"],
            "llm": ["--threshold", "0", "--llm-min-rows", "1", "--llm-max-wait", "0"],
-           "slm": ["--threshold", "2", "--llm-min-rows", "1", "--llm-max-wait", "0"]}
+           "slm": ["--threshold", "2", "--llm-min-rows", "1", "--llm-max-wait", "0"],
+           # speculative routing (issue 43): routed answers go on with the SLM's token, 8 pending at most, the LLM
+           # resolving with core/policy.speculative_policy's defaults; "spec-llm": threshold 0, the LLM's own answers
+           "spec": ["--speculate", "8"], "spec-llm": ["--threshold", "0", "--speculate", "8"]}
 
 
 def prompts(n: int) -> list[str]:
@@ -161,7 +165,10 @@ def per_run(before: dict, after: dict) -> dict:
             "rows_per_llm_call": d.get("r2r_llm_call_rows_total", 0) / calls if calls else None,
             "wait_steps_p50_at_most": wait_quantile(0.5), "wait_steps_p95_at_most": wait_quantile(0.95),
             "host_syncs_per_step": d.get("r2r_host_syncs_total", 0) / max(d.get("r2r_steps_total", 0), 1),
-            "join_kv_bytes_per_join": d.get("r2r_join_kv_bytes_total", 0) / max(d.get("r2r_joins_total", 0), 1)}
+            "join_kv_bytes_per_join": d.get("r2r_join_kv_bytes_total", 0) / max(d.get("r2r_joins_total", 0), 1),
+            "thrown_per_token": d.get("r2r_speculative_thrown_tokens_total", 0) / tokens,
+            "agreement_at_routed": (d.get("r2r_speculative_agreed_total", 0) / resolved) if (resolved := d.get(
+                "r2r_speculative_agreed_total", 0) + d.get("r2r_speculative_rejected_total", 0)) else None}
 
 
 def _p95(values: list[float]) -> float:

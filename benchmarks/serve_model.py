@@ -11,6 +11,9 @@ batch whose forwards are priced instead of run): closed-loop clients, free slots
 prefill, each step's proposals, the real ``WaitPolicy``, the LLM's catch-up over the rows it writes (each from
 where it last read, in pieces of 256 tokens), the SLM reading what was committed, and the host reading a token
 one step after it was committed. Time is the sum of the forwards' costs plus a fixed host cost per step.
+Speculative policies (``WaitPolicy.speculate``) replay too: each routed position carries whether the LLM agrees
+with the SLM there (recorded, or drawn with the measured share ``AGREEMENT``); ``benchmarks/serve_speculative.py``
+predicts their table.
 
 Costs: on this CPU the fits of ``benchmarks/forward_costs.py`` (``t = a + b k + c k g`` for k rows of g tokens);
 on an H200 the component costs of docs/performance.md (cost model, no device run yet), below. The validation
@@ -28,7 +31,7 @@ from pathlib import Path
 
 from r2r_hf.core.policy import WaitPolicy, default_policy
 
-from .replay import replay
+from .replay import Routed, replay
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Costs:
     router: tuple[float, float]  # a + b k
     step: float
     name: str = ""
+    packed: bool = False  # price a read of ragged rows by its mean tokens per row (a what-if: the slots' pads)
 
     def forward(self, role: str, rows: int, tokens: int) -> float:
         model = self.slm if role == "slm" else self.llm
@@ -100,7 +104,11 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
             "rows_per_llm_call": c.llm_rows / c.llm_calls if c.llm_calls else None,
             "wait_p50": c.waits.quantile(0.5), "wait_p95": c.waits.quantile(0.95),
             "itl_p50_ms": 1000 * _quantile(gaps, 0.5), "itl_p95_ms": 1000 * _quantile(gaps, 0.95),
-            "llm_token_rate": sum(sum(a.routed) for a in done) / tokens}
+            "itl_p99_ms": 1000 * _quantile(gaps, 0.99), "llm_token_rate": sum(sum(a.routed) for a in done) / tokens,
+            "llm_calls_per_token": c.llm_calls / tokens, "thrown_per_token": c.thrown / tokens,
+            "resolutions": c.resolutions, "agreed": c.agreed, "rejected": c.rejected,
+            "pending_per_resolution": (c.agreed + c.rejected) / c.resolutions if c.resolutions else None,
+            "time_share": {what: seconds / batch.clock for what, seconds in batch.spent.items()}}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -111,20 +119,39 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 # ----------------------------------------------------------------- inputs
-def answers_of(trace: str | Path) -> list[tuple[int, list[bool]]]:
-    """The answers a traced server served: (prompt length, routed flag per token), in the order they ended."""
-    out = []
+# The share of routed positions at which the LLM's token equals the SLM's proposal, measured on the shipped pair
+# (Qwen2.5-Coder 0.5B + 1.5B and its router, greedy, 10 HumanEval answers: 113 of 129; ../shared/reference).
+AGREEMENT = 0.876
+
+
+def _agreement(routed: list[bool], agreement: float, rng: random.Random) -> Routed:
+    """``routed`` with an agreement flag drawn at each routed position (True elsewhere: never read there)."""
+    return Routed(routed, [rng.random() < agreement if hit else True for hit in routed])
+
+
+def answers_of(trace: str | Path, agreement: float = AGREEMENT, seed: int = 0) -> list[tuple[int, Routed]]:
+    """The answers a traced server served: (prompt length, routed flag per token), in the order they ended. Where
+    the trace records whether the LLM agreed with the SLM at each token (``agrees``), that; else drawn at each routed
+    position with probability ``agreement`` (seeded)."""
+    out, rng = [], random.Random(f"agrees-{seed}")
     for line in Path(trace).read_text().splitlines():
         record = json.loads(line)
         if "answer" in record:
-            out.append((record["answer"]["prompt"], [bool(r) for r in record["answer"]["routed"]]))
+            answer = record["answer"]
+            routed = [bool(r) for r in answer["routed"]]
+            agrees = answer.get("agrees")
+            out.append((answer["prompt"], _agreement(routed, agreement, rng) if agrees is None
+                        else Routed(routed, [bool(a) for a in agrees])))
     return out
 
 
-def synthetic(answers: list[tuple[int, list[bool]]], p: float, seed: int = 0) -> list[tuple[int, list[bool]]]:
-    """The same prompt and answer lengths, each token routed with probability ``p`` (a forced share)."""
-    rng = random.Random(seed)
-    return [(prompt, [rng.random() < p for _ in routed]) for prompt, routed in answers]
+def synthetic(answers: list[tuple[int, list[bool]]], p: float, seed: int = 0,
+              agreement: float = AGREEMENT) -> list[tuple[int, Routed]]:
+    """The same prompt and answer lengths, each token routed with probability ``p`` (a forced share), and the LLM
+    agreeing with the SLM at each routed position with probability ``agreement`` (its own stream: the routing is
+    the same whatever ``agreement``)."""
+    rng, agrees = random.Random(seed), random.Random(f"agrees-{seed}")
+    return [(prompt, _agreement([rng.random() < p for _ in routed], agreement, agrees)) for prompt, routed in answers]
 
 
 def cpu_costs(path: str | Path = "benchmarks/results/forward_costs.json", step: float = 2e-3) -> Costs:
@@ -142,7 +169,7 @@ def cpu_costs(path: str | Path = "benchmarks/results/forward_costs.json", step: 
 def llm_alone(answers, concurrency: int, costs: Costs) -> float:
     """Tokens/s of the LLM alone served the same way: every token the LLM's, no SLM, no router."""
     everything = [(prompt, [True] * len(routed)) for prompt, routed in answers]
-    free = Costs(slm=(0.0, 0.0, 0.0), llm=costs.llm, router=(0.0, 0.0), step=costs.step)
+    free = Costs(slm=(0.0, 0.0, 0.0), llm=costs.llm, router=(0.0, 0.0), step=costs.step, packed=costs.packed)
     return simulate(everything, concurrency, WaitPolicy(), free)["tokens_per_s"]
 
 

@@ -86,7 +86,8 @@ class ForcedRouter(Router):
         self.step_index = 0
 
     def step(self) -> None:
-        self.due.copy_(self.table[self.step_index])
+        # Past the schedule it starts again: a speculating call takes more steps than it writes tokens (rollbacks)
+        self.due.copy_(self.table[self.step_index % len(self.table)])
         self.step_index += 1
 
     def scores(self, topk_logits, token_embedding, hidden):
@@ -183,6 +184,12 @@ def captured_components(state: CapturedState, context: int, repeats: int, device
         span = state.span(context + bucket)
         state.read("llm", bucket, span, **chunk)  # captured on first use, outside the timing
         out["t_llm"][bucket] = timed(lambda: state.read("llm", bucket, span, **chunk), device, repeats * 3)
+    out["t_llm_every"] = {}  # a speculative resolution's read: every position's logits (HF's forward, captured)
+    for bucket in BUCKETS:
+        chunk = piece(bucket)
+        state.read("llm", bucket, state.capacity, every=True, **chunk)
+        out["t_llm_every"][bucket] = timed(lambda: state.read("llm", bucket, state.capacity, every=True, **chunk),
+                                           device, repeats * 3)
     state.reset()
     return out
 

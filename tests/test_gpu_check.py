@@ -108,6 +108,8 @@ def test_gpu_check_dry_run_keeps_the_headline_when_the_warm_phase_fails(tmp_path
     assert all(c["problem"] is None and c["max_rel"] <= c["tolerance"] for c in data["fused_check"].values())
     assert "fallbacks" not in data, data.get("fallbacks")
     assert data["r2r_router_ms"]["1"]["router"] == {"folded": True, "dtype": "torch.bfloat16"}
+    speculating = data["r2r_speculative_ms"]["1"]["counters"]
+    assert speculating["speculative_agreed"] + speculating["speculative_rejected"] > 0, "it speculated"
     served = data["serving"]
     assert list(served) == ["R2R, waiting", "LLM alone", "ratios", "R2R, m = 1"]
     assert set(served["ratios"]) == {str(c) for c in DRY_RUN.serve}
@@ -147,6 +149,7 @@ def test_the_warm_phase_compiles_every_shape_class_the_timed_phases_meet(tmp_pat
         for role in ("llm", "slm"):
             ph.alone(model, role, plan, 1, prompts[1], report, fused=True)
         ph.r2r_router(model, plan, prompts[1], gen, report)
+        ph.speculative(model, plan, prompts[1], gen, report)
         ph.bf16_agreement(model, plan, report)
         ph.r2r_shares(model, plan, 8, prompts[8], gen, report, (0.1,))
         ph.components(model, plan, 8, prompts[8], gen, report)

@@ -63,7 +63,7 @@ def test_a_greedy_call_scores_inside_the_slm_read_and_writes_what_eager_writes(t
             assert 0 < fast.routed[fast.generated_mask].sum() < fast.generated_mask.sum(), "mixed: some routed"
     state = model.capture_store.state
     assert state.router_step is None, "no router step of its own: every score came from an SLM read"
-    assert {fold for role, _, _, fold in state.reads if role == "slm"} == {True}
+    assert {key[3] for key in state.reads if key[0] == "slm"} == {True}
 
 
 @pytest.mark.parametrize("extra", [dict(do_sample=True, temperature=0.8), dict(repetition_penalty=1.3)],
@@ -76,7 +76,7 @@ def test_a_call_whose_proposal_is_not_the_argmax_keeps_the_router_step(tok, extr
     torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, rtol=0, atol=1e-6)
     state = model.capture_store.state
     assert state.router_step is not None
-    assert {fold for role, _, _, fold in state.reads if role == "slm"} == {False}
+    assert {key[3] for key in state.reads if key[0] == "slm"} == {False}
 
 
 def test_the_rule_for_folding():

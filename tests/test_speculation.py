@@ -105,12 +105,12 @@ def test_generate_speculating_equals_generate(request, tok, which, rows, samplin
     options = dict(repetition_penalty=1.3, no_repeat_ngram_size=3)
     for threshold in (tau, 0.0):
         base, state = _gen(model, enc, sampling, threshold=threshold, **options)
-        for speculate, wait in ((2, 4), (8, 64)):
+        for speculate, wait, below in ((2, 4, None), (8, 64, None), (4, 16, 0.5)):
             fast, fast_state = _gen(model, enc, sampling, threshold=threshold, speculate=speculate, llm_max_wait=wait,
-                                    **options)
+                                    speculate_below=below, **options)
             _same(fast, base)
             assert torch.equal(fast_state, state), "the global stream stands where R2R's draws left it"
-            assert fast.counters["agreement_at_routed"] is not None, "it speculated"
+            assert below is not None or fast.counters["agreement_at_routed"] is not None, "it speculated"
     if not sampling or rows == 1:
         torch.manual_seed(11)
         want = model.llm.generate(**enc, max_new_tokens=18, do_sample=sampling, pad_token_id=0, eos_token_id=2,
@@ -197,6 +197,7 @@ def test_captured_generate_speculating_equals_eager(related, tok, monkeypatch, r
                        cache_implementation="static")
         _same(fast, eager)
         assert fast.counters["agreement_at_routed"] is not None
+    assert any(key[4] for key in related.capture_store.state.reads), "the resolving reads were captured too"
 
 
 def test_the_server_speculates_streams_confirmed_tokens_and_counts_what_it_did(related, tok):

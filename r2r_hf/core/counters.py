@@ -158,7 +158,11 @@ class Counters:
             "joins": self.joins,
             "join_bytes_per_join": self.join_bytes / self.joins if self.joins else None,
             "gathered_bytes": self.gathered_bytes,
-            "pending_resolved_per_llm_call": (self.agreed + self.rejected) / self.llm_calls if self.llm_calls else None,
+            "llm_forwards": self.llm_forwards,
+            "speculative_agreed": self.agreed,
+            "speculative_rejected": self.rejected,
+            "thrown": self.thrown,
+            "pending_resolved_per_llm_call": (self.agreed + self.rejected) / self.resolutions if self.resolutions else None,
             "agreement_at_routed": self.agreed / (self.agreed + self.rejected) if self.agreed + self.rejected else None,
             "thrown_per_token": per_token(self.thrown),
         }

@@ -60,7 +60,8 @@ class StepPlan:
 
 
 def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequence[bool], ended: set[int],
-              policy: WaitPolicy, reads_every_row: bool = False, rows_wait: bool = True) -> StepPlan:
+              policy: WaitPolicy, reads_every_row: bool = False, rows_wait: bool = True,
+              sure: Sequence[bool] = ()) -> StepPlan:
     """Decide one step from host values (see the module docstring).
 
     Args:
@@ -71,10 +72,12 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
         policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``).
         reads_every_row: the layout's LLM reads every row whenever it runs (HF's rectangle).
         rows_wait: a routed row may wait with no token (not in a rectangle: there the LLM runs instead).
+        sure: for each proposing row, whether the router is surer than ``policy.speculate_below`` (it then waits).
     """
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
     hits = [r for r, hit in zip(proposed, routed) if hit and r not in ended]
-    speculating = tuple(r for r in hits if len(rows[r].pending) < policy.speculate)
+    unsure = {r for r, s in zip(proposed, sure or [False] * len(proposed)) if not s}
+    speculating = tuple(r for r in hits if len(rows[r].pending) < policy.speculate and r in unsure)
     slm_writers = tuple(r for r, hit in zip(proposed, routed) if r not in ended and (not hit or r in speculating))
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
     since.update({r: step for r in hits if r not in speculating})

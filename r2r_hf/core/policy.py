@@ -46,6 +46,16 @@ def check_speculate(value: object) -> int:
     return value
 
 
+def check_speculate_below(value: object) -> float:
+    """A router score from which routed rows wait rather than speculate (None: speculate wherever they route)."""
+    if value is None:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"speculate_below must be a router score (a number; above 1: speculate everywhere), got "
+                         f"{value!r}.")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class WaitPolicy:
     """When a batch's LLM runs (see the module docstring).
@@ -56,17 +66,21 @@ class WaitPolicy:
         speculate: routed positions a row may go past with the SLM's token before it waits (0: routed rows wait;
             ``speculation.py``). With speculation, ``min_rows`` counts the rows that hold a pending position or
             wait, and ``max_wait`` bounds the age of the oldest, which also bounds a row's speculative tail.
+        speculate_below: a row speculates past a routed position only where the router's score there is below this
+            (where it is surer, the LLM disagrees far more often: the row waits for it instead).
     """
 
     min_rows: tuple[int, ...] = (1,)
     max_wait: int = 0
     speculate: int = 0
+    speculate_below: float = math.inf
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
             raise ValueError(f"min_rows must be a tuple of whole numbers >= 1, got {self.min_rows!r}.")
         check_max_wait(self.max_wait)
         check_speculate(self.speculate)
+        check_speculate_below(self.speculate_below)
 
     @property
     def immediate(self) -> bool:
@@ -104,7 +118,7 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
 
 
 def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | None = None,
-                   max_wait: int | None = None, speculate: int = 0) -> WaitPolicy:
+                   max_wait: int | None = None, speculate: int = 0, speculate_below: float | None = None) -> WaitPolicy:
     """The server's policy: what its settings name, the rest from the device's default (``default_policy``, or with
     ``speculate`` ``speculative_policy``)."""
     if speculate:
@@ -113,18 +127,22 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
         return default_policy(device_type, max_rows)
     else:
         default = default_policy("cuda", max_rows)  # what waiting means where it pays
-    return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate)
+    return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
+                      check_speculate_below(speculate_below))
 
 
 def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitPolicy:
-    """Where rows speculate: the LLM resolves once most running rows (and at least two) hold a pending position,
-    a row holding ``speculate`` routes again, or the oldest pending position is ``SERVE_SPECULATE_WAIT`` steps old
-    (chosen with the cost model: docs/performance.md)."""
-    return WaitPolicy(tuple(max(2, math.ceil(rows * 3 / 4)) for rows in range(1, max_rows + 1)),
-                      SERVE_SPECULATE_WAIT, speculate)
+    """Where rows speculate: the LLM resolves once every running row (and at least two: one row alone never
+    resolves at once, which would be m = 1) holds a pending position or waits, once the oldest pending position is
+    ``SERVE_SPECULATE_WAIT`` steps old, or when no row can go on without it (a row that holds ``speculate`` pending
+    positions and routes again waits meanwhile). Chosen with the cost model (``benchmarks/serve_speculative.py``,
+    H200 estimates, docs/performance.md): at 8 and 16 users, p = 0.05-0.2, 3 % below the best of its grid in each
+    case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
+    LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99."""
+    return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate)
 
 
-SERVE_SPECULATE_WAIT = 64
+SERVE_SPECULATE_WAIT = 16
 # A generate call that speculates resolves its rows' pending positions once the oldest is this many steps old (or a
 # row holds ``speculate`` of them and routes again, or none can go on). Chosen with the cost model: docs/performance.md.
 SPECULATE_WAIT = 32
@@ -150,4 +168,5 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
             logger.warning("speculation is off for this call: %s.", why)
         return IMMEDIATE
     wait = getattr(generation_config, "llm_max_wait", None)
-    return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else check_max_wait(wait), speculate)
+    below = check_speculate_below(getattr(generation_config, "speculate_below", None))
+    return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else check_max_wait(wait), speculate, below)

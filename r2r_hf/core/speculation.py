@@ -42,6 +42,7 @@ def resolve(batch, plan: StepPlan, committed: torch.Tensor) -> tuple[Settlement,
     verified = choice.verify(logits, indices, pending)
     drawn = _written(batch, plan, indices, logits)
     rejected = _first_rejections(layout, pending, verified, batch.device)
+    batch.counters.host_syncs += 1  # (the resolution's own: which rows to cut back decides what the step commits)
     settled = settle(rows, plan, rejected, cuts_together=layout.reads_every_row)
     for r, index in settled.rollbacks.items():
         batch.restore_budget(r, rows[r].tail[index - rows[r].confirmed][0])

@@ -49,6 +49,8 @@ class Proposal:
             draw from (None: none can fail).
         router_scores: the router's scores; routed: where each row routes.
         states: each row's random stream before its draw (the LLM draws from there); after: after it (speculation).
+        sure: where the router's score reaches ``WaitPolicy.speculate_below``, placed like routed (None: no row
+            speculates).
     """
 
     rows: list[int]
@@ -61,6 +63,7 @@ class Proposal:
     routed: torch.Tensor
     states: Mapping[int, Any]
     after: Mapping[int, Any]
+    sure: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,15 @@ class Synced:
             or, after speculation, the tokens the LLM confirmed (``rows.BatchRows.arrive``).
         failed: rows whose scores held no probability to draw from (their answer cannot go on).
         extra: the values the caller's stop rule asked to read (``turn.Stops.reads``).
+        sure: per proposing row, whether the router's score reached ``WaitPolicy.speculate_below`` (empty: no row
+            speculates).
     """
 
     routed: list[bool]
     delivered: list[list[tuple[int, bool, bool]]]
     failed: set[int]
     extra: list[int]
+    sure: list[bool] = ()
 
 
 @dataclass(frozen=True)
@@ -141,13 +147,15 @@ class DeviceStep(BatchRows):
     ``running``, ``last_token``, ``budget``, ``index``, ``proposal_index``, ``mask``, ``budgeted`` and
     ``store_slm``."""
 
-    def propose(self, speculate: bool = False) -> Proposal:
-        """Every proposing row's token, router score and routing decision (device values; nothing waits); with
-        ``speculate``, also each row's stream after its draw (a row that goes on past a routed position keeps it)."""
+    def propose(self, speculate_below: float | None = None) -> Proposal:
+        """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
+        may speculate (``speculate_below``: the score from which a routed row waits instead), also each row's stream
+        after its draw (a row that goes on past a routed position keeps it) and where its score reaches the bound."""
+        speculate = speculate_below is not None
         rows = self.proposing()
         if not rows:
             nothing = torch.zeros(0, device=self.device)
-            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {}, {})
+            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {}, {}, None)
         index = self.proposal_index(rows)
         logits, hidden = _taken(self.slm_logits, index), _taken(self.slm_hidden, index)
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
@@ -163,7 +171,8 @@ class DeviceStep(BatchRows):
             budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
-        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after)
+        sure = router_scores >= speculate_below if speculate else None
+        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after, sure)
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
@@ -172,6 +181,8 @@ class DeviceStep(BatchRows):
         flags = self.choice.flags()
         parts = [proposal.routed, self.last_token.to(device)]  # (cat promotes bool to long: no cast kernel)
         parts += [part.reshape(-1).to(device) for part in (proposal.ok, flags, *extra) if part is not None]
+        if proposal.sure is not None:
+            parts.append(proposal.sure)  # last: n entries, like routed
         flat = torch.cat(parts).tolist()
         self.counters.host_syncs += 1
         end = n + s
@@ -183,7 +194,9 @@ class DeviceStep(BatchRows):
             failed |= {r for r, v in enumerate(flat[end : end + s]) if v}
             end += s
         delivered = self.arrive(flat[n : n + s])
-        return Synced([bool(flat[i]) for i in at], delivered, failed, flat[end:])
+        stop = len(flat) - (n if proposal.sure is not None else 0)
+        sure = [bool(flat[stop + i]) for i in at] if proposal.sure is not None else []
+        return Synced([bool(flat[i]) for i in at], delivered, failed, flat[end:stop], sure)
 
     def execute(self, proposal: Proposal, synced: Synced, plan: StepPlan) -> StepResult:
         """Run ``plan`` on the device (see the module docstring) and advance the rows' host state."""

@@ -46,7 +46,8 @@ class NoStops:
 
 def decode_step(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult:
     """Advance ``batch`` (a ``RunningBatch``, or anything with its step interface) by one step."""
-    proposal = batch.propose(policy.speculate > 0)  # device: choices, router scores, budget; nothing waits
+    # device: choices, router scores, budget; nothing waits
+    proposal = batch.propose(policy.speculate_below if policy.speculate else None)
     synced = batch.sync(proposal, stops.reads())  # the one host synchronisation (more where the LLM resolves)
     taken = stops.ended(synced)
     for r, kept in taken.items():  # tokens handed over past an answer's end are not the answer's
@@ -54,7 +55,8 @@ def decode_step(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResu
         batch.counters.delivered(-len(surplus), -sum(by_llm for _, by_llm, _ in surplus))
     ended = set(taken) | synced.failed
     rectangle = batch.layout.reads_every_row  # HF's rectangle: its rows cannot wait, its LLM reads every row
-    plan = plan_step(batch.rows, batch.step_no, proposal.rows, synced.routed, ended, policy, rectangle, not rectangle)
+    plan = plan_step(batch.rows, batch.step_no, proposal.rows, synced.routed, ended, policy, rectangle, not rectangle,
+                     synced.sure)
     return batch.execute(proposal, synced, plan)  # device: catch-up, commit, SLM read; then the rows' host state
 
 

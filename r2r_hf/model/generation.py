@@ -80,6 +80,8 @@ R2R_OPTIONS = {
                  "answers do not change (0: off)",
     "llm_max_wait": "with speculate: the LLM resolves pending positions once the oldest is this many steps old "
                     "(default 32)",
+    "speculate_below": "with speculate: a routed row goes on only where the router's score is below this (where it "
+                       "is surer the LLM disagrees far more often; the row waits for it instead)",
 }
 ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 

@@ -84,7 +84,8 @@ def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step]
     fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
     # As the decoding thread replays them; one collection, then none while it captures (``gc_paused``).
     with torch.inference_mode(), gc_paused(collect=True):
-        report = capture_slots(batch.layout, capturer, warm=True, fuse=fuse, router_dtype=model.capture_store.router_dtype)
+        report = capture_slots(batch.layout, capturer, warm=True, fuse=fuse,
+                               router_dtype=model.capture_store.router_dtype, speculate=settings.speculate > 0)
     path = settings.capture if settings.capture != "auto" else "graphs"
     report = {"path": path, **report, "graph_memory_bytes": memory() - before}
     logger.info("%s %d steps at start-up in %.1f s (%d slots x %d tokens, %.0f MB)",

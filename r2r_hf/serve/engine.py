@@ -93,7 +93,7 @@ class Engine:
         self.pair = model.routed_pair().for_call()  # one router state for the server's one running batch
         self.device = input_device(model.slm)
         self.policy = serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
-                                     settings.llm_max_wait, settings.speculate)
+                                     settings.llm_max_wait, settings.speculate, settings.speculate_below)
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)

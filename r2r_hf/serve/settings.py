@@ -129,6 +129,9 @@ class ServeSettings:
     speculate: int = setting(0, "a routed answer goes on with the SLM's token, up to this many routed positions "
                                 "pending, until one LLM forward confirms or corrects them; answers do not change (0: "
                                 "off; see the README)", parse="non_negative_int")
+    speculate_below: float | None = setting(None, "with --speculate: an answer goes on past a routed position only "
+                                                  "where the router's score is below this (default: everywhere)",
+                                            parse="fraction")
     read_timeout: float = setting(30.0, "seconds a client may take to send a request, headers and body (slower ones "
                                         "are closed)", parse="positive_seconds")
     write_timeout: float = setting(30.0, "seconds a client may leave its answer unread (the server's buffer for it "
@@ -161,13 +164,15 @@ class ServeSettings:
             from ..core.budget import check_budget  # here: the CLI builds its flags from this class before torch
 
             check_budget(self.llm_budget)
-        from ..core.policy import check_max_wait, check_min_rows, check_speculate  # stdlib only, like this module
+        from ..core.policy import (  # stdlib only, like this module
+            check_max_wait, check_min_rows, check_speculate, check_speculate_below)
 
         if self.llm_min_rows is not None:
             self.llm_min_rows = check_min_rows(self.llm_min_rows)
         if self.llm_max_wait is not None:
             check_max_wait(self.llm_max_wait)
         check_speculate(self.speculate)
+        check_speculate_below(self.speculate_below)
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
 

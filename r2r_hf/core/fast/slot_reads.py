@@ -67,7 +67,8 @@ class CapturedReads:
         self.regions = fused_regions(model) if fuse else None
         self.rows = row_buckets(cache.slots)
         self.spans = span_buckets(cache.capacity)
-        self.steps: dict[tuple[int, int, int], Step] = {}  # (rows, tokens, span) bucket -> its captured read
+        # (rows, tokens, span) bucket, and whether it keeps every position's logits -> its captured read
+        self.steps: dict[tuple[int, int, int, bool], Step] = {}
         device = model.get_input_embeddings().weight.device
         self.index = {k: torch.arange(k, device=device) for k in self.rows}
 
@@ -76,27 +77,29 @@ class CapturedReads:
         """The widest piece one replay reads."""
         return BUCKETS[-1]
 
-    def _fn(self, rows: int, span: int) -> Step:
-        cache, model, hidden, index = self.cache, self.model, self.hidden, self.index[rows]
+    def _fn(self, rows: int, span: int, every: bool = False) -> Step:
+        cache, model, hidden, index = self.cache, self.model, self.hidden and not every, self.index[rows]
 
         def read(ids, position, column, real):
             cache.plan(list(range(rows)), column, span, index=index)
-            return forward_piece(model, cache, ids, position, column, real, span, hidden)
+            return forward_piece(model, cache, ids, position, column, real, span, hidden, every)
 
         return read
 
-    def step(self, rows: int, width: int, span: int, example: dict[str, torch.Tensor]) -> Step:
-        key = (rows, width, span)
+    def step(self, rows: int, width: int, span: int, example: dict[str, torch.Tensor], every: bool = False) -> Step:
+        """The captured read of ``rows`` x ``width`` attending ``span`` columns (with ``every``: every position's
+        logits, HF's forward: the fused head keeps the last only); captured on first use."""
+        key = (rows, width, span, every)
         if key not in self.steps:
-            if self.regions is not None:
+            if self.regions is not None and not every:
                 step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions,
                                                                      span), example, type(self.model).__name__)
                 if step is not None:
                     self.steps[key] = step
                     return step
                 self.regions = None  # every bucket, those captured already too: one kind of read per model
-                self.steps.clear()
-            self.steps[key] = self.capture(self._fn(rows, span), example)
+                self.steps = {key: step for key, step in self.steps.items() if key[3]}
+            self.steps[key] = self.capture(self._fn(rows, span, every), example)
         return self.steps[key]
 
     @property
@@ -104,8 +107,9 @@ class CapturedReads:
         """Whether the captured reads are fused ones."""
         return self.regions is not None
 
-    def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int]):
-        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or None."""
+    def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], every: bool = False):
+        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or
+        None (with ``every``: the logits [k, width, V] after each token of the right-aligned piece, and None)."""
         k = next(b for b in self.rows if b > max(rows))
         width = bucket_for(max(counts))
         span = attended(max(s + n for s, n in zip(starts, counts)), self.cache.capacity)  # the columns filled
@@ -113,22 +117,24 @@ class CapturedReads:
         for r, s, n in zip(rows, starts, counts):
             full_starts[r], full_counts[r] = s, n
         inputs = piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash)
-        out = self.step(k, width, span, inputs).run(**inputs)  # the captured outputs: each kept row copied out once
+        out = self.step(k, width, span, inputs, every).run(**inputs)  # captured outputs: each kept row copied out once
         if in_order(rows) and len(rows) == k:
             kept = [value.clone() for value in out]
         else:
             picked = staged(rows, out[0].device)
             kept = [value.index_select(0, picked) for value in out]
-        return kept[0], (kept[1] if self.hidden else None)
+        return kept[0], (kept[1] if self.hidden and not every else None)
 
-    def warm(self, tokens: torch.Tensor) -> int:
-        """Capture every (rows, tokens) bucket with inputs that write nothing; the number captured. Largest first:
-        the smaller graphs then reuse the blocks the larger ones left in the pool (vLLM captures in that order too)."""
+    def warm(self, tokens: torch.Tensor, every: bool = False) -> int:
+        """Capture every (rows, tokens) bucket with inputs that write nothing (and with ``every``, the reads that
+        keep every position's logits: speculative resolutions); the number captured. Largest first: the smaller
+        graphs then reuse the blocks the larger ones left in the pool (vLLM captures in that order too)."""
         for k in reversed(self.rows):
             for width in reversed(BUCKETS):
                 inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
                 for span in reversed(self.spans):
-                    self.step(k, width, span, inputs)
+                    for kind in (False, True) if every else (False,):
+                        self.step(k, width, span, inputs, kind)
         return len(self.steps)
 
 
@@ -174,10 +180,11 @@ class CapturedRouter:
 
 
 def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False,
-              router_dtype: str = "float32") -> dict:
+                  router_dtype: str = "float32", speculate: bool = False) -> dict:
     """From now on every read of the slot ``layout`` (a ``layouts.slot_layout.SlotLayout``) replays a captured call:
-    the slots become static (their current size), every bucket is captured now with ``warm``, fused reads where
-    ``fuse``, the router in ``router_dtype`` (``router_copy.py``); what it took."""
+    the slots become static (their current size), every bucket is captured now with ``warm`` (with ``speculate``
+    also the LLM's reads that keep every position's logits), fused reads where ``fuse``, the router in
+    ``router_dtype`` (``router_copy.py``); what it took."""
     p = layout.pair
     for model, cache in ((p.slm, layout.slm_cache), (p.llm, layout.llm_cache)):  # allocate outside any capture
         inputs = piece_inputs(layout.tokens, list(range(layout.slots)), [0] * layout.slots, [0] * layout.slots, 1,
@@ -185,16 +192,16 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
         cache.plan(list(range(layout.slots)), inputs["column"], 1)
         forward_piece(model, cache, **inputs, used=1, hidden=False)
     layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse),
-                     "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse)}
+                       "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse)}
     layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:
         start = time.perf_counter()
-        report["steps"] = sum(c.warm(layout.tokens) for c in layout.captured.values())
+        report["steps"] = sum(c.warm(layout.tokens, speculate and role == "llm") for role, c in layout.captured.items())
         head = p.slm.get_output_embeddings().weight
         if getattr(p.router, "capturable", True):
             report["steps"] += layout.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
-                                                     head.dtype)
+                                                       head.dtype)
         report["seconds"] = time.perf_counter() - start
     report["fused"] = {role: reads.fused for role, reads in layout.captured.items()}  # after warming: what ran
     return report

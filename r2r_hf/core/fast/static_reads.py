@@ -92,20 +92,23 @@ def rope_type(config) -> str:
 
 
 # ------------------------------------------------------------------ the fixed-shape calls
-def read_fn(model: torch.nn.Module, cache: StaticCache, hidden: bool) -> Step:
+def read_fn(model: torch.nn.Module, cache: StaticCache, hidden: bool, every: bool = False) -> Step:
     """A model reading a padded piece: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> outputs.
 
     Outputs: the logits [B, V] at the piece's last real token ``last``, and with ``hidden`` the
     post-norm hidden state [B, H] there (from ``output_hidden_states``: a hook does not survive
-    compilation). The padding after ``last`` is written to the cache, then the cache's length is
+    compilation); with ``every``, the logits [B, b, V] after each token of the piece (a speculative
+    resolution's read). The padding after ``last`` is written to the cache, then the cache's length is
     wound back by ``rewind`` so that the next piece overwrites it; no real token attends to it.
     """
 
     def read(ids, positions, mask, last, rewind):
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_argument(cache), use_cache=True,
-                    logits_to_keep=last, output_hidden_states=hidden, return_dict=True)
+                    logits_to_keep=0 if every else last, output_hidden_states=hidden, return_dict=True)
         for layer in cache.layers:
             layer.cumulative_length.sub_(rewind)
+        if every:
+            return (out.logits,)
         if not hidden:
             return (out.logits[:, -1],)
         return out.logits[:, -1], out.hidden_states[-1].index_select(1, last)[:, -1]
@@ -173,7 +176,7 @@ class CapturedState:
         self.batch, self.capacity, self.capture_llm, self.key = batch, capacity, capture_llm, key
         self.capture = capture
         self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
-        self.reads: dict[tuple[str, int, int, bool], Step] = {}  # (role, bucket, span, folded) -> captured read
+        self.reads: dict[tuple, Step] = {}  # (role, bucket, span, folded, every position) -> captured read
         self.fused = {role: fused_regions(model) if fuse else None for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
         self.weights = addresses((slm, llm))  # where the weights lived when last lent (``CaptureStore``)
@@ -202,25 +205,28 @@ class CapturedState:
     @property
     def buckets(self) -> set[tuple[str, int]]:
         """(role, tokens bucket) of every read captured so far."""
-        return {(role, bucket) for role, bucket, _, _ in self.reads}
+        return {(role, bucket) for role, bucket, *_ in self.reads}
 
     def span(self, filled: int) -> int:
         """The columns a read attends once the cache holds ``filled`` (fused reads attend fewer than the capacity)."""
         return attended(filled, self.capacity)
 
-    def read(self, role: str, bucket: int, span: int, fold: bool = False, **inputs: torch.Tensor) -> tuple:
+    def read(self, role: str, bucket: int, span: int, fold: bool = False, every: bool = False,
+             **inputs: torch.Tensor) -> tuple:
         """``role``'s model reads one piece of ``bucket`` columns attending ``span`` (captured on first use); with
-        ``fold`` (the SLM) the read also scores its argmax proposal (``router_copy.folded``)."""
-        key = (role, bucket, span if self.fused[role] is not None else self.capacity, fold)
+        ``fold`` (the SLM) the read also scores its argmax proposal (``router_copy.folded``); with ``every`` it gives
+        the logits after each token (unfused: the fused head keeps the last only)."""
+        fused = self.fused[role] is not None and not every
+        key = (role, bucket, span if fused else self.capacity, fold, every)
         if key not in self.reads:
             key = self._capture(role, key, span, inputs)
         return self.reads[key](**inputs)
 
     def _capture(self, role: str, key: tuple, span: int, inputs: dict) -> tuple:
         model, cache = (self.slm, self.slm_cache) if role == "slm" else (self.llm, self.llm_cache)
-        hidden, regions, fold = role == "slm", self.fused[role], key[3]
+        hidden, regions, fold, every = role == "slm", self.fused[role], key[3], key[4]
         with kept_lengths(cache):
-            if regions is not None:
+            if regions is not None and not every:
                 build = lambda: self._then(static_read(model, cache, hidden, span, regions), fold)  # noqa: E731
                 step = capture_fused(self.capture, build, inputs, f"the {role.upper()}")
                 if step is not None:
@@ -228,9 +234,9 @@ class CapturedState:
                     return key
                 self.fused[role] = None  # every read of this model from now on, those captured already too
                 self.reads = {k: step for k, step in self.reads.items() if k[0] != role}
-            key = (role, key[1], self.capacity, fold)
+            key = (role, key[1], self.capacity, fold, every)
             if key not in self.reads:
-                self.reads[key] = self.capture(self._then(read_fn(model, cache, hidden), fold), inputs)
+                self.reads[key] = self.capture(self._then(read_fn(model, cache, hidden, every), fold), inputs)
         return key
 
     def _then(self, read: Step, fold: bool) -> Step:
@@ -251,6 +257,20 @@ class CapturedState:
                             last=self.lasts[tokens - 1], rewind=self.rewinds[bucket - tokens])
             start += tokens
         return out
+
+    def predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
+        """The LLM reads columns ``start:end`` piece by piece (captured, every position's logits): its logits
+        [B, n, V] after each column of ``keep``."""
+        found: dict[int, torch.Tensor] = {}
+        for tokens, bucket in pieces(end - start):
+            logits = self.read("llm", bucket, self.span(start + bucket), every=True,
+                               ids=seq.ids[:, start : start + bucket],
+                               positions=seq.positions[:, start : start + bucket],
+                               mask=seq.mask, last=self.counts[tokens - 1 : tokens],
+                               rewind=self.counts[bucket - tokens])[0]
+            found.update({start + j: logits[:, j] for j in range(tokens)})
+            start += tokens
+        return torch.stack([found[c] for c in keep], dim=1)
 
 
 def compiled(compile_config) -> Callable[[Step, dict], Step]:
@@ -301,8 +321,10 @@ class CapturedCalls:
         return self.state.read_new("llm", seq, start)[0]
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
-        """A speculative resolution's read (logits after several columns): eager, over the same static cache."""
-        return self.eager.llm_predict(seq, start, end, keep)
+        """A speculative resolution's read (logits after several columns), captured like every read."""
+        if not self.state.capture_llm:
+            return self.eager.llm_predict(seq, start, end, keep)
+        return self.state.predict(seq, start, end, keep)
 
     def crop(self, slm_tokens: int, llm_tokens: int) -> None:
         self.eager.crop(slm_tokens, llm_tokens)  # the static layers' device lengths move back: graphs stay valid

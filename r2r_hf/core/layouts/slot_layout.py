@@ -92,13 +92,17 @@ class SlotLayout:
         ``needs[row]`` and the logits [n, V] predicting each."""
         book, ends = self.book, {r: self.book.prompt[r] + max(indices) for r, indices in needs.items()}
         rows, got = sorted(needs), {r: {} for r in needs}
-        for forward in book.read("llm", rows, upto=ends):
+        captured = None if self.captured is None else self.captured["llm"]
+        for forward in book.read("llm", rows, upto=ends, piece=PIECE if captured is None else captured.piece):
             who, starts, counts = (list(column) for column in zip(*forward))
-            logits = read_piece(self.pair.llm, self.llm_cache, self.tokens, who, starts, counts, every=True)[0]
+            if captured is None:
+                logits = read_piece(self.pair.llm, self.llm_cache, self.tokens, who, starts, counts, every=True)[0]
+            else:
+                logits = captured.read(self.tokens, who, starts, counts, every=True)[0]
             self.counters.forward("llm", len(who), max(counts))
             for j, (r, start, n) in enumerate(forward):  # token column c sits at piece column width - n + c - start
                 for c in range(start, start + n):
-                    got[r][c + 1] = logits[j, max(counts) - n + c - start]
+                    got[r][c + 1] = logits[j, logits.shape[1] - n + c - start]
         return {r: (needs[r], torch.stack([got[r][book.prompt[r] + i] for i in needs[r]])) for r in rows}
 
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor | None = None) -> torch.Tensor:

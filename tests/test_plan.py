@@ -1,0 +1,82 @@
+"""The step's decisions (core/plan.py) are a pure function of host values: no model, no tensor, no device here.
+
+``plan_step`` says who writes, who waits, whether the LLM runs and for whom, and who speculates; ``settle`` what a
+step commits once the LLM has rejected a pending token (a slot's row alone is cut back; a rectangle's every row).
+"""
+
+from r2r_hf.core.plan import Settlement, StepPlan, plan_step, settle
+from r2r_hf.core.policy import IMMEDIATE, WaitPolicy
+from r2r_hf.core.rows import Pending, RowState
+
+
+def _rows(*states):
+    return [None if s is None else RowState(**s) for s in states]
+
+
+def test_a_plan_is_a_plain_value_that_compares_and_prints():
+    rows = _rows({}, {}, None)
+    a = plan_step(rows, 3, [0, 1], [False, True], set(), IMMEDIATE)
+    b = plan_step(rows, 3, [0, 1], [False, True], set(), IMMEDIATE)
+    assert a == b and isinstance(a, StepPlan) and "llm_writers=(1,)" in repr(a)
+    assert a.slm_writers == (0,) and a.llm_writers == (1,) and a.writers == (0, 1) and a.waited == (0,)
+    assert a.llm_reads == (1,), "slots: the LLM reads the rows it writes for"
+    assert plan_step(rows, 3, [0, 1], [False, True], set(), IMMEDIATE, reads_every_row=True).llm_reads == (0, 1)
+
+
+def test_routed_rows_wait_until_the_policy_runs_the_llm():
+    policy = WaitPolicy((2,), 4)
+    rows = _rows({}, {}, {})
+    first = plan_step(rows, 0, [0, 1, 2], [True, False, False], set(), policy)
+    assert first.llm_writers == () and first.waiting == (0,) and first.slm_writers == (1, 2)
+    rows[0].waiting_since = 0
+    both = plan_step(rows, 1, [1, 2], [True, False], set(), policy)
+    assert both.llm_writers == (0, 1) and both.waited == (1, 0), "two wait: the LLM serves both"
+    old = plan_step(rows, 4, [1, 2], [False, False], set(), policy)
+    assert old.llm_writers == (0,) and old.waited == (4,), "the oldest waited max_wait steps"
+    stalled = plan_step(_rows({"waiting_since": 0}), 1, [], [], set(), policy)
+    assert stalled.llm_writers == (0,), "nothing else can go on"
+
+
+def test_ended_rows_commit_nothing_and_draining_rows_are_not_read():
+    rows = _rows({"max_new": 1}, {}, {})
+    plan = plan_step(rows, 0, [0, 1, 2], [False, False, True], {2}, IMMEDIATE)
+    assert plan.ended == (2,) and plan.writers == (0, 1) and plan.llm_writers == ()
+    assert plan.slm_reads == (1,), "row 0 committed its last token: no proposal follows it"
+
+
+def test_a_routed_row_speculates_until_it_holds_its_depth_then_waits():
+    policy = WaitPolicy((3,), 16, speculate=2)
+    rows = _rows({}, {"pending": [Pending(0, 0), Pending(3, 2)]}, {})
+    plan = plan_step(rows, 5, [0, 1, 2], [True, True, False], set(), policy)
+    assert plan.speculating == (0,) and plan.slm_writers == (0, 2), "row 0 goes on with the SLM's token"
+    assert plan.waiting == (1,) and plan.llm_writers == (), "row 1 holds its depth: it waits (two hold, m = 3)"
+    runs = plan_step(rows, 16, [0, 2], [False, False], set(), policy)
+    assert runs.resolving == (1,) and runs.llm_reads == (1,), "the oldest pending position is max_wait old"
+
+
+def test_a_rectangle_runs_the_llm_rather_than_let_a_row_wait():
+    policy = WaitPolicy((3,), 32, speculate=1)
+    rows = _rows({"pending": [Pending(0, 0)]}, {})
+    plan = plan_step(rows, 1, [0, 1], [True, False], set(), policy, reads_every_row=True, rows_wait=False)
+    assert plan.llm_writers == (0,) and plan.resolving == (0,) and plan.llm_reads == (0, 1)
+    assert plan_step(rows, 1, [0, 1], [True, False], set(), policy).llm_writers == (), "slots: row 0 waits"
+
+
+def test_settle_cuts_a_slot_back_alone_and_a_rectangle_together():
+    rows = _rows({"written": 6, "max_new": 4, "pending": [Pending(2, 1), Pending(4, 3)]},
+                 {"written": 6, "max_new": 4, "pending": [Pending(5, 4)]}, {"written": 6, "max_new": 4})
+    plan = StepPlan(7, proposed=(0, 1, 2), slm_writers=(0, 1, 2), resolving=(0, 1), llm_reads=(0, 1))
+    slots = settle(rows, plan, {0: 1, 1: None}, cuts_together=False)
+    assert slots.rollbacks == {0: 4} and slots.llm_writers == (0,) and slots.slm_writers == (1, 2)
+    assert (slots.agreed, slots.rejected) == (2, 1), "row 0's first and row 1's only pending confirmed"
+    together = settle(rows, plan, {0: 1, 1: None}, cuts_together=True)
+    assert together.rollbacks == {0: 4, 1: 4, 2: 4} and together.llm_writers == (0,) and together.kept == (1, 2)
+    assert together.writers == (0, 1, 2) and together.slm_writers == ()
+    assert Settlement.plain(plan).writers == plan.writers, "nothing rejected: the plan's commits"
+
+
+def test_a_row_the_router_is_sure_of_waits_rather_than_speculates():
+    policy = WaitPolicy((3,), 16, speculate=4, speculate_below=0.9)
+    rows = _rows({}, {})
+    plan = plan_step(rows, 0, [0, 1], [True, True], set(), policy, sure=[True, False])
+    assert plan.speculating == (1,) and plan.waiting == (0,), "row 0's score reached speculate_below"
