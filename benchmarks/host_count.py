@@ -16,7 +16,9 @@ their ``device`` and ``non_blocking`` arguments), a ``TorchDispatchMode`` the at
   ``bool()``/``int()``/``float()`` of a device tensor, and ops that size their output on the host (``nonzero``,
   boolean-mask indexing, ``unique``...: ``r2r_hf.testing.graphs.sync_problem``, the emulation's own list).
 * **eager op** (``eager``): an aten op outside every graph replay that launches device work (views and metadata
-  excluded: ``benchmarks.kernel_counts.FREE``; ops on host tensors excluded: the host computes them). A replay
+  excluded: ``benchmarks.kernel_counts.FREE``; ops on host tensors excluded: the host computes them). Under
+  inference mode ``to``, ``contiguous`` and ``reshape`` reach the dispatcher whole: one that returns new memory
+  (a dtype cast, ``copy=True``, a non-contiguous input) is a copy kernel and counts (``COPYING``). A replay
   itself counts once in ``replays``; the copies into its static inputs and out of its outputs are eager ops, as
   on a GPU.
 """
@@ -44,6 +46,8 @@ READS = {torch.Tensor.item: ".item()", torch.Tensor.tolist: ".tolist()", torch.T
 TRANSFERS = {torch.tensor, torch.as_tensor, torch.Tensor.new_tensor, torch.Tensor.to, torch.Tensor.cuda,
              torch.Tensor.copy_, *READS}
 ROOT = str(Path(__file__).resolve().parents[1])
+# Ops in ``FREE`` that launch a copy when their result does not share their input's memory (see the docstring).
+COPYING = {"to", "contiguous", "reshape", "type_as", "flatten"}
 
 
 @dataclass
@@ -103,6 +107,12 @@ def _to_host(args: tuple, kwargs: dict) -> bool:
     return any(a == "cpu" for a in (*args[1:], kwargs.get("device")) if isinstance(a, str))
 
 
+def _moves(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a ``.to(...)``/``.cuda()`` call names a device (``.to(dtype)`` alone converts where the tensor is)."""
+    named = (*args[1:], kwargs.get("device"))
+    return func is torch.Tensor.cuda or any(isinstance(a, (torch.device, str, torch.Tensor)) for a in named)
+
+
 class Counter:
     """Both modes over one ``Counts``; ``paused`` (a depth) while a graph replays."""
 
@@ -136,6 +146,8 @@ class Counter:
         if func is torch.Tensor.new_tensor:
             return None if _host(args[0]) or isinstance(args[1], torch.Tensor) else "h2d"
         if func in (torch.Tensor.to, torch.Tensor.cuda):
+            if not _moves(func, args, kwargs):
+                return None
             if _host(args[0]) and not _to_host(args, kwargs):
                 return "h2d_async" if kwargs.get("non_blocking") else "h2d"
             return "d2h" if not _host(args[0]) and _to_host(args, kwargs) else None
@@ -169,15 +181,19 @@ class _Calls(TorchFunctionMode):
         if kind is not None:
             c.note(kind)
         # The copy or read itself, or host work, is no device op; an op copying its index over still runs one.
-        quiet = host_only or (kind is not None and func in TRANSFERS)
+        made_on_host = func in FACTORIES and kwargs.get("device") in (None, "cpu")
+        quiet = host_only or made_on_host or (kind is not None and func in TRANSFERS)
         c.quiet += quiet
         try:
             out = func(*args, **kwargs)
         finally:
             c.quiet -= quiet
-        made_on_host = func in FACTORIES and kwargs.get("device") in (None, "cpu")
-        if host_only or made_on_host or kind == "d2h" or (func in (torch.tensor, torch.as_tensor) and kind is None
-                                                           and not isinstance(args[0] if args else None, torch.Tensor)):
+        moved = kind in ("h2d", "h2d_async") and func in (torch.Tensor.to, torch.Tensor.cuda)  # now a device tensor
+        if moved and out is args[0]:
+            out = out.detach()  # on a GPU a new tensor on the device; here the same memory, no longer the host's
+        from_data = func in (torch.tensor, torch.as_tensor) and kind is None and not isinstance(
+            args[0] if args else None, torch.Tensor)  # made from host data
+        if (host_only and not moved) or made_on_host or kind == "d2h" or from_data:
             _tag(out)
         return out
 
@@ -191,14 +207,23 @@ class _Ops(TorchDispatchMode):
         kwargs, c = kwargs or {}, self.counter
         if not c.paused:
             c.counts.aten += 1
+        out = func(*args, **kwargs)
         if not (c.paused or c.quiet):
-            name = func._schema.name
+            name, short = func._schema.name, func.overloadpacket.__name__
             if name != "aten::lift_fresh" and sync_problem(func, args, kwargs):
                 c.note("d2h")
-            elif func.overloadpacket.__name__.rstrip("_") not in FREE:
+            elif short.rstrip("_") not in FREE or (short in COPYING and _copied(args, out)):
                 c.counts.eager += 1
-                c.counts.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **kwargs)
+                c.counts.ops[short] += 1
+        return out
+
+
+def _copied(args: tuple, out) -> bool:
+    """Whether an op of ``COPYING`` returned new memory (a copy kernel ran) rather than its input's."""
+    source = args[0] if args else None
+    if not isinstance(source, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    return out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
 
 
 def counting_steps(counter: Counter | None = None) -> type[EmulatedGraphStep]:

@@ -17,15 +17,20 @@ GPU and how a CPU run decides it: ``benchmarks/host_count.py``.
   never, or always.
 
 Host time per step, in a second pass without the modes: the wall time less the emulated replays' (the host's own
-Python and eager ops on this CPU; a GPU host differs, and there each syncing copy also waits for the stream).
+Python and eager ops on this CPU; a GPU host differs, and there each syncing copy also waits for the stream). Of
+it, ``decide_ms`` runs between the step's read-back and its device work (``DeviceStep.sync`` returning to
+``execute`` starting: the stop rule and the plan): a GPU idles that long per step however far ahead the rest of
+the loop runs (the rest overlaps the device's work where the host queues it faster than the device runs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -70,7 +75,34 @@ def generate_per_step(model, counter: Counter, tokens: int, threshold: float) ->
     diff = type(short)(**{k: getattr(long, k) - getattr(short, k) for k in ("h2d", "h2d_async", "d2h", "eager",
                                                                             "aten", "replays")},
                        sites=long.sites - short.sites, ops=long.ops - short.ops)
-    return diff.per(tokens), 1e3 * (host_seconds(call, 2 * tokens, steps) - host_seconds(call, tokens, steps)) / tokens
+    host_ms = 1e3 * (host_seconds(call, 2 * tokens, steps) - host_seconds(call, tokens, steps)) / tokens
+    with deciding() as gaps:
+        call(2 * tokens)
+    return {**diff.per(tokens), "decide_ms": 2e3 * sum(gaps) / len(gaps)}, host_ms
+
+
+@contextlib.contextmanager
+def deciding() -> Iterator[list[float]]:
+    """Collects, per step, minus the time its read-back returned and plus the time its device work started (see
+    the module docstring): the sum over a stretch is the host's deciding time, two entries per step."""
+    from r2r_hf.core.step import DeviceStep
+
+    found, sync, execute = [], DeviceStep.sync, DeviceStep.execute
+
+    def timed_sync(self, *args, **kwargs):
+        out = sync(self, *args, **kwargs)
+        found.append(-time.perf_counter())
+        return out
+
+    def timed_execute(self, *args, **kwargs):
+        found.append(time.perf_counter())
+        return execute(self, *args, **kwargs)
+
+    DeviceStep.sync, DeviceStep.execute = timed_sync, timed_execute
+    try:
+        yield found
+    finally:
+        DeviceStep.sync, DeviceStep.execute = sync, execute
 
 
 def host_seconds(run, arg, steps, repeats: int = 3) -> float:
@@ -99,7 +131,7 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
     """Counts per served step at ``rows`` rows (``steps`` counted after a warm-up), and the host ms per step."""
     from r2r_hf.model.row_settings import resolve_row
 
-    warm, tokens = 6, 4 * steps + 12  # four stretches of ``steps`` after the warm-up: counted, timed 3 times
+    warm, tokens = 6, 5 * steps + 12  # five stretches of ``steps`` after the warm-up: counted, timed 3 times, deciding
     engine = engine_for(model, rows, tokens)
     generator = torch.Generator().manual_seed(rows)
     for _ in range(rows):
@@ -121,9 +153,11 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
         turns(steps)
     counted = engine.counters.steps - before
     host_ms = 1e3 * host_seconds(turns, steps, model.capture_store.graph_step) / steps
+    with deciding() as gaps:
+        turns(steps)
     if counted != steps or len(engine.batch.occupied()) != rows:
         raise RuntimeError(f"{counted} steps in {steps} turns, {len(engine.batch.occupied())} rows left")
-    return counter.counts.per(steps), host_ms
+    return {**counter.counts.per(steps), "decide_ms": 2e3 * sum(gaps) / len(gaps)}, host_ms
 
 
 def measure(rows: tuple[int, ...] = (8, 16), tokens: int = 16, steps: int = 12,
@@ -163,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     for section in ("generate_1", "server"):
         for name, c in found[section].items():
             print(f"{section:10s} {name:32s} h2d {c['h2d_syncing']:5.1f}  d2h {c['d2h_reads']:4.1f}  "
-                  f"eager {c['eager_ops']:6.1f}  aten {c['aten_ops']:6.1f}  replays {c['graph_replays']:4.1f}  host {c['host_ms']:.2f} ms")
+                  f"eager {c['eager_ops']:6.1f}  aten {c['aten_ops']:6.1f}  replays {c['graph_replays']:4.1f}  "
+                  f"host {c['host_ms']:.2f} ms (deciding {c['decide_ms']:.2f})")
     return result
 
 

@@ -142,3 +142,38 @@ def test_buckets_are_captured_largest_first(model, tok, monkeypatch):
     for model_reads in (reads[:half], reads[half:]):
         assert model_reads == sorted(model_reads, reverse=True) and model_reads[0] == (4, 64), model_reads
     assert routers == [4, 2, 1]
+
+
+def test_reads_attend_the_columns_filled_rounded_up_to_powers_of_two(model, tok, monkeypatch):
+    # Issue 40, item 3: every captured read attended the slots' whole capacity (4096 columns by default). Now a read
+    # attends the columns its rows fill, rounded up to a power of two >= 256, as generate's reads do: here a long
+    # answer crosses 256 columns beside a short one, both answer as generate alone, and both spans were read.
+    from r2r_hf.core.fast import slot_reads
+
+    monkeypatch.setattr(model, "capture_store", emulated_store())
+    spans, serving_now = [], []
+
+    def attended(filled, capacity):
+        span = real(filled, capacity)
+        if serving_now:
+            spans.append(span)
+        return span
+
+    real = slot_reads.attended
+    monkeypatch.setattr(slot_reads, "attended", attended)
+    tau = gap_threshold(model, tok, PROMPTS, 0.5, 0.9)
+    jobs = [("the old man said that he was a good man and " * 12, 24), ("water", 24)]
+    with serving(model, tok, max_batch_size=2, max_context=300) as (url, service):
+        assert service.engine.capture_report["steps"] == 2 * 2 * 7 * 2 + 2, "reads per rows x tokens x span (256, 301)"
+        serving_now.append(True)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+        def ask(job):
+            reply = client.completions.create(model="tiny", prompt=job[0], max_tokens=job[1], temperature=0,
+                                              extra_body={"threshold": tau})
+            return reply.choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(ask, jobs))
+    for (prompt, n), answer in zip(jobs, got):
+        assert answer == generated(model, tok, prompt, n, do_sample=False, threshold=tau)[0]
+    assert {256, 301} <= set(spans), spans

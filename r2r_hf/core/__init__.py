@@ -3,9 +3,9 @@
 The loop (this folder) reads top to bottom as steps over explicit values: ``decoding`` is ``generate``'s loop,
 ``turn`` the schedule both run, ``plan`` the step's decisions as a plain value, ``step`` their execution on the
 device over a ``batch``; ``routing``, ``policy``, ``choice``, ``budget``, ``sampling``, ``counters``, ``outputs``,
-``pair``, ``features`` and ``notes`` are what they use. ``layouts/`` is where rows keep their tokens and caches
-(HF's rectangle, or the server's slots); ``fast/`` is the fast path (captured and fused reads, the captured router,
-the store that lends captures to calls).
+``pair``, ``features``, ``notes`` and ``staging`` are what they use. ``layouts/`` is where rows keep their tokens and
+caches (HF's rectangle, or the server's slots); ``fast/`` is the fast path (captured and fused reads, the captured
+router, the store that lends captures to calls).
 
 Words, each with one meaning here:
 

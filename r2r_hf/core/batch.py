@@ -24,12 +24,14 @@ import torch
 from .budget import Budget
 from .choice import CallChoice, Chooser, RowChoice, RowRule
 from .counters import Counters
+from .fast.router_copy import stateless
 from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
 from .pair import RoutedPair
 from .rows import RowState
 from .routing import Routing
+from .staging import in_order, staged
 from .step import DeviceStep
 
 
@@ -59,6 +61,7 @@ class RunningBatch(DeviceStep):
         self.running = torch.ones(slots, dtype=torch.bool, device=device)  # generate: rows not finished
         self.last_token = torch.full((slots,), -1, dtype=torch.long, device=device)  # committed at the last step
         self.budget = budget
+        self.budgeted: set[int] = set(range(slots)) if budget is not None else set()  # rows with a budget to keep
         self.budget_log: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # step -> budget state (speculation)
 
     # ------------------------------------------------------------ building
@@ -91,6 +94,7 @@ class RunningBatch(DeviceStep):
         budget = Budget.start(math.inf, slots, 1, device)  # every row keeps a budget state (inf: none)
         batch = cls(pair, layout, choice, counters, slots, device, budget)
         batch.running.fill_(False)
+        batch.budgeted = set()
         return batch
 
     # ------------------------------------------------------------ rows
@@ -115,6 +119,8 @@ class RunningBatch(DeviceStep):
             self.thresholds[slot] = joiner.threshold
             share = math.inf if joiner.llm_budget is None else joiner.llm_budget
             self.budget.place(slot, share, joiner.max_new)
+            if joiner.llm_budget is not None:
+                self.budgeted.add(slot)
             self.running[slot] = True
             self.last_token[slot] = -1
         self.counters.joins += len(joiners)
@@ -142,7 +148,10 @@ class RunningBatch(DeviceStep):
             self.rows[r].prefilling = False
 
     def store_slm(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor) -> None:
-        """The SLM's logits [k, V] and hidden states [k, H] after the last token of each of ``rows``."""
+        """The SLM's logits [k, V] and hidden states [k, H] after the last token of each of ``rows``.
+
+        Into new tensors, never in place: a captured router skips copying an input it was given last time as the
+        same tensor (``fast/graphs.CudaGraphStep``), and the proposals of every slot are these tensors themselves."""
         at = self.index(rows)
         if at is None:
             self.slm_logits, self.slm_hidden = logits, hidden
@@ -150,8 +159,8 @@ class RunningBatch(DeviceStep):
         if self.slm_logits is None:
             self.slm_logits = logits.new_zeros(len(self.rows), logits.shape[-1])
             self.slm_hidden = hidden.new_zeros(len(self.rows), hidden.shape[-1])
-        self.slm_logits[at.to(self.slm_logits.device)] = logits
-        self.slm_hidden[at.to(self.slm_hidden.device)] = hidden.to(self.slm_hidden.device)
+        self.slm_logits = self.slm_logits.index_put((at.to(self.slm_logits.device),), logits)
+        self.slm_hidden = self.slm_hidden.index_put((at.to(self.slm_hidden.device),), hidden.to(self.slm_hidden.device))
 
     def leave(self, rows: list[int]) -> None:
         """Free the slots of ``rows`` (nothing is copied: a later row writes over them)."""
@@ -162,11 +171,12 @@ class RunningBatch(DeviceStep):
             self.running[r] = False
             self.last_token[r] = -1
             self.thresholds[r] = math.inf
+            self.budgeted.discard(r)
 
     def log_budget(self, plan) -> None:
         """While rows speculate, keep the budget state after each step (a rollback restores a row's from the step
         that committed the token it is cut back to); forget what no rollback can reach."""
-        if self.budget is None or not (plan.speculating or self.speculating()):
+        if not self.budgeted or not (plan.speculating or self.speculating()):
             self.budget_log.clear()
             return
         self.budget_log[plan.step] = (self.budget.used.clone(), self.budget.seen.clone())
@@ -174,16 +184,32 @@ class RunningBatch(DeviceStep):
         self.budget_log = {step: state for step, state in self.budget_log.items() if step >= first}
 
     def restore_budget(self, row: int, step: int) -> None:
-        """Row ``row``'s budget back to where it stood after step ``step``."""
-        if self.budget is not None:
+        """Row ``row``'s budget back to where it stood after step ``step`` (one without a budget keeps none)."""
+        if row in self.budgeted:
             used, seen = self.budget_log[step]
             self.budget.used[row], self.budget.seen[row] = used[row], seen[row]
 
     def index(self, rows: list[int]) -> torch.Tensor | None:
-        """Rows as an index tensor, or None when they are every slot in order (no gather needed)."""
-        if len(rows) == len(self.rows) and rows == list(range(len(rows))):
+        """Rows as an index tensor (staged: the host does not wait), or None when they are every slot in order."""
+        if len(rows) == len(self.rows) and in_order(rows):
             return None
-        return torch.tensor(rows, dtype=torch.long, device=self.device)
+        return staged(rows, self.device)
+
+    def proposal_index(self, rows: list[int]) -> torch.Tensor | None:
+        """How ``propose`` takes the proposing ``rows``' values (``step.Proposal``): None, at their slots, where
+        nothing needs them gathered; else their index. Gathered where a proposing row keeps a budget (its state is
+        spent per proposal) or the router is no pure function (per-step state, its own draws: it would see the other
+        slots too)."""
+        router = self.pair.router
+        pure = stateless(router) and getattr(router, "capturable", True)
+        if not self.layout.reads_every_row and self.budgeted.isdisjoint(rows) and pure:
+            return None
+        return self.index(rows)
+
+    def mask(self, rows) -> torch.Tensor:
+        """[S] bool, True at ``rows`` (staged)."""
+        chosen = set(rows)
+        return staged([r in chosen for r in range(len(self.rows))], self.device, torch.bool)
 
     def close(self) -> None:
         self.layout.close()

@@ -19,13 +19,14 @@ the rows whose draw failed, and never asks which one it holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from .sampling import Sampler, _widened
+from .staging import in_order, staged
 
 # HF's LogitsProcessorList, or any callable of the same shape: (ids [B, L], logits [B, V]) -> scores [B, V].
 Processors = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -39,8 +40,11 @@ class Chooser(Protocol):
     def state(self, rows: list[int]) -> Mapping[int, Any]:
         """Where each row's random stream stands (None or absent: greedy), taken before its draw."""
 
-    def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(processed scores [k, V], tokens [k], whether each draw had a probability [k] or None)."""
+    def propose(self, logits: torch.Tensor, rows: list[int],
+                at: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(processed scores, tokens, whether each draw had a probability or None: none can fail) for ``rows``, row
+        ``rows[i]``'s logits at ``at[i]`` of ``logits`` (None: at i, the outputs are [k]); with ``at`` the outputs
+        cover every row of ``logits``, and the entries of the others are no proposals (none of them draws)."""
 
     def redraw(self, logits: torch.Tensor, rows: list[int], writers: list[int],
                states: Mapping[int, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -60,16 +64,22 @@ class Chooser(Protocol):
     def flags(self) -> torch.Tensor | None:
         """[S] rows whose last LLM draw failed (read in the next synchronisation), or None: none can fail."""
 
-    def flag(self, rows: torch.Tensor, ok: torch.Tensor | None) -> None:
-        """Record which of ``rows`` drew from a probability (``ok``) in the LLM's redraw."""
+    def flag(self, rows: torch.Tensor | None, ok: torch.Tensor | None) -> None:
+        """Record which of ``rows`` (None: every slot) drew from a probability (``ok``) in the LLM's redraw."""
 
     def set(self, row: int, rule: RowRule | None) -> None:
         """Slot ``row`` chooses by ``rule`` from now on (None: it is free)."""
 
 
-def _scores(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Float32 copies of the logits over the shared vocabulary (the processors may write in place)."""
-    return logits[:, :vocab].to(dtype=torch.float32, copy=True)
+def _scores(logits: torch.Tensor, vocab: int, processors: Processors | None = None) -> torch.Tensor:
+    """Float32 copies of the logits over the shared vocabulary (the processors may write in place); with
+    ``processors`` given and empty, no copy where the logits are float32 already (nothing writes)."""
+    return logits[:, :vocab].to(dtype=torch.float32, copy=processors is None or not _none(processors))
+
+
+def _none(processors: Processors) -> bool:
+    """Whether a processor list is empty (a bare callable may do anything)."""
+    return isinstance(processors, Sized) and len(processors) == 0
 
 
 class CallChoice:
@@ -89,10 +99,10 @@ class CallChoice:
         state = self.sampler.state()  # one stream for the call: every row's is the same
         return {r: state for r in rows}
 
-    def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(processed scores [B, V], tokens [B], None) for every row of the batch."""
+    def propose(self, logits: torch.Tensor, rows: list[int], at=None) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """(processed scores [B, V], tokens [B], None) for every row of the batch (``rows`` and ``at``: all of them)."""
         ids = self.ids()
-        scores = self.processors(ids, _scores(logits, self.vocab).to(ids.device))
+        scores = self.processors(ids, _scores(logits, self.vocab, self.processors).to(ids.device))
         return scores, self.sampler.pick(scores, width=logits.shape[-1]), None
 
     def redraw(self, logits: torch.Tensor, rows: list[int], writers: list[int], states) -> tuple:
@@ -104,7 +114,9 @@ class CallChoice:
             raise ValueError("a generate call's rows share one stream: the LLM writes them in the step they route")
         self.sampler.restore(states[writers[0]])
         scores, tokens, _ = self.propose(logits, rows)
-        picked = torch.tensor(writers, device=tokens.device)
+        if len(writers) == len(rows):  # every row writes (a batch of one always does)
+            return scores, tokens, None
+        picked = staged(writers, tokens.device)
         return scores[picked], tokens[picked], None
 
     def verify(self, logits: Mapping[int, torch.Tensor], indices: Mapping[int, list[int]],
@@ -209,29 +221,38 @@ class RowChoice:
     def flags(self) -> torch.Tensor:
         return self.bad
 
-    def flag(self, rows: torch.Tensor, ok: torch.Tensor | None) -> None:
+    def flag(self, rows: torch.Tensor | None, ok: torch.Tensor | None) -> None:
         if ok is not None:
-            self.bad[rows] = ~ok
+            if rows is None:
+                self.bad.copy_(~ok)
+            else:
+                self.bad[rows] = ~ok
 
-    def propose(self, logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(processed scores [k, V], tokens [k], ok [k]) for ``rows`` from their logits [k, V]."""
+    def propose(self, logits: torch.Tensor, rows: list[int],
+                at: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """As ``Chooser.propose``, each row through its own processors and stream. Where every row is greedy without
+        processors the proposals are the argmax of the logits themselves (no float32 copy; ok None: none fails)."""
+        at = range(len(rows)) if at is None else at
+        rules = [self.rules[r] for r in rows]
+        if all(rule.generator is None and _none(rule.processors) for rule in rules):
+            scores = logits[:, : self.vocab].to(self.device)  # (the argmax of a float32 copy is the same token)
+            return scores, scores.argmax(-1), None
         scores = _scores(logits, self.vocab).to(self.device)
-        groups: dict[tuple, list[int]] = {}
-        for i, r in enumerate(rows):
-            rule = self.rules[r]
+        groups: dict[tuple, tuple[int, list[int]]] = {}
+        for i, r, rule in zip(at, rows, rules):
             if rule.batched:
-                groups.setdefault(rule.key, []).append(i)
+                groups.setdefault(rule.key, (r, []))[1].append(i)
             else:  # processors that read the ids see this row's own tokens only
                 scores[i : i + 1] = rule.processors(self.row_ids(r), scores[i : i + 1])
-        for members in groups.values():
-            index = torch.tensor(members, device=self.device)
-            rule = self.rules[rows[members[0]]]
-            scores[index] = rule.processors(self.row_ids(rows[members[0]]), scores[index])
-        tokens, ok = scores.argmax(-1), torch.ones(len(rows), dtype=torch.bool, device=self.device)
-        for i, r in enumerate(rows):
-            generator = self.rules[r].generator
-            if generator is not None:
-                tokens[i], ok[i] = _safe_draw(scores[i], logits.shape[-1], generator)
+        for first, members in groups.values():
+            rule = self.rules[first]
+            if not _none(rule.processors):  # (an empty list returns the scores as they are)
+                index = staged(members, self.device)
+                scores[index] = rule.processors(self.row_ids(first), scores[index])
+        tokens, ok = scores.argmax(-1), torch.ones(len(scores), dtype=torch.bool, device=self.device)
+        for i, rule in zip(at, rules):
+            if rule.generator is not None:
+                tokens[i], ok[i] = _safe_draw(scores[i], logits.shape[-1], rule.generator)
         return scores, tokens, ok
 
     def redraw(self, logits: torch.Tensor, rows: list[int], writers: list[int], states) -> tuple:
@@ -242,7 +263,9 @@ class RowChoice:
         for r in writers:
             if states.get(r) is not None:
                 self.rules[r].generator.set_state(states[r])
-        return self.propose(logits[torch.tensor(picked, device=logits.device)], writers)
+        if not in_order(picked):  # (the LLM reads its writers only, in order, unless it also resolves rows)
+            logits = logits.index_select(0, staged(picked, logits.device))
+        return self.propose(logits[: len(writers)], writers)
 
 
 def _safe_draw(scores: torch.Tensor, width: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ never more than ceil(b * t) of t tokens, spent where the router is surest).
 from __future__ import annotations
 
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import GenerationConfig, MaxLengthCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from .batch import RunningBatch
@@ -39,10 +39,10 @@ class Finished:
         self.batch = batch
 
     def reads(self) -> tuple[torch.Tensor, ...]:
-        return (~self.batch.running.any(),)
+        return (self.batch.running.any(),)
 
     def ended(self, synced: Synced) -> dict[int, int]:
-        return {r: len(synced.delivered[r]) for r in range(len(self.batch.rows))} if synced.extra[0] else {}
+        return {r: len(synced.delivered[r]) for r in range(len(self.batch.rows))} if not synced.extra[0] else {}
 
 
 def r2r_decode(
@@ -74,7 +74,8 @@ def r2r_decode(
     new_max = call_length(generation_config, prompt_len) - prompt_len
     batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
                                   pad if pad_finished else None)
-    records = _Records(rows, new_max, input_ids.device, keep_scores, keep_logits)
+    records = _Records(keep_scores, keep_logits)
+    criteria = _needed(stopping_criteria, prompt_len + new_max)
     seq, stops, streams = batch.layout.seq, Finished(batch), {}
     sampled = routing.policy.speculate > 0 and routing.sampler.do_sample  # streams to restore past a tail
     while True:
@@ -87,17 +88,7 @@ def r2r_decode(
             column = records.write(out, batch, routing.vocab_size)
             if sampled:
                 streams[column] = routing.sampler.state()
-        first = records.step
-        for column in range(first, batch.rows[0].confirmed):  # the columns no rollback can change now
-            if column > first and not batch.running.any():  # (a burst, after a resolution: it synced)
-                break  # every row ended inside the burst: what follows is no answer's
-            records.confirm(column, batch.running, routing.policy.speculate > 0)
-            if streamer is not None:
-                if isinstance(streamer, RoutingAwareStreamer):
-                    streamer.put_routing(records.routed[:, column].cpu(), records.scores[:, column].cpu())
-                streamer.put(seq.ids[:, prompt_len + column].cpu())
-            ended = stopping_criteria(seq.ids[:, : prompt_len + column + 1], records.scores_out)
-            _finish(batch, ended, prompt_len + column + 1)
+        _confirm(batch, records, criteria, streamer, prompt_len)
         if all(row.draining for row in batch.rows) and not batch.speculating():  # every row wrote its last token
             break
         if records.step < batch.rows[0].confirmed:  # every row ended inside a burst of confirmed columns
@@ -112,6 +103,39 @@ def r2r_decode(
     return records.output(sequences, routing, batch.counters)
 
 
+def _confirm(batch: RunningBatch, records: _Records, criteria: StoppingCriteriaList, streamer: BaseStreamer | None,
+             prompt_len: int) -> None:
+    """The columns no rollback can change now are confirmed: recorded, streamed, and HF's stopping criteria mark
+    the rows they end finished."""
+    first, seq = records.step, batch.layout.seq
+    for column in range(first, batch.rows[0].confirmed):
+        if column > first and not batch.running.any():  # (a burst, after a resolution: it synced)
+            break  # every row ended inside the burst: what follows is no answer's
+        records.confirm(column, batch.running)
+        if streamer is not None:
+            if isinstance(streamer, RoutingAwareStreamer):
+                streamer.put_routing(*(value.cpu() for value in records.column(column)))
+            streamer.put(seq.ids[:, prompt_len + column].cpu())
+        if criteria:
+            end = prompt_len + column + 1
+            _finish(batch, criteria(seq.ids[:, :end], records.scores_out), end)
+
+
+def _needed(criteria: StoppingCriteriaList, length: int) -> StoppingCriteriaList:
+    """HF's stopping criteria but a length limit at or past the call's own (``RowState.max_new`` ends every answer
+    there): a criterion costs kernels at every step, and that one decides nothing. It stays where the call runs past
+    the model's positions: it warns then, as HF's loop does."""
+    return StoppingCriteriaList(c for c in criteria if not _idle(c, length))
+
+
+def _idle(criterion, length: int) -> bool:
+    """Whether ``criterion`` is a length limit a call of ``length`` tokens never meets before its own, silently."""
+    if not isinstance(criterion, MaxLengthCriteria) or criterion.max_length < length:
+        return False
+    positions = getattr(criterion, "max_position_embeddings", None)
+    return positions is None or length <= positions
+
+
 def _finish(batch: RunningBatch, ended: torch.Tensor, end: int) -> None:
     """Rows whose answer HF's stopping criteria ended at column ``end`` - 1 are finished: what they wrote past it
     speculatively becomes the pad HF writes after an answer's end."""
@@ -124,12 +148,13 @@ def _finish(batch: RunningBatch, ended: torch.Tensor, end: int) -> None:
 
 class _Records:
     """What ``generate`` returns beside the sequences: one column per answer token, written when a step writes the
-    column and confirmed once no rollback can change it (at once, without speculation)."""
+    column and confirmed once no rollback can change it (at once, without speculation). A column's records are its
+    step's own tensors, kept by reference and stacked once at the end: no kernel per step (a rectangle's
+    ``running`` is replaced, never written in place, so a reference keeps its value)."""
 
-    def __init__(self, rows: int, columns: int, device: torch.device, keep_scores: bool, keep_logits: bool) -> None:
-        self.routed = torch.zeros(rows, columns, dtype=torch.bool, device=device)
-        self.scores = torch.full((rows, columns), float("nan"), device=device)
-        self.generated = torch.zeros(rows, columns, dtype=torch.bool, device=device)
+    def __init__(self, keep_scores: bool, keep_logits: bool) -> None:
+        self.written: dict[int, tuple[torch.Tensor, ...]] = {}  # column -> routed, scores, running
+        self.columns: list[tuple[torch.Tensor, ...]] = []  # confirmed, in order: those and ``running`` at confirming
         self.scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
         self.logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
         self.chosen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # column -> what its tokens were chosen from
@@ -139,20 +164,16 @@ class _Records:
         """The column the step wrote (a rollback rewrites a column whose records stay); its index."""
         column = batch.rows[0].written - 1
         if out.settled is None or not out.settled.rollbacks:
-            self.routed[:, column] = out.routed
-            self.scores[:, column] = torch.where(batch.running, out.router_scores, float("nan"))
+            self.written[column] = (out.routed, out.router_scores, batch.running)
             if self.scores_out is not None or self.logits_out is not None:
                 self.chosen[column] = chosen_from(out, vocab)
         return column
 
-    def confirm(self, column: int, running: torch.Tensor, speculative: bool) -> None:
-        """Column ``column`` can no longer change; ``running``: its rows not finished before it. Without
-        speculation a finished row routed nothing and was masked when written; with it, a row may have written
-        the column before the host knew it had finished."""
-        if speculative:
-            self.routed[:, column] &= running
-            self.scores[:, column] = torch.where(running, self.scores[:, column], float("nan"))
-        self.generated[:, column] = running
+    def confirm(self, column: int, running: torch.Tensor) -> None:
+        """Column ``column`` can no longer change; ``running``: its rows not finished before it. A row finished when
+        the column was written routed nothing and scores NaN there; with speculation a row may have written the
+        column before the host knew it had finished: ``running`` masks it too (without, it is the same mask)."""
+        self.columns.append((*self.written.pop(column), running))
         if column in self.chosen:
             scores, logits = self.chosen.pop(column)
             if self.scores_out is not None:
@@ -161,13 +182,27 @@ class _Records:
                 self.logits_out += (logits,)
         self.step = column + 1
 
+    def column(self, column: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A confirmed column's routed flags and router scores [B] (a ``RoutingAwareStreamer``'s)."""
+        routed, scores, written, running = self.columns[column]
+        return routed & running, torch.where(written & running, scores, float("nan"))
+
+    def matrices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, columns] routed flags, router scores and which entries are generated tokens."""
+        routed, scores, written, running = (torch.stack(part, 1) for part in zip(*self.columns))
+        return routed & running, torch.where(written & running, scores, float("nan")), running
+
     def output(self, sequences: torch.Tensor, routing: Routing, counters) -> R2RGenerateOutput:
-        generated, routed = self.generated[:, : self.step], self.routed[:, : self.step]
+        if self.columns:
+            routed, scores, generated = self.matrices()
+        else:
+            routed = generated = torch.zeros(len(sequences), 0, dtype=torch.bool, device=sequences.device)
+            scores = torch.zeros(len(sequences), 0, device=sequences.device)
         llm_tokens = (routed & generated).sum(-1)
         counters.generated, counters.llm_tokens = int(generated.sum()), int(llm_tokens.sum())
         return R2RGenerateOutput(
             sequences=sequences, scores=self.scores_out, logits=self.logits_out, routed=routed,
-            router_scores=self.scores[:, : self.step], generated_mask=generated,
+            router_scores=scores, generated_mask=generated,
             llm_token_rate=routed.sum().item() / max(generated.sum().item(), 1), threshold=routing.threshold,
             llm_budget=None if routing.llm_budget is None else float(routing.llm_budget), llm_tokens=llm_tokens,
             counters=counters.summary())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .plan import Settlement, StepPlan, settle
+from .staging import staged
 
 
 def resolve(batch, plan: StepPlan, committed: torch.Tensor) -> tuple[Settlement, torch.Tensor]:
@@ -67,7 +68,7 @@ def _written(batch, plan: StepPlan, indices: dict, logits: dict) -> dict[int, to
     last = torch.stack([logits[r][indices[r].index(rows[r].written)] for r in drawing])
     states = {r: rows[r].rng for r in writers}
     _, tokens, ok = batch.choice.redraw(last, drawing, writers, states)
-    batch.choice.flag(torch.tensor(writers, device=tokens.device), ok)
+    batch.choice.flag(staged(writers, tokens.device), ok)
     return dict(zip(writers, tokens))
 
 

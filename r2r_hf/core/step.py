@@ -29,20 +29,28 @@ import torch
 from .plan import Settlement, StepPlan
 from .rows import BatchRows
 from .speculation import resolve
+from .staging import staged
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """What the proposing rows offered, on the device (indexed like ``rows``).
+    """What the proposing rows offered, on the device.
+
+    Where the rows' values sit: gathered by ``index``, a device index of ``rows`` (the tensors are [k], in the order
+    of ``rows``), or, with ``index`` None, at their slots (the tensors cover every slot, [S]: gathering nothing,
+    the step launches fewer kernels; a slot that did not propose holds values that are no proposal, and nothing
+    reads them: its stream does not draw, its budget does not spend, the host reads the proposers' entries).
 
     Args:
-        rows: the rows that proposed (slot order); index: the same as a device index (None: every slot in order).
-        logits: [k, V] the SLM's logits they proposed from; hidden: [k, H] its hidden states.
-        scores: [k, V] the processed scores; token: [k] the proposals; ok: [k] whether a draw had a probability
-            to draw from (None: it cannot fail).
-        router_scores: [k] the router's scores; routed: [k] where the row routes.
+        rows: the rows that proposed (slot order); index: see above.
+        logits: the SLM's logits they proposed from; hidden: its hidden states.
+        scores: the processed scores (the logits over the shared vocabulary themselves where no row processes
+            them: greedy rows without processors); token: the proposals; ok: whether a draw had a probability to
+            draw from (None: none can fail).
+        router_scores: the router's scores; routed: where each row routes.
         states: each row's random stream before its draw (the LLM draws from there); after: after it (speculation).
-        sure: [k] where the router's score reaches ``WaitPolicy.speculate_below`` (None: no row speculates).
+        sure: where the router's score reaches ``WaitPolicy.speculate_below``, placed like routed (None: no row
+            speculates).
     """
 
     rows: list[int]
@@ -87,9 +95,8 @@ class StepResult:
     Args:
         plan: what it decided; synced: what the host read.
         token: [S] the token each slot committed (-1 where none; the pad for finished rows of a rectangle).
-        routed: [S] bool, the router's decision on this step's proposals (False where nothing was proposed).
-        router_scores: [S] the router's scores of this step's proposals (NaN where nothing was proposed).
-        proposal: the proposals (their scores and logits: ``generate``'s output_scores/output_logits).
+        proposal: the proposals (their scores and logits: ``generate``'s output_scores/output_logits; ``routed`` and
+            ``router_scores`` below place its routing at the slots, when asked).
         llm_scores: [w, V] the LLM writers' processed scores; llm_logits: [r, V] the logits of the rows the LLM
             read (``plan.llm_reads``); None when the LLM did not run or resolved pending positions.
         settled: what the step committed where the LLM resolved pending positions (``plan.settle``), or None.
@@ -98,12 +105,31 @@ class StepResult:
     plan: StepPlan
     synced: Synced
     token: torch.Tensor
-    routed: torch.Tensor
-    router_scores: torch.Tensor
     proposal: Proposal
     llm_scores: torch.Tensor | None = None
     llm_logits: torch.Tensor | None = None
     settled: Settlement | None = None
+
+    @property
+    def routed(self) -> torch.Tensor:
+        """[S] bool, the router's decision on this step's proposals (False where nothing was proposed)."""
+        return self._placed(self.proposal.routed, False)
+
+    @property
+    def router_scores(self) -> torch.Tensor:
+        """[S] the router's scores of this step's proposals (NaN where nothing was proposed)."""
+        return self._placed(self.proposal.router_scores.float(), float("nan"))
+
+    def _placed(self, values: torch.Tensor, empty) -> torch.Tensor:
+        """The proposers' ``values`` at their slots, ``empty`` elsewhere (computed when asked: the server does not)."""
+        p, slots = self.proposal, len(self.token)
+        if p.index is None and len(p.rows) == slots:  # every slot proposed (a rectangle's rows always do)
+            return values
+        out = torch.full((slots,), empty, dtype=values.dtype, device=self.token.device)
+        if p.index is not None:
+            return out.index_put((p.index.to(out.device),), values.to(out.device))
+        at = staged(p.rows, out.device)
+        return out.index_put((at,), values.to(out.device).index_select(0, at))
 
     @property
     def writers(self) -> tuple[int, ...]:
@@ -118,7 +144,8 @@ def _taken(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
 class DeviceStep(BatchRows):
     """The device side of a running batch's step (see the module docstring). ``RunningBatch`` provides what these
     read: ``pair``, ``layout``, ``choice``, ``counters``, ``device``, ``slm_logits``/``slm_hidden``, ``thresholds``,
-    ``running``, ``last_token``, ``budget``, ``index`` and ``store_slm``."""
+    ``running``, ``last_token``, ``budget``, ``index``, ``proposal_index``, ``mask``, ``budgeted`` and
+    ``store_slm``."""
 
     def propose(self, speculate_below: float | None = None) -> Proposal:
         """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
@@ -129,16 +156,18 @@ class DeviceStep(BatchRows):
         if not rows:
             nothing = torch.zeros(0, device=self.device)
             return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {}, {}, None)
-        index = self.index(rows)
+        index = self.proposal_index(rows)
         logits, hidden = _taken(self.slm_logits, index), _taken(self.slm_hidden, index)
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
-        scores, token, ok = self.choice.propose(logits, rows)
+        scores, token, ok = self.choice.propose(logits, rows, rows if index is None else None)
         after = self.choice.state(rows) if speculate else {}
         self.pair.router.step()
         router_scores = self.layout.route(logits, hidden, token).to(token.device)
-        live = _taken(self.running, index)
-        routed = (router_scores >= _taken(self.thresholds, index)) & live
-        if self.budget is not None:
+        routed = router_scores >= _taken(self.thresholds, index)
+        if self.layout.reads_every_row:  # a rectangle's finished rows route nothing (a slot's proposers all run)
+            routed &= self.running
+        if self.budget is not None and not self.budgeted.isdisjoint(rows):  # (rows without a budget spend none)
+            live = _taken(self.running, index)
             budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
@@ -147,51 +176,45 @@ class DeviceStep(BatchRows):
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
-        k, s, device = len(proposal.rows), len(self.rows), proposal.routed.device
-        ok = proposal.ok
-        failed_draws = (~ok).long() if ok is not None else proposal.routed.new_zeros(k, dtype=torch.long)
+        n, s, device = len(proposal.routed), len(self.rows), proposal.routed.device
+        at = proposal.rows if proposal.index is None else range(n)  # each proposing row's entry
         flags = self.choice.flags()
-        parts = [proposal.routed.long(), self.last_token.to(device), failed_draws.to(device)]
-        parts.append(flags.long().to(device) if flags is not None else parts[0].new_zeros(0))
-        parts += [value.reshape(-1).long().to(device) for value in extra]
+        parts = [proposal.routed, self.last_token.to(device)]  # (cat promotes bool to long: no cast kernel)
+        parts += [part.reshape(-1).to(device) for part in (proposal.ok, flags, *extra) if part is not None]
         if proposal.sure is not None:
-            parts.append(proposal.sure.long())
+            parts.append(proposal.sure)  # last: n entries, like routed
         flat = torch.cat(parts).tolist()
         self.counters.host_syncs += 1
-        failed = {proposal.rows[i] for i, v in enumerate(flat[k + s : 2 * k + s]) if v}
-        flagged = flat[2 * k + s : 2 * k + s + (s if flags is not None else 0)]
-        failed |= {r for r, v in enumerate(flagged) if v}
-        delivered = self.arrive(flat[k : k + s])
-        rest = flat[2 * k + s + len(flagged):]
-        extra, sure = (rest[:-k], [bool(v) for v in rest[-k:]]) if proposal.sure is not None and k else (rest, [])
-        return Synced([bool(v) for v in flat[:k]], delivered, failed, extra, sure)
+        end = n + s
+        failed = set()
+        if proposal.ok is not None:
+            failed = {r for r, i in zip(proposal.rows, at) if not flat[end + i]}
+            end += n
+        if flags is not None:
+            failed |= {r for r, v in enumerate(flat[end : end + s]) if v}
+            end += s
+        delivered = self.arrive(flat[n : n + s])
+        stop = len(flat) - (n if proposal.sure is not None else 0)
+        sure = [bool(flat[stop + i]) for i in at] if proposal.sure is not None else []
+        return Synced([bool(flat[i]) for i in at], delivered, failed, flat[end:stop], sure)
 
     def execute(self, proposal: Proposal, synced: Synced, plan: StepPlan) -> StepResult:
         """Run ``plan`` on the device (see the module docstring) and advance the rows' host state."""
         self.start_waiting(plan, proposal.states)
-        slots = len(self.rows)
-        committed = torch.full((slots,), -1, dtype=torch.long, device=self.device)
-        routed = torch.zeros(slots, dtype=torch.bool, device=self.device)
-        router_scores = torch.full((slots,), float("nan"), device=self.device)
-        if proposal.rows:
-            at = torch.arange(len(proposal.rows), device=self.device) if proposal.index is None else proposal.index
-            committed[at], routed[at] = proposal.token, proposal.routed
-            router_scores[at] = proposal.router_scores.float()
+        committed, holding = self._proposed(proposal)
         llm_scores = llm_logits = settled = None
         if plan.resolving:  # speculation: the LLM confirms or corrects pending tokens (and writes the waiting rows)
-            settled, committed = resolve(self, plan, committed)
+            settled, committed = resolve(self, plan, committed.clone())
         elif plan.llm_writers:  # the catch-up: the LLM reads what it has not read and writes in the SLM's place
             llm_logits = self.layout.llm_read(list(plan.llm_reads))
             states = {r: self.rows[r].rng for r in plan.llm_writers}
             llm_scores, token, ok = self.choice.redraw(llm_logits, list(plan.llm_reads), list(plan.llm_writers), states)
-            writers = torch.tensor(plan.llm_writers, device=self.device)
-            committed[writers] = token
+            writers = self.index(list(plan.llm_writers))
+            committed = token if writers is None else committed.index_put((writers,), token)
             self.choice.flag(writers, ok)  # read in the next step's synchronisation
         writers = plan.writers if settled is None else settled.writers
-        if set(plan.proposed) - set(writers):  # a routed row that waits, or one that ended, commits nothing
-            wrote = torch.zeros(slots, dtype=torch.bool, device=self.device)
-            wrote[torch.tensor(writers, dtype=torch.long, device=self.device)] = True
-            committed = torch.where(wrote, committed, -1)
+        if holding - set(writers):  # a routed row that waits, one that ended, a slot that did not propose: nothing
+            committed = torch.where(self.mask(writers), committed, -1)
         if writers:  # (a rectangle commits the pad for its finished rows)
             committed = self.layout.append(list(writers), committed, self.running)
         self.last_token = committed
@@ -201,4 +224,15 @@ class DeviceStep(BatchRows):
         self.log_budget(plan)
         self.advance(plan, settled, {r: (proposal.states.get(r), proposal.after.get(r)) for r in plan.speculating})
         self.counters.step(plan)
-        return StepResult(plan, synced, committed, routed, router_scores, proposal, llm_scores, llm_logits, settled)
+        return StepResult(plan, synced, committed, proposal, llm_scores, llm_logits, settled)
+
+    def _proposed(self, proposal: Proposal) -> tuple[torch.Tensor, set[int]]:
+        """[S] this step's proposals at their slots, and the slots whose entry holds a token (a proposal, or what a
+        slot that did not propose holds where the proposals cover every slot: ``Proposal.index``)."""
+        slots = len(self.rows)
+        if not proposal.rows:
+            return torch.full((slots,), -1, dtype=torch.long, device=self.device), set()
+        if proposal.index is None:
+            return proposal.token, set(range(slots))
+        empty = torch.full((slots,), -1, dtype=torch.long, device=self.device)
+        return empty.index_put((proposal.index,), proposal.token), set(proposal.rows)

@@ -284,9 +284,9 @@ class Engine:
     def _deliver(self, delivery: Delivery) -> None:
         """Each token's text, each ended answer's end event (counted before the client hears of it: it may scrape
         /metrics next), and an error for a row whose draw failed (its request ends, no other)."""
-        for row, now, piece, finished in delivery.texts:
+        for row, now, finished in delivery.texts:
             self.metrics.token(row, now)
-            if piece:
+            if piece := row.piece():  # decoded here, once the step's device work is queued (``rows.py``)
                 self._emit(row.owner, ("text", row.index, piece))
             if finished:
                 if self.trace is not None:

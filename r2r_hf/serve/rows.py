@@ -6,6 +6,11 @@ strings. ``Row`` is the answer being written: it decodes the tokens the decoding
 back text that could be the start of a stop string, and says why it ended. ``Delivery`` is the server's stop
 rule for one step (``core.turn.Stops``): it hands each row the token that reached the host and keeps, in order,
 what the clients are to be told once the step has run.
+
+Between the step's synchronisation and its device work only the decision runs: whether a token ends its answer
+(EOS, the length limit, a stop string). A row without stop strings decides from the token alone; its text is
+decoded once the step's device work is queued (``Row.piece``, from the engine's delivery), so on a GPU it overlaps
+the device's work instead of delaying it. A row with stop strings decodes at once (its text decides).
 """
 
 from __future__ import annotations
@@ -53,13 +58,32 @@ class Row:
         self.generated = self.llm_tokens = 0
         self.routed: list[bool] = []  # who wrote each token (the LLM: True), for traces
         self.finish: str | None = None
+        self.due: list[str | tuple[int, bool]] = []  # per token taken, its text or (token, last) to decode later
 
     def add(self, token: int, routed: bool, last: bool = False) -> str:
         """Take the row's next token (``last``: the length limit allows no more); returns the text that may be sent
         now (possibly empty)."""
+        self.take(token, routed, last)
+        return self.piece()
+
+    def take(self, token: int, routed: bool, last: bool = False) -> None:
+        """Take the row's next token: ``finish`` says at once whether it ended the answer; its text comes from
+        ``piece`` (decoded now where a stop string could end the answer, else when ``piece`` asks)."""
         self.generated += 1
         self.llm_tokens += int(routed)
         self.routed.append(routed)
+        if self.choice.stops:
+            self.due.append(self._text(token, last))
+        else:  # the token alone decides, as ``_text`` will
+            self.finish = "stop" if token in self.eos_ids else "length" if last else self.finish
+            self.due.append((token, last))
+
+    def piece(self) -> str:
+        """The text the oldest token taken and not yet handed out lets the row send (possibly empty)."""
+        due = self.due.pop(0)
+        return due if isinstance(due, str) else self._text(*due)
+
+    def _text(self, token: int, last: bool) -> str:
         if token in self.eos_ids:
             self.finish = "stop"
             return self._release(len(self.text.text))
@@ -98,13 +122,13 @@ class Delivery:
 
     Args:
         batch: the running batch (each slot's ``RowState.owner`` is its ``Row``).
-        texts: (row, when, text piece, whether it ended the answer) for every token that reached its row, in order
-            (after speculation several tokens of one row reach it in one step).
+        texts: (row, when, whether it ended the answer) for every token that reached its row, in order (after
+            speculation several tokens of one row reach it in one step); each one's text is the row's next ``piece``.
         failed: rows whose draw failed (their request gets an error).
     """
 
     batch: object
-    texts: list[tuple[Row, float, str, bool]] = field(default_factory=list)
+    texts: list[tuple[Row, float, bool]] = field(default_factory=list)
     failed: list[Row] = field(default_factory=list)
 
     def reads(self) -> tuple:
@@ -115,8 +139,8 @@ class Delivery:
         for r, state in enumerate(self.batch.rows):
             for taken, (token, by_llm, last) in enumerate([] if state is None else synced.delivered[r], 1):
                 row: Row = state.owner
-                piece = row.add(token, by_llm, last=last)
-                self.texts.append((row, now, piece, row.finish is not None))
+                row.take(token, by_llm, last=last)
+                self.texts.append((row, now, row.finish is not None))
                 if row.finish is not None:
                     ended[r] = taken
                     break

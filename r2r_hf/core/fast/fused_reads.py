@@ -133,13 +133,14 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
     return read
 
 
-def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: Regions) -> Step:
+def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: Regions,
+              span: int | None = None) -> Step:
     """``slot_cache.forward_piece`` fused, over the first k slots: (ids, position, column, real [k, g]) -> outputs.
 
     Padding is written to the spare column and its queries see column 0 (``slot_cache.piece_masks``); the read
-    attends every column of the slots' capacity (captured reads have fixed shapes).
+    attends the first ``span`` columns (default: the slots' whole capacity; captured reads have fixed shapes).
     """
-    groups, span = _groups(model), cache.capacity
+    groups, span = _groups(model), cache.capacity if span is None else span
     weights = [fused.layer_weights(layer) for layer in model.model.layers]
     allocate(model, cache)
 

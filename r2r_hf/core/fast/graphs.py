@@ -30,6 +30,9 @@ class GraphStep(Protocol):
 
     def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
 
+    def run(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The captured outputs themselves, valid until the pool's next replay (``CudaGraphStep.run``)."""
+
     @classmethod
     def new_pool(cls, device: torch.device) -> Any: ...
 
@@ -100,6 +103,11 @@ class CudaGraphStep:
         return GraphPool(device)
 
     def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(out.clone() for out in self.run(**inputs))
+
+    def run(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Replay on ``inputs``; the captured outputs themselves, which the pool's next replay overwrites: for a
+        caller that takes what it keeps out of them at once (a gather of some rows copies them: no clone first)."""
         for name, value in inputs.items():
             # The same tensor object as last time holds the same values (the loop never writes into
             # the mask buffer of a call, and ``copied`` keeps it alive), so one copy per call is enough.
@@ -107,7 +115,7 @@ class CudaGraphStep:
                 self.inputs[name].copy_(value)
                 self.copied[name] = value
         self.replay()
-        return tuple(out.clone() for out in self.outputs)
+        return tuple(self.outputs)
 
     def replay(self) -> None:
         self.graph.replay()
@@ -126,9 +134,13 @@ class CompiledStep:
         self.cudagraphs = options.get("mode") in ("reduce-overhead", "max-autotune")
 
     def __call__(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(out.clone() for out in self.run(**inputs))
+
+    def run(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The outputs as the compiled function returns them (with CUDA graphs, overwritten by the next call)."""
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's outputs may be overwritten now
-        return tuple(out.clone() for out in self.fn(**inputs))
+        return tuple(self.fn(**inputs))
 
 
 # torch.compile options a ``CompileConfig`` carries.

@@ -4,7 +4,8 @@ On a GPU an eager step is launch-bound (an eager 1.5B step 18.5 ms against ~1 ms
 (``layouts/slot_cache.py``) becomes a fixed-shape step once its shapes are fixed: the slots it reads are the first ``k``
 of a rows bucket (1, 2, 4, 8, 16 ... up to the batch: a read pads to the bucket holding its highest slot, and
 the slots it does not read get no tokens: their padding goes to the spare column), its width is a tokens
-bucket (``static_reads.BUCKETS``: 1 ... 64), and it attends the slots' whole capacity (the caches are static). So
+bucket (``static_reads.BUCKETS``: 1 ... 64), and it attends a span bucket: the columns its rows fill, rounded up
+to a power of two (at least 256, at most the capacity: ``fused.attended``, as ``generate``'s reads attend). So
 every read of the decoding loop — the SLM's step, a prompt's chunk, the LLM's catch-up — is a few replays of
 captured steps, and so is the router on the proposals (per rows bucket). vLLM and SGLang capture per batch
 size the same way.
@@ -22,11 +23,22 @@ from collections.abc import Callable
 import torch
 
 from .static_reads import BUCKETS, bucket_for
+from ..staging import in_order, staged
 from ..layouts.model_calls import route_scores
+from .fused import attended
 from .fused_reads import capture_fused, fused_regions, slot_read
 from .graphs import Step
 from .router_copy import Scorer
 from ..layouts.slot_cache import SlotCache, forward_piece, piece_inputs
+
+
+def span_buckets(capacity: int) -> tuple[int, ...]:
+    """The spans a read of slots of ``capacity`` columns attends (``fused.attended`` of each count of filled columns:
+    at most ``capacity`` - 1, as a slot keeps one column free past its answer's end: ``RunningBatch.join``)."""
+    out = [attended(1, capacity)]
+    while out[-1] < capacity - 1:
+        out.append(attended(out[-1] + 1, capacity))
+    return tuple(out)
 
 
 def row_buckets(slots: int) -> tuple[int, ...]:
@@ -54,7 +66,9 @@ class CapturedReads:
         self.model, self.cache, self.capture, self.hidden = model, cache, capture, hidden
         self.regions = fused_regions(model) if fuse else None
         self.rows = row_buckets(cache.slots)
-        self.steps: dict[tuple[int, int, bool], Step] = {}  # (rows, tokens, every position's logits) -> captured
+        self.spans = span_buckets(cache.capacity)
+        # (rows, tokens, span) bucket, and whether it keeps every position's logits -> its captured read
+        self.steps: dict[tuple[int, int, int, bool], Step] = {}
         device = model.get_input_embeddings().weight.device
         self.index = {k: torch.arange(k, device=device) for k in self.rows}
 
@@ -63,29 +77,30 @@ class CapturedReads:
         """The widest piece one replay reads."""
         return BUCKETS[-1]
 
-    def _fn(self, rows: int, every: bool = False) -> Step:
+    def _fn(self, rows: int, span: int, every: bool = False) -> Step:
         cache, model, hidden, index = self.cache, self.model, self.hidden and not every, self.index[rows]
 
         def read(ids, position, column, real):
-            cache.plan(list(range(rows)), column, cache.capacity, index=index)
-            return forward_piece(model, cache, ids, position, column, real, cache.capacity, hidden, every)
+            cache.plan(list(range(rows)), column, span, index=index)
+            return forward_piece(model, cache, ids, position, column, real, span, hidden, every)
 
         return read
 
-    def step(self, rows: int, width: int, example: dict[str, torch.Tensor], every: bool = False) -> Step:
-        """The captured read of ``rows`` x ``width`` (with ``every``: every position's logits, HF's forward: the
-        fused head keeps the last only); captured on first use."""
-        if (rows, width, every) not in self.steps:
+    def step(self, rows: int, width: int, span: int, example: dict[str, torch.Tensor], every: bool = False) -> Step:
+        """The captured read of ``rows`` x ``width`` attending ``span`` columns (with ``every``: every position's
+        logits, HF's forward: the fused head keeps the last only); captured on first use."""
+        key = (rows, width, span, every)
+        if key not in self.steps:
             if self.regions is not None and not every:
-                step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions),
-                                     example, type(self.model).__name__)
+                step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions,
+                                                                     span), example, type(self.model).__name__)
                 if step is not None:
-                    self.steps[rows, width, every] = step
+                    self.steps[key] = step
                     return step
                 self.regions = None  # every bucket, those captured already too: one kind of read per model
-                self.steps = {key: step for key, step in self.steps.items() if key[2]}
-            self.steps[rows, width, every] = self.capture(self._fn(rows, every), example)
-        return self.steps[rows, width, every]
+                self.steps = {key: step for key, step in self.steps.items() if key[3]}
+            self.steps[key] = self.capture(self._fn(rows, span, every), example)
+        return self.steps[key]
 
     @property
     def fused(self) -> bool:
@@ -97,13 +112,18 @@ class CapturedReads:
         None (with ``every``: the logits [k, width, V] after each token of the right-aligned piece, and None)."""
         k = next(b for b in self.rows if b > max(rows))
         width = bucket_for(max(counts))
+        span = attended(max(s + n for s, n in zip(starts, counts)), self.cache.capacity)  # the columns filled
         full_starts, full_counts = [0] * k, [0] * k
         for r, s, n in zip(rows, starts, counts):
             full_starts[r], full_counts[r] = s, n
         inputs = piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash)
-        out = self.step(k, width, inputs, every)(**inputs)
-        picked = torch.tensor(rows, device=out[0].device)
-        return out[0][picked], (out[1][picked] if self.hidden and not every else None)
+        out = self.step(k, width, span, inputs, every).run(**inputs)  # captured outputs: each kept row copied out once
+        if in_order(rows) and len(rows) == k:
+            kept = [value.clone() for value in out]
+        else:
+            picked = staged(rows, out[0].device)
+            kept = [value.index_select(0, picked) for value in out]
+        return kept[0], (kept[1] if self.hidden and not every else None)
 
     def warm(self, tokens: torch.Tensor, every: bool = False) -> int:
         """Capture every (rows, tokens) bucket with inputs that write nothing (and with ``every``, the reads that
@@ -112,8 +132,9 @@ class CapturedReads:
         for k in reversed(self.rows):
             for width in reversed(BUCKETS):
                 inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
-                for kind in (False, True) if every else (False,):
-                    self.step(k, width, inputs, kind)
+                for span in reversed(self.spans):
+                    for kind in (False, True) if every else (False,):
+                        self.step(k, width, span, inputs, kind)
         return len(self.steps)
 
 
@@ -140,9 +161,11 @@ class CapturedRouter:
     def _scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         k = next(b for b in self.rows if b >= len(token))
         pad = k - len(token)
-        inputs = {"logits": torch.nn.functional.pad(logits, (0, 0, 0, pad)),
-                  "hidden": torch.nn.functional.pad(hidden, (0, 0, 0, pad)),
-                  "token": torch.nn.functional.pad(token, (0, pad))}
+        inputs = {"logits": logits, "hidden": hidden, "token": token}
+        if pad:  # (a padded copy is a new tensor: copied in; the same tensor as last time holds the same values)
+            inputs = {"logits": torch.nn.functional.pad(logits, (0, 0, 0, pad)),
+                      "hidden": torch.nn.functional.pad(hidden, (0, 0, 0, pad)),
+                      "token": torch.nn.functional.pad(token, (0, pad))}
         if k not in self.steps:
             slm, router, num_topk = self.slm, self.scorer.module, self.num_topk
             self.steps[k] = self.capture(lambda logits, hidden, token: (

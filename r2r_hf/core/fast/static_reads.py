@@ -180,8 +180,11 @@ class CapturedState:
         self.fused = {role: fused_regions(model) if fuse else None for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
         self.weights = addresses((slm, llm))  # where the weights lived when last lent (``CaptureStore``)
-        # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy.
+        # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy; the same view
+        # object for the same count, so a captured read skips copying it in again (``CudaGraphStep.run``).
         self.counts = torch.arange(SLACK + 1, device=output_device(llm))
+        self.lasts = [self.counts[n : n + 1] for n in range(SLACK)]
+        self.rewinds = [self.counts[n] for n in range(SLACK + 1)]
 
     def reset(self) -> None:
         """Empty both caches in place (captured calls keep pointing at the same memory); the cast router follows
@@ -251,7 +254,7 @@ class CapturedState:
         for tokens, bucket in pieces(seq.length - start):
             out = self.read(role, bucket, self.span(start + bucket), fold, ids=seq.ids[:, start : start + bucket],
                             positions=seq.positions[:, start : start + bucket], mask=seq.mask,
-                            last=self.counts[tokens - 1 : tokens], rewind=self.counts[bucket - tokens])
+                            last=self.lasts[tokens - 1], rewind=self.rewinds[bucket - tokens])
             start += tokens
         return out
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from ..counters import Counters
+from ..staging import staged
 
 
 @dataclass
@@ -144,7 +145,7 @@ class RectangleLayout:
         return self.seq.ids[:, : self.seq.length if index is None else self.prompt + index]
 
     def tokens_at(self, row: int, indices: list[int]) -> torch.Tensor:
-        return self.seq.ids[row, [self.prompt + i for i in indices]]
+        return self.seq.ids[row, staged([self.prompt + i for i in indices], self.seq.ids.device)]
 
     def cut(self, row: int, index: int) -> None:
         """Every row back to its first ``index`` answer tokens (one length for the batch: ``row`` is any of them)."""

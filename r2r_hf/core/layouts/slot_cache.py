@@ -31,6 +31,7 @@ import torch
 from ...compat import cache_argument
 from ..features import HiddenStateCapture
 from ..notes import notes
+from ..staging import in_order, staged
 
 SLOT_ATTENTION = ("sdpa", "eager")
 
@@ -71,7 +72,7 @@ class SlotCache:
         """
         first = rows[0]
         self.span = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
-        self.rows = index if index is not None else torch.tensor(rows, device=columns.device)
+        self.rows = index if index is not None else staged(rows, columns.device)
         self.columns, self.used = columns, used
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -121,9 +122,10 @@ class SlotCache:
 def piece_layout(starts: torch.Tensor, counts: torch.Tensor, width: int, trash: int):
     """Where a piece's tokens come from and go: (source/target column [k, g], real [k, g], position [k, g]).
 
-    Row i's ``counts[i]`` new tokens are at columns ``starts[i] ..`` of its row, right-aligned in the piece.
+    Row i's ``counts[i]`` new tokens are at columns ``starts[i] ..`` of its row, right-aligned in the piece. Host
+    tensors in, host tensors out (``piece`` stages them).
     """
-    offset = torch.arange(width, device=starts.device) - (width - counts)[:, None]  # < 0: padding
+    offset = torch.arange(width) - (width - counts)[:, None]  # < 0: padding
     real = offset >= 0
     column = starts[:, None] + offset
     return torch.where(real, column, trash), real, torch.where(real, column, 0)
@@ -154,12 +156,22 @@ def piece_masks(model: torch.nn.Module, real: torch.Tensor, position: torch.Tens
 def piece_inputs(tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int,
                  trash: int) -> dict[str, torch.Tensor]:
     """The device tensors of one piece: ids, positions, cache columns and which entries are real [k, width]."""
-    device = tokens.device
-    start = torch.tensor(starts, device=device)
-    count = torch.tensor(counts, device=device)
-    column, real, position = piece_layout(start, count, width, trash)
-    ids = tokens.index_select(0, torch.tensor(rows, device=device)).gather(1, position)
-    return {"ids": ids, "position": position, "column": column, "real": real}
+    return piece(tokens, rows, starts, counts, width, trash)[0]
+
+
+def piece(tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int,
+          trash: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``piece_inputs``, and ``rows`` as a device index. The layout is computed on the host, from host values, and
+    staged (``staging.py``): two copies the host does not wait for, and one gather of the ids on the device."""
+    device, k = tokens.device, len(rows)
+    column, real, position = piece_layout(torch.tensor(starts), torch.tensor(counts), width, trash)
+    values = staged(torch.cat([torch.tensor(rows), column.flatten(), position.flatten()]), device)
+    index, column, position = values[:k], values[k : k + column.numel()], values[k + column.numel():]
+    column, position = column.view(k, width), position.view(k, width)
+    chosen = tokens[:k] if in_order(rows) else tokens.index_select(0, index)  # (captured reads: the first slots)
+    inputs = {"ids": chosen.gather(1, position), "position": position, "column": column,
+              "real": staged(real, device, torch.bool)}
+    return inputs, index
 
 
 def forward_piece(model: torch.nn.Module, cache: SlotCache, ids: torch.Tensor, position: torch.Tensor,
@@ -186,9 +198,9 @@ def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, r
     """``model`` reads ``counts[i]`` tokens of row ``rows[i]`` from column ``starts[i]`` of ``tokens`` [S, C]
     into ``cache`` (eagerly); the logits [k, V] after each row's last one, and its hidden state [k, H] or None
     (with ``every``: the logits [k, g, V] after each token of the right-aligned piece, and None)."""
-    inputs = piece_inputs(tokens, rows, starts, counts, max(counts), cache.trash)
+    inputs, index = piece(tokens, rows, starts, counts, max(counts), cache.trash)
     used = max(s + n for s, n in zip(starts, counts))
-    cache.plan(rows, inputs["column"], used)
+    cache.plan(rows, inputs["column"], used, index)
     if every:
         return forward_piece(model, cache, **inputs, used=used, hidden=False, every=True)[0], None
     if not hidden:

@@ -15,6 +15,7 @@ from ..pair import RoutedPair
 from .model_calls import route_scores
 from .slot_book import PIECE, SlotBook
 from .slot_cache import SlotCache, read_piece
+from ..staging import staged
 
 class SlotLayout:
     """One slot per row, each at its own length (see the module docstring and ``slot_cache.py``).
@@ -80,8 +81,7 @@ class SlotLayout:
 
     def tokens_at(self, row: int, indices: list[int]) -> torch.Tensor:
         """[n] the row's committed answer tokens at ``indices``."""
-        columns = torch.tensor([self.book.prompt[row] + i for i in indices], device=self.device)
-        return self.tokens[row, columns]
+        return self.tokens[row, staged([self.book.prompt[row] + i for i in indices], self.device)]
 
     def cut(self, row: int, index: int) -> None:
         """The row back to its first ``index`` answer tokens: what follows is written over (no cache is moved)."""
@@ -108,9 +108,12 @@ class SlotLayout:
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor | None = None) -> torch.Tensor:
         """Commit ``token[r]`` [S] to each row of ``rows`` (each at its own length); ``token``."""
         if rows:
-            index = torch.tensor(rows, device=self.device)
-            columns = torch.tensor([self.book.length[r] for r in rows], device=self.device)
-            self.tokens[index, columns] = token.to(self.device)[index]
+            at = staged([rows, [self.book.length[r] for r in rows]], self.device)  # one copy, the host goes on
+            token = token.to(self.device)
+            if len(rows) == self.slots:  # every slot writes: no gather of the tokens
+                self.tokens.scatter_(1, at[1][:, None], token[:, None])
+            else:
+                self.tokens.index_put_((at[0], at[1]), token.index_select(0, at[0]))
             for r in rows:
                 self.book.length[r] += 1
         return token
@@ -164,6 +167,8 @@ class SlotLayout:
         done = [r for r in rows if r in outputs]
         if not done:
             return [], None, None
+        if len(forwards) == 1 and len(done) == len(rows):  # one forward read every row to its end, in order
+            return done, logits, hidden if role == "slm" else None
         stacked = torch.stack([outputs[r][0] for r in done])
         hidden = torch.stack([outputs[r][1] for r in done]) if role == "slm" else None
         return done, stacked, hidden
