@@ -150,8 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-phase", default=os.environ.get("GPU_CHECK_FAIL_PHASE") or None, metavar="NAME",
                         help="tests only: raise in phase NAME to show that every other phase still runs "
                              "(default: $GPU_CHECK_FAIL_PHASE)")
+    parser.add_argument("--phases", default=None, metavar="A,B",
+                        help="only these phases (and conditions, build and warm, which every measurement needs): a "
+                             "rerun of what matters on a lease's last minutes")
+    parser.add_argument("--deadline-s", type=float, default=None, help="end the phases by then (default: the plan's)")
     args = parser.parse_args(argv)
     plan = DRY_RUN if args.dry_run else DEVICE
+    if args.deadline_s is not None:
+        plan = replace(plan, deadline_s=args.deadline_s)
+    chosen = None if args.phases is None else {"conditions", "build", "warm", *args.phases.split(",")}
+    if chosen is not None and not chosen <= set(names(plan)):
+        parser.error(f"--phases: not phases: {', '.join(sorted(chosen - set(names(plan))))}")
     if args.fail_phase and args.fail_phase not in names(plan):  # a typo would make the test pass vacuously
         parser.error(f"--fail-phase {args.fail_phase!r}: not a phase ({', '.join(names(plan))})")
     out = Path(args.out)
@@ -159,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
     report, ctx = Report(out / "gpu_check.json", asdict(plan)), {}
     with torch.no_grad(), Fallbacks(report).attached():
-        run_phases(phases(plan, report, ctx), report, until_s=plan.deadline_s, fail=args.fail_phase,
+        listed = [p for p in phases(plan, report, ctx) if chosen is None or p.name in chosen]
+        run_phases(listed, report, until_s=plan.deadline_s, fail=args.fail_phase,
                    recover=lambda: free(plan.device), after=lambda: derive(report))
     report.mark(f"done; {len(report.errors)} phase(s) failed: {', '.join(report.errors) or 'none'}")
     return 1 if report.errors else 0

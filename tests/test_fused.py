@@ -142,6 +142,38 @@ def test_a_variant_whose_forward_differs_is_not_fused():
     assert fuse_problem(model) == "its fused logits differ from its own forward"
 
 
+def test_the_self_check_allows_the_rounding_another_exact_read_shows():
+    """A deep bf16 model departs from its own plain forward by rounding alone (the random 32B's captured HF reads by
+    8 % on the H200): the fused read is judged against twice what HF's slot read departs by, a wrong one still not."""
+    from r2r_hf.core.layouts.slot_cache import continuation_problem
+
+    model = make_tiny_slm()
+    off = lambda by: lambda cache, tokens: model(input_ids=tokens[1:], use_cache=False).logits[0, -1] * (1 + by)  # noqa
+    found = {}
+    assert continuation_problem(model, off(0.06), "failed", "differs", found) == "differs"
+    assert abs(found["max_rel"] - 0.06) < 1e-3 and found["tolerance"] == 1e-3
+    assert continuation_problem(model, off(0.06), "failed", "differs", found, rounding=0.04) is None
+    assert found["tolerance"] == 0.08
+    assert continuation_problem(model, off(1.0), "failed", "differs", {}, rounding=0.04) == "differs"
+    # the fused check measures HF's own slot read beside its own (the device check writes both down)
+    measured = {}
+    assert fused_reads._self_check(model, measured) is None and measured["slot_read_max_rel"] < 1e-5
+
+
+def test_fused_captures_compile_past_dynamos_default_recompile_limit(monkeypatch):
+    """One model's region meets up to 4 shape classes per kind of read (static and slot, with the hidden state or
+    not): on the H200 the SLM's head reached dynamo's default limit of 8 in a process that ran generate and served,
+    and the server fell back to HF's forward. A fused capture compiles under a limit that covers them all."""
+    import torch._dynamo.config as config
+
+    seen = []
+    fused_reads.capture_fused(lambda step, example: seen.append((config.recompile_limit,
+                                                                config.fail_on_recompile_limit_hit)), lambda: None,
+                              {}, "a model")
+    assert seen == [(max(8, fused_reads.REGION_COMPILES), True)] and fused_reads.REGION_COMPILES >= 32
+    assert config.recompile_limit == 8, "the limit is raised while the capture lasts only"
+
+
 def test_a_region_that_fails_to_compile_falls_back_to_hfs_forward(tok, caplog, monkeypatch):
     slm, llm = make_tiny_slm(), make_tiny_llm()
     model = R2RForCausalLM.from_models(slm, llm, **SMALL_ROUTER)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers import CompileConfig
 
-from ..core.fast.graphs import CompiledStep, Step, compile_options, gc_paused
+from ..core.fast.graphs import CompiledStep, Step, compile_options, gc_paused, recompile_limit
 from ..core.fast.slot_reads import capture_slots, row_buckets
 from ..core.fast.static_reads import BUCKETS, capturable
 from ..core.features import output_device
@@ -96,18 +96,12 @@ def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step]
 
 @contextlib.contextmanager
 def _recompile_limit(steps: int) -> Iterator[None]:
-    """Dynamo's recompile limits raised to ``steps`` and a hit made an error, while it lasts."""
-    import torch._dynamo.config as config
+    """Dynamo's recompile limits raised to ``steps`` (``graphs.recompile_limit``); a hit said in one sentence."""
     from torch._dynamo import exc
 
-    # Named so since torch 2.6 (the older names are aliases there); torch 2.4-2.5 know only the older ones.
-    names = [(new if hasattr(config, new) else old) for new, old in (
-        ("recompile_limit", "cache_size_limit"), ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
-        ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"))]
-    values = [max(getattr(config, names[0]), steps), max(getattr(config, names[1]), steps), True]
     hit = tuple(getattr(exc, n) for n in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(exc, n))
     try:
-        with config.patch(**dict(zip(names, values))):
+        with recompile_limit(steps):
             yield
     except hit as err:
         raise RuntimeError(f"capture='compile' (--capture compile) could not compile every step of these models within "

@@ -67,9 +67,10 @@ def agreement(reference: dict[str, list[torch.Tensor]], other: dict[str, list[to
     found = {}
     for role in ("slm", "llm"):
         a, b = torch.stack(reference[role]), torch.stack(other[role])
-        diff = (a - b).abs().amax(-1)
+        diff, same = (a - b).abs().amax(-1), a.argmax(-1) == b.argmax(-1)
+        # the share counted exactly (a float mean on CUDA gave 0.99999994 for all of 418 the same: the H200 run)
         found[role] = Agreement(max_abs=diff.max().item(), max_rel=(diff / a.abs().amax(-1)).max().item(),
-                                argmax=(a.argmax(-1) == b.argmax(-1)).float().mean().item(), steps=a.shape[0])
+                                argmax=same.sum().item() / same.numel(), steps=a.shape[0])
     return found
 
 

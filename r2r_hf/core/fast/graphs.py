@@ -42,6 +42,21 @@ _gc_state = {"depth": 0, "was_enabled": True}
 
 
 @contextmanager
+def recompile_limit(compiles: int) -> Iterator[None]:
+    """Dynamo's recompile limits raised to at least ``compiles`` while it lasts, a hit made an error
+    (``FailOnRecompileLimitHit``): whatever compiles inside compiles in full or fails, never runs uncompiled."""
+    import torch._dynamo.config as config
+
+    # Named so since torch 2.6 (the older names are aliases there); torch 2.4-2.5 know only the older ones.
+    names = [(new if hasattr(config, new) else old) for new, old in (
+        ("recompile_limit", "cache_size_limit"), ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+        ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"))]
+    values = [max(getattr(config, names[0]), compiles), max(getattr(config, names[1]), compiles), True]
+    with config.patch(**dict(zip(names, values))):
+        yield
+
+
+@contextmanager
 def gc_paused(collect: bool = False) -> Iterator[None]:
     """Python's garbage collector off inside (re-entrant); with ``collect``, one collection first, at the outermost
     entry only (the caller about to capture many graphs collects once, not per graph).
