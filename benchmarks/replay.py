@@ -27,6 +27,8 @@ from typing import Protocol
 from r2r_hf.core.counters import Counters
 from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
 from r2r_hf.core.plan import Settlement, StepPlan, settle
+from r2r_hf.core.fast.slot_reads import row_buckets
+from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
 from r2r_hf.core.rows import BatchRows, RowState
 from r2r_hf.core.policy import WaitPolicy
 from r2r_hf.core.step import Synced
@@ -39,6 +41,8 @@ class Costs(Protocol):
     router: tuple[float, float]
     step: float
     packed: bool  # a forward of ragged rows priced by its mean tokens per row, not its longest (a what-if)
+    captured_shapes: bool  # priced at the captured read's shape: the rows bucket of its highest slot, tokens bucket
+    gathered_rows: bool  # with captured_shapes: the rows bucket of the rows it reads, wherever they sit (a what-if)
 
 
 class Routed(list):
@@ -163,7 +167,13 @@ class ReplayBatch(BatchRows):
         for forward in self.book.read(role, rows, limit, short, PIECE, upto):
             longest = max(n for _, _, n in forward)  # the slots' read is a padded rectangle: rows x the longest
             priced = sum(n for _, _, n in forward) / len(forward) if getattr(self.costs, "packed", False) else longest
-            self._spend(role, self.costs.forward(role, len(forward), priced))
+            if getattr(self.costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
+                highest = len(forward) - 1 if getattr(self.costs, "gathered_rows", False) else max(r for r, _, _ in forward)
+                rows = next(b for b in row_buckets(len(self.rows)) if b > highest)
+                for start in range(0, longest, BUCKETS[-1]):  # replays of at most the widest bucket
+                    self._spend(role, self.costs.forward(role, rows, bucket_for(min(longest - start, BUCKETS[-1]))))
+            else:
+                self._spend(role, self.costs.forward(role, len(forward), priced))
             self.counters.forward(role, len(forward), longest)
 
     def _spend(self, what: str, seconds: float) -> None:

@@ -49,6 +49,10 @@ class Costs:
     step: float
     name: str = ""
     packed: bool = False  # price a read of ragged rows by its mean tokens per row (a what-if: the slots' pads)
+    # price a read at the captured graph's shape, as the server runs it on a GPU: the rows bucket holding its
+    # highest slot (a read of slots 3 and 12 of 16 is a 16-row read) and the tokens bucket of its longest row
+    captured_shapes: bool = False
+    gathered_rows: bool = False  # with it: a read priced at the rows bucket of its row count (a what-if)
 
     def forward(self, role: str, rows: int, tokens: int) -> float:
         model = self.slm if role == "slm" else self.llm
@@ -169,7 +173,8 @@ def cpu_costs(path: str | Path = "benchmarks/results/forward_costs.json", step: 
 def llm_alone(answers, concurrency: int, costs: Costs) -> float:
     """Tokens/s of the LLM alone served the same way: every token the LLM's, no SLM, no router."""
     everything = [(prompt, [True] * len(routed)) for prompt, routed in answers]
-    free = Costs(slm=(0.0, 0.0, 0.0), llm=costs.llm, router=(0.0, 0.0), step=costs.step, packed=costs.packed)
+    free = Costs(slm=(0.0, 0.0, 0.0), llm=costs.llm, router=(0.0, 0.0), step=costs.step, packed=costs.packed,
+                 captured_shapes=costs.captured_shapes, gathered_rows=costs.gathered_rows)
     return simulate(everything, concurrency, WaitPolicy(), free)["tokens_per_s"]
 
 
