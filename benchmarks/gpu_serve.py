@@ -13,8 +13,9 @@ proposal's hidden state falls below ``p`` (per row, whatever its neighbours; bf1
 route, not how many). Servers, each fresh, in order of value: R2R on fused reads with the GPU's waiting default
 (what ``serve_model.py`` predicts), then **the LLM alone on the same engine** (the LLM in the SLM's place, never
 routing, a 16-wide router: no SLM, no LLM catch-up; R2R at threshold 0 would still run the SLM and the router every
-step), their ratio at each concurrency, then R2R with ``m = 1`` and, as a peer where the image's transformers has
-it, HF's own continuous batching of the LLM alone (``generate_batch``, paged attention).
+step), their ratio at each concurrency, then R2R with ``m = 1``, R2R speculating (depth 4, the server's default
+policy for it; random weights roll every resolution back: the worst case) and, as a peer where the image's
+transformers has it, HF's own continuous batching of the LLM alone (``generate_batch``, paged attention).
 """
 
 from __future__ import annotations
@@ -247,7 +248,10 @@ def serving_phase(model, device: torch.device, share: float, concurrencies: tupl
     m1 = dict(llm_min_rows=(1,), llm_max_wait=0)
     servers = [("R2R, waiting", lambda: model, dict(llm_min_rows=wait.min_rows, llm_max_wait=wait.max_wait), 1 - share),
                ("LLM alone", lambda: llm_alone(model), m1, float("inf")),
-               ("R2R, m = 1", lambda: model, m1, 1 - share)]
+               ("R2R, m = 1", lambda: model, m1, 1 - share),
+               # speculative routing's server default at depth 4; random weights disagree at every routed position,
+               # so every resolution rolls back: the worst case's cost (the real pair's agreement is ~88 %)
+               ("R2R, speculative (worst case)", lambda: model, dict(speculate=4), 1 - share)]
     found = {}
     for name, which, options, threshold in servers:
         if time.monotonic() > deadline:

@@ -9,8 +9,9 @@ number of chat requests at a fixed concurrency, then stops. Configurations, all 
 threshold unless said: ``wait`` (routed answers wait for a shared LLM forward: m = running answers / 3, at
 most 16 steps, the GPU default), ``m1`` (the LLM runs in the step an answer routes: the CPU default), ``llm``
 (threshold 0: the LLM writes every token, the SLM's steps still run: the LLM alone in the same server),
-``slm`` (threshold 2: no token routes), ``spec`` (speculative routing, ``--speculate 8``) and ``spec-llm``
-(threshold 0 with speculation: the LLM's own answers, the SLM drafting). Per run: tokens/s, time to first token, inter-token latency (the gaps
+``slm`` (threshold 2: no token routes), ``spec`` (speculative routing, ``--speculate 8``), ``spec-below``
+(``--speculate 4 --speculate-below 0.95``: the recommended depth, rows the router is surest of waiting) and
+``spec-llm`` (threshold 0 with speculation: the LLM's own answers, the SLM drafting). Per run: tokens/s, time to first token, inter-token latency (the gaps
 between an answer's stream chunks), and the counters of ``/metrics`` (model forwards per token, rows per LLM
 forward, steps a routed answer waited). Each server writes a trace (``R2R_SERVE_TRACE``) that
 ``benchmarks/serve_model.py`` replays with forward costs. Results go to benchmarks/results/serve_load.json,
@@ -43,7 +44,9 @@ CONFIGS = {"wait": ["--llm-min-rows", WAIT, "--llm-max-wait", "16"], "m1": ["--l
            "slm": ["--threshold", "2", "--llm-min-rows", "1", "--llm-max-wait", "0"],
            # speculative routing (issue 43): routed answers go on with the SLM's token, 8 pending at most, the LLM
            # resolving with core/policy.speculative_policy's defaults; "spec-llm": threshold 0, the LLM's own answers
-           "spec": ["--speculate", "8"], "spec-llm": ["--threshold", "0", "--speculate", "8"]}
+           "spec": ["--speculate", "8"], "spec-llm": ["--threshold", "0", "--speculate", "8"],
+           # the recommended depth, and rows the router is surest of waiting (the LLM disagrees there far more)
+           "spec-below": ["--speculate", "4", "--speculate-below", "0.95"]}
 
 
 def prompts(n: int) -> list[str]:

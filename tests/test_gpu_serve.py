@@ -10,8 +10,9 @@ from benchmarks import gpu_serve
 def test_the_serving_phase_dry_run_measures_every_server(tmp_path):
     gpu_serve.main(["--dry-run", "--out", str(tmp_path), "--no-peer", "--budget-s", "300"])
     servers = json.loads((tmp_path / "gpu_serve.json").read_text())["servers"]
-    assert list(servers) == ["R2R, waiting", "LLM alone", "ratios", "R2R, m = 1"], "in order of value"
-    for name in ("R2R, waiting", "LLM alone", "R2R, m = 1"):
+    speculative = "R2R, speculative (worst case)"
+    assert list(servers) == ["R2R, waiting", "LLM alone", "ratios", "R2R, m = 1", speculative], "in order of value"
+    for name in ("R2R, waiting", "LLM alone", "R2R, m = 1", speculative):
         server = servers[name]
         assert [r["concurrency"] for r in server["runs"]] == [2, 4], name
         assert server["capture"]["path"] == "graphs", name
@@ -23,6 +24,7 @@ def test_the_serving_phase_dry_run_measures_every_server(tmp_path):
             assert sum(stages.values()) < r["ms_per_step"], name
     assert all(r["llm_token_rate"] == 0.0 for r in servers["LLM alone"]["runs"]), "no LLM catch-up: it is the model"
     assert 0 < sum(r["llm_token_rate"] for r in servers["R2R, m = 1"]["runs"]) < 2
+    assert sum(r["counters_total"]["speculative_rejected"] for r in servers[speculative]["runs"]) > 0, "it speculated"
     alone, r2r = servers["LLM alone"]["runs"], servers["R2R, waiting"]["runs"]
     assert servers["ratios"] == {str(a["concurrency"]): b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(alone, r2r)}
 
