@@ -177,6 +177,23 @@ def test_speculate_is_saved_with_the_router_like_the_threshold(model, tmp_path):
     assert (again.generation_config.speculate, again.generation_config.llm_max_wait) == (4, 16)
 
 
+def test_the_server_speculates_below_what_the_router_was_saved_with_unless_told(model, tok, tmp_path):
+    """The shipped router is saved with speculate_below (0.95: above it the LLM agreed at 58-60 % of routed positions,
+    below at 91-96 %); `generate` reads it from the router's generation config, and so does the server."""
+    from r2r_hf.serve.engine import Engine
+    from r2r_hf.serve.settings import ServeSettings
+
+    model.generation_config.speculate_below = 0.95
+    try:
+        model.save_pretrained(tmp_path)
+    finally:
+        del model.generation_config.speculate_below
+    again = R2RForCausalLM.from_pretrained(tmp_path, slm=model.slm, llm=model.llm)
+    assert Engine(again, tok, ServeSettings(speculate=4, capture="off")).policy.speculate_below == 0.95
+    told = ServeSettings(speculate=4, speculate_below=0.5, capture="off")
+    assert Engine(again, tok, told).policy.speculate_below == 0.5, "the flag wins"
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, True, "4"])
 def test_a_speculation_depth_that_is_not_a_count_is_refused(model, tok, value):
     with pytest.raises(ValueError, match="speculate must be a whole number"):

@@ -92,8 +92,10 @@ class Engine:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.pair = model.routed_pair().for_call()  # one router state for the server's one running batch
         self.device = input_device(model.slm)
+        below = settings.speculate_below  # the flag, else what the router was saved with (as generate reads it)
+        below = getattr(model.generation_config, "speculate_below", None) if below is None else below
         self.policy = serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
-                                     settings.llm_max_wait, settings.speculate, settings.speculate_below)
+                                     settings.llm_max_wait, settings.speculate, below)
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
