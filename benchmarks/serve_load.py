@@ -254,8 +254,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _policy_of(flags: list[str]) -> dict:
+    """The policy a configuration's flags name (the server's defaults for what they leave out)."""
     value = dict(zip(flags[::2], flags[1::2]))
-    return {"min_rows": [int(v) for v in value["--llm-min-rows"].split(",")], "max_wait": int(value["--llm-max-wait"])}
+    out = {}
+    if "--llm-min-rows" in value:
+        out["min_rows"] = [int(v) for v in value["--llm-min-rows"].split(",")]
+    for flag, name, kind in (("--llm-max-wait", "max_wait", int), ("--speculate", "speculate", int),
+                             ("--speculate-below", "speculate_below", float), ("--threshold", "threshold", float)):
+        if flag in value:
+            out[name] = kind(value[flag])
+    return out
 
 
 if __name__ == "__main__":
