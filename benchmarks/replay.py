@@ -42,7 +42,8 @@ class Costs(Protocol):
     step: float
     packed: bool  # a forward of ragged rows priced by its mean tokens per row, not its longest (a what-if)
     captured_shapes: bool  # priced at the captured read's shape: the rows bucket of its highest slot, tokens bucket
-    gathered_rows: bool  # with captured_shapes: the rows bucket of the rows it reads, wherever they sit (a what-if)
+    gathered_rows: bool  # with captured_shapes: an LLM read at the smaller of that and its rows' own bucket (the
+    # server's LLM reads gather their rows since the first device run; the SLM's read the first slots)
 
 
 class Routed(list):
@@ -168,8 +169,10 @@ class ReplayBatch(BatchRows):
             longest = max(n for _, _, n in forward)  # the slots' read is a padded rectangle: rows x the longest
             priced = sum(n for _, _, n in forward) / len(forward) if getattr(self.costs, "packed", False) else longest
             if getattr(self.costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
-                highest = len(forward) - 1 if getattr(self.costs, "gathered_rows", False) else max(r for r, _, _ in forward)
-                rows = next(b for b in row_buckets(len(self.rows)) if b > highest)
+                buckets = row_buckets(len(self.rows))
+                rows = next(b for b in buckets if b > max(r for r, _, _ in forward))
+                if role == "llm" and getattr(self.costs, "gathered_rows", False):  # the server's LLM reads gather
+                    rows = min(rows, next(b for b in buckets if b >= len(forward)))
                 for start in range(0, longest, BUCKETS[-1]):  # replays of at most the widest bucket
                     self._spend(role, self.costs.forward(role, rows, bucket_for(min(longest - start, BUCKETS[-1]))))
             else:

@@ -52,7 +52,8 @@ class Costs:
     # price a read at the captured graph's shape, as the server runs it on a GPU: the rows bucket holding its
     # highest slot (a read of slots 3 and 12 of 16 is a 16-row read) and the tokens bucket of its longest row
     captured_shapes: bool = False
-    gathered_rows: bool = False  # with it: a read priced at the rows bucket of its row count (a what-if)
+    gathered_rows: bool = False  # with it: an LLM read at the smaller of that and its rows' own bucket (the server
+    # since the first device run gathers the LLM's rows: fast/slot_reads.py; the device ran the server without it)
 
     def forward(self, role: str, rows: int, tokens: int) -> float:
         model = self.slm if role == "slm" else self.llm

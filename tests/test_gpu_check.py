@@ -111,7 +111,7 @@ def test_gpu_check_dry_run_keeps_the_headline_when_the_warm_phase_fails(tmp_path
     speculating = data["r2r_speculative_ms"]["1"]["counters"]
     assert speculating["speculative_agreed"] + speculating["speculative_rejected"] > 0, "it speculated"
     served = data["serving"]
-    assert list(served) == ["R2R, waiting", "LLM alone", "ratios", "R2R, m = 1"]
+    assert list(served) == ["R2R, waiting", "LLM alone", "ratios", "R2R, m = 1", "R2R, speculative (worst case)"]
     assert set(served["ratios"]) == {str(c) for c in DRY_RUN.serve}
     alone = served["LLM alone"]["runs"]
     assert [r["concurrency"] for r in alone] == list(DRY_RUN.serve) and all(r["llm_token_rate"] == 0 for r in alone)

@@ -78,8 +78,9 @@ def test_a_graph_replay_counts_once_and_nothing_inside_it_counts():
 BOUNDS = {
     ("generate_1", "slm step (never routes)"): {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 11},
     ("generate_1", "llm step (every token routed)"): {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 15},
-    ("server", "8 rows, p = 0.1"): {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 19.25},
-    ("server", "16 rows, p = 0.1"): {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 20.25},
+    # (+0.4 / +0.5 since the LLM's reads gather their rows: the gathered ids, one index_select per such read)
+    ("server", "8 rows, p = 0.1"): {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 19.625},
+    ("server", "16 rows, p = 0.1"): {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 20.75},
 }
 # The targets: no syncing copy and at most 40 eager ops per served step (the one read-back stays), at most 20
 # per generate step.

@@ -11,6 +11,7 @@ import concurrent.futures
 import httpx
 import openai
 import pytest
+import torch
 
 from r2r_hf.testing.graphs import emulated_store
 from serving import gap_threshold, generated, serving
@@ -51,9 +52,11 @@ def test_served_answers_on_emulated_graphs_equal_generate_alone(model, tok, monk
     monkeypatch.setattr(model, "capture_store", emulated_store())
     report, counters = _serve_and_compare(model, tok, max_context=96, **policy)
     assert report["path"] == "graphs" and report["columns"] == 97
-    resolving = 3 * 7 if policy.get("speculate") else 0  # the LLM's reads that keep every position's logits
-    assert report["steps"] == 2 * 3 * 7 + 3 + resolving, \
-        "the SLM and LLM reads per rows (1, 2, 4) x tokens bucket, the router (and the resolving reads)"
+    gathering = 2 * 7  # the LLM's reads that gather their rows: rows buckets 1 and 2 (below the largest) x tokens
+    resolving = 3 * 7 + gathering if policy.get("speculate") else 0  # the LLM's reads keeping every position's logits
+    assert report["steps"] == 2 * 3 * 7 + gathering + 3 + resolving, \
+        "the SLM and LLM reads per rows (1, 2, 4) x tokens bucket, the LLM's gathering ones, the router (and the " \
+        "resolving reads)"
 
 
 def test_served_answers_on_fused_emulated_graphs_equal_generate_alone(model, tok, monkeypatch):
@@ -94,7 +97,9 @@ def test_served_answers_through_torch_compile_equal_generate_alone(model, tok, m
         started["graphs"] = dynamo["stats"]["unique_graphs"]
 
     report, _ = _serve_and_compare(model, tok, slots=2, capture="compile", max_context=64, at_start=at_start)
-    steps = 2 * 2 * 7 + 2  # the SLM and LLM reads per rows (1, 2) x tokens bucket, the router per rows bucket
+    # the SLM and LLM reads per rows (1, 2) x tokens bucket, the LLM's gathering reads of one row, the router per
+    # rows bucket
+    steps = 2 * 2 * 7 + 1 * 7 + 2
     assert report["path"] == "compile" and report["steps"] == steps
     assert {k: started["health"][k] for k in ("path", "steps")} == {"path": "compile", "steps": steps}
     assert started["health"]["seconds"] > 0
@@ -138,8 +143,9 @@ def test_buckets_are_captured_largest_first(model, tok, monkeypatch):
     monkeypatch.setattr(model, "capture_store", emulated_store(Recording))
     Engine(model, tok, ServeSettings(max_batch_size=4, max_context=24))
     reads, routers = [s for s in shapes if s[0] != "router"], [s[1] for s in shapes if s[0] == "router"]
-    half = len(reads) // 2  # the SLM's reads, then the LLM's
-    for model_reads in (reads[:half], reads[half:]):
+    slm = 3 * 7  # the SLM's reads (rows 4, 2, 1 x tokens), then the LLM's (and its gathering ones of rows 2 and 1)
+    assert len(reads) == slm + 3 * 7 + 2 * 7
+    for model_reads in (reads[:slm], reads[slm:]):
         assert model_reads == sorted(model_reads, reverse=True) and model_reads[0] == (4, 64), model_reads
     assert routers == [4, 2, 1]
 
@@ -164,7 +170,8 @@ def test_reads_attend_the_columns_filled_rounded_up_to_powers_of_two(model, tok,
     tau = gap_threshold(model, tok, PROMPTS, 0.5, 0.9)
     jobs = [("the old man said that he was a good man and " * 12, 24), ("water", 24)]
     with serving(model, tok, max_batch_size=2, max_context=300) as (url, service):
-        assert service.engine.capture_report["steps"] == 2 * 2 * 7 * 2 + 2, "reads per rows x tokens x span (256, 301)"
+        assert service.engine.capture_report["steps"] == 2 * 2 * 7 * 2 + 1 * 7 * 2 + 2, \
+            "reads per rows x tokens x span (256, 301), the LLM's gathering reads of one row, the router"
         serving_now.append(True)
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
         def ask(job):
@@ -177,3 +184,40 @@ def test_reads_attend_the_columns_filled_rounded_up_to_powers_of_two(model, tok,
     for (prompt, n), answer in zip(jobs, got):
         assert answer == generated(model, tok, prompt, n, do_sample=False, threshold=tau)[0]
     assert {256, 301} <= set(spans), spans
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["hf-forward", "fused"])
+@pytest.mark.parametrize("slots,rows,bucket", [(4, [3], 1), (8, [7, 2, 5], 4)], ids=["alone", "with-a-filler"])
+def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(model, fuse, slots, rows, bucket):
+    """The first H200 run: a captured read of slots 3 and 12 of 16 replayed the 16-row graph, so at 16 users the
+    LLM's catch-ups read 16 rows x the longest lag and R2R served 0.90x the LLM alone. The LLM's reads gather their
+    rows instead where that makes a smaller bucket (a slot it does not read fills the bucket, writing nothing): the
+    logits, in the rows' order, and what the read writes into the cache are an eager read's; other slots keep
+    theirs."""
+    from r2r_hf.core.fast.slot_reads import CapturedReads
+    from r2r_hf.core.layouts.slot_cache import SlotCache, read_piece
+    from r2r_hf.testing.graphs import EmulatedGraphStep
+
+    llm, layers = model.llm, model.llm.config.num_hidden_layers
+    tokens = torch.randint(3, 400, (slots, 48), generator=torch.Generator().manual_seed(0))
+    filled = [20, 9, 14, 30, 11, 25, 7, 30][:slots]
+    eager, static = SlotCache(layers, slots, 47), SlotCache(layers, slots, 47)
+    with torch.inference_mode():
+        for cache in (eager, static):
+            read_piece(llm, cache, tokens, list(range(slots)), [0] * slots, filled)
+        pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
+        reads = CapturedReads(llm, static, lambda fn, example: EmulatedGraphStep(fn, example, pool), hidden=False,
+                              fuse=fuse, gather=True)
+        before = [k.clone() for k in static.keys]
+        starts, counts = [filled[r] for r in rows], [5, 3, 1][: len(rows)]
+        got, _ = reads.read(tokens, rows, starts, counts)
+        want, _ = read_piece(llm, eager, tokens, rows, starts, counts)
+    assert list(reads.steps) == [(bucket, 8, 47, False, True)], "one gathering read of the rows' own bucket"
+    assert reads.fused == fuse
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for k_eager, k_static, k_before in zip(eager.keys, static.keys, before):
+        for r in range(slots):
+            if r in rows:
+                torch.testing.assert_close(k_static[r, :, :47], k_eager[r, :, :47], rtol=1e-4, atol=1e-4)
+            else:
+                assert torch.equal(k_static[r, :, :47], k_before[r, :, :47]), f"slot {r} was written"

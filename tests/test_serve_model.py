@@ -70,7 +70,7 @@ def test_captured_shapes_price_a_read_as_the_graph_it_replays():
 
     assert priced() == 2.0, "the rows it reads"
     assert priced(captured_shapes=True) == 16.0, "the rows bucket of slot 9"
-    assert priced(captured_shapes=True, gathered_rows=True) == 2.0, "the what-if: the rows gathered"
+    assert priced(captured_shapes=True, gathered_rows=True) == 2.0, "the LLM's reads gather their rows (the SLM's do not)"
 
 
 def test_the_replay_with_the_h200s_measured_costs_stays_near_what_the_h200_served(tmp_path):

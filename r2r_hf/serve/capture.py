@@ -22,7 +22,7 @@ import torch
 from transformers import CompileConfig
 
 from ..core.fast.graphs import CompiledStep, Step, compile_options, gc_paused, recompile_limit
-from ..core.fast.slot_reads import capture_slots, row_buckets
+from ..core.fast.slot_reads import capture_slots, captured_steps, row_buckets
 from ..core.fast.static_reads import BUCKETS, capturable
 from ..core.features import output_device
 from ..model.loading import context_length
@@ -54,8 +54,7 @@ def capture_plan(model, settings, device: torch.device):
     context = context_length(model.slm, model.llm) or DEFAULT_MAX_CONTEXT
     columns = (settings.max_context or min(context, DEFAULT_MAX_CONTEXT)) + 1
     if mode == "compile":
-        rows = row_buckets(settings.max_batch_size)
-        steps = 2 * len(rows) * len(BUCKETS) + len(rows)  # both models' reads per (rows, tokens) bucket, the router
+        steps = captured_steps(settings.max_batch_size, columns, bool(settings.speculate))
         # Room for every step twice: the router is captured again over fp32 where its copy fails its check.
         return compile_now(CompileConfig(fullgraph=False, dynamic=False, mode="default"), 2 * steps), None, columns
     step, pool = store.graph_step, store.graph_step.new_pool(device)

@@ -175,15 +175,19 @@ def static_layer(layer, x, cos, sin, mask, keys, values, column, weights, span: 
     return attend_and_finish(layer, x, q, keys[:, :, :span], values[:, :, :span], mask, weights[2], weights[3])
 
 
-def slot_layer(layer, x, cos, sin, mask, keys, values, column, weights, span: int):
-    """One layer over slots: row ``r``'s new K/V go to its ``column[r]`` [k, b]; rows are the first k slots."""
+def slot_layer(layer, x, cos, sin, mask, keys, values, column, weights, span: int, slots=None):
+    """One layer over slots: row ``r``'s new K/V go to its ``column[r]`` [k, b]; rows are the first k slots, or
+    ``slots`` [k] (a read that gathers its rows: their keys and values over ``span`` columns are copied out)."""
     q, k, v = project(layer, x, cos, sin, weights[0], weights[1])
-    rows = torch.arange(x.shape[0], device=x.device)[:, None]
+    rows = (torch.arange(x.shape[0], device=x.device) if slots is None else slots)[:, None]
     keys[rows, :, column] = k.transpose(1, 2)
     values[rows, :, column] = v.transpose(1, 2)
-    count = x.shape[0]
-    return attend_and_finish(layer, x, q, keys[:count, :, :span], values[:count, :, :span], mask, weights[2],
-                             weights[3])
+    if slots is None:
+        count = x.shape[0]
+        seen_keys, seen_values = keys[:count, :, :span], values[:count, :, :span]
+    else:
+        seen_keys, seen_values = keys[:, :, :span].index_select(0, slots), values[:, :, :span].index_select(0, slots)
+    return attend_and_finish(layer, x, q, seen_keys, seen_values, mask, weights[2], weights[3])
 
 
 def head(model: torch.nn.Module, x: torch.Tensor, last: torch.Tensor | None, hidden: bool):

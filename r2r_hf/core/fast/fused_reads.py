@@ -142,7 +142,8 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
 
 def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: Regions,
               span: int | None = None) -> Step:
-    """``slot_cache.forward_piece`` fused, over the first k slots: (ids, position, column, real [k, g]) -> outputs.
+    """``slot_cache.forward_piece`` fused: (ids, position, column, real [k, g], and ``slots`` [k] where the read
+    gathers its rows; else the first k slots) -> outputs.
 
     Padding is written to the spare column and its queries see column 0 (``slot_cache.piece_masks``); the read
     attends the first ``span`` columns (default: the slots' whole capacity; captured reads have fixed shapes).
@@ -151,12 +152,12 @@ def slot_read(model: torch.nn.Module, cache: SlotCache, hidden: bool, regions: R
     weights = [fused.layer_weights(layer) for layer in model.model.layers]
     allocate(model, cache)
 
-    def read(ids, position, column, real):
-        _dynamic((ids, 0, 1), (position, 0, 1), (real, 0, 1))
+    def read(ids, position, column, real, slots=None):
+        _dynamic((ids, 0, 1), (position, 0, 1), (real, 0, 1), *(() if slots is None else ((slots, 0),)))
         x, cos, sin, packed = regions.slot_prologue(model, ids, position, real, groups, span)
         _dynamic((x, 0, 1), (cos, 0, 1), (sin, 0, 1), (packed, 0, 2), (column, 0, 1))
         for i, (layer, w) in enumerate(zip(model.model.layers, weights)):
-            x = regions.slot_layer(layer, x, cos, sin, packed, cache.keys[i], cache.values[i], column, w, span)
+            x = regions.slot_layer(layer, x, cos, sin, packed, cache.keys[i], cache.values[i], column, w, span, slots)
             _dynamic((x, 0, 1))
         return regions.head(model, x, None, hidden)
 

@@ -29,7 +29,7 @@ from .fused import attended
 from .fused_reads import capture_fused, fused_regions, slot_read
 from .graphs import Step
 from .router_copy import Scorer
-from ..layouts.slot_cache import SlotCache, forward_piece, piece_inputs
+from ..layouts.slot_cache import SlotCache, forward_piece, piece, piece_inputs
 
 
 def span_buckets(capacity: int) -> tuple[int, ...]:
@@ -50,6 +50,15 @@ def row_buckets(slots: int) -> tuple[int, ...]:
     return tuple(out + [slots])
 
 
+def captured_steps(slots: int, capacity: int, speculate: bool) -> int:
+    """How many steps ``capture_slots`` captures: each model's reads per rows x tokens x span bucket, the LLM's
+    gathering reads of every rows bucket below the largest (and, speculating, each of its reads again keeping every
+    position's logits), the router per rows bucket."""
+    rows, per = row_buckets(slots), len(BUCKETS) * len(span_buckets(capacity))
+    llm = (2 * len(rows) - 1) * per * (2 if speculate else 1)
+    return len(rows) * per + llm + len(rows)
+
+
 class CapturedReads:
     """One model's slot reads, captured per (rows bucket, tokens bucket) over a static ``SlotCache``.
 
@@ -62,13 +71,14 @@ class CapturedReads:
     """
 
     def __init__(self, model: torch.nn.Module, cache: SlotCache, capture: Callable[[Step, dict], Step],
-                 hidden: bool, fuse: bool = False) -> None:
-        self.model, self.cache, self.capture, self.hidden = model, cache, capture, hidden
+                 hidden: bool, fuse: bool = False, gather: bool = False) -> None:
+        self.model, self.cache, self.capture, self.hidden, self.gather = model, cache, capture, hidden, gather
         self.regions = fused_regions(model) if fuse else None
         self.rows = row_buckets(cache.slots)
         self.spans = span_buckets(cache.capacity)
-        # (rows, tokens, span) bucket, and whether it keeps every position's logits -> its captured read
-        self.steps: dict[tuple[int, int, int, bool], Step] = {}
+        # (rows, tokens, span) bucket, whether it keeps every position's logits, whether it gathers its rows ->
+        # its captured read
+        self.steps: dict[tuple[int, int, int, bool, bool], Step] = {}
         device = model.get_input_embeddings().weight.device
         self.index = {k: torch.arange(k, device=device) for k in self.rows}
 
@@ -77,19 +87,21 @@ class CapturedReads:
         """The widest piece one replay reads."""
         return BUCKETS[-1]
 
-    def _fn(self, rows: int, span: int, every: bool = False) -> Step:
+    def _fn(self, rows: int, span: int, every: bool, gathered: bool) -> Step:
         cache, model, hidden, index = self.cache, self.model, self.hidden and not every, self.index[rows]
 
-        def read(ids, position, column, real):
-            cache.plan(list(range(rows)), column, span, index=index)
+        def read(ids, position, column, real, slots=None):
+            cache.plan(None if gathered else list(range(rows)), column, span, index=slots if gathered else index)
             return forward_piece(model, cache, ids, position, column, real, span, hidden, every)
 
         return read
 
-    def step(self, rows: int, width: int, span: int, example: dict[str, torch.Tensor], every: bool = False) -> Step:
+    def step(self, rows: int, width: int, span: int, example: dict[str, torch.Tensor], every: bool = False,
+             gathered: bool = False) -> Step:
         """The captured read of ``rows`` x ``width`` attending ``span`` columns (with ``every``: every position's
-        logits, HF's forward: the fused head keeps the last only); captured on first use."""
-        key = (rows, width, span, every)
+        logits, HF's forward: the fused head keeps the last only; ``gathered``: of the slots its input names, not
+        the first ``rows``); captured on first use."""
+        key = (rows, width, span, every, gathered)
         if key not in self.steps:
             if self.regions is not None and not every:
                 step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions,
@@ -99,7 +111,7 @@ class CapturedReads:
                     return step
                 self.regions = None  # every bucket, those captured already too: one kind of read per model
                 self.steps = {key: step for key, step in self.steps.items() if key[3]}
-            self.steps[key] = self.capture(self._fn(rows, span, every), example)
+            self.steps[key] = self.capture(self._fn(rows, span, every, gathered), example)
         return self.steps[key]
 
     @property
@@ -107,18 +119,33 @@ class CapturedReads:
         """Whether the captured reads are fused ones."""
         return self.regions is not None
 
-    def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], every: bool = False):
-        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or
-        None (with ``every``: the logits [k, width, V] after each token of the right-aligned piece, and None)."""
+    def _inputs(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int):
+        """The read's rows bucket, its inputs, and whether it gathers: a read of the first slots pads to the bucket
+        holding its highest slot (slots 3 and 12 of 16: a 16-row read); where gathering its rows makes a smaller
+        bucket, a gathering read takes them (and slots it does not read, writing nothing, up to the bucket)."""
         k = next(b for b in self.rows if b > max(rows))
-        width = bucket_for(max(counts))
-        span = attended(max(s + n for s, n in zip(starts, counts)), self.cache.capacity)  # the columns filled
+        fewer = next(b for b in self.rows if b >= len(rows))
+        if self.gather and fewer < k:
+            taken = set(rows)
+            fillers = [s for s in range(self.cache.slots) if s not in taken][: fewer - len(rows)]
+            inputs, index = piece(tokens, rows + fillers, starts + [0] * len(fillers), counts + [0] * len(fillers),
+                                  width, self.cache.trash)
+            return fewer, {**inputs, "slots": index}, True
         full_starts, full_counts = [0] * k, [0] * k
         for r, s, n in zip(rows, starts, counts):
             full_starts[r], full_counts[r] = s, n
-        inputs = piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash)
-        out = self.step(k, width, span, inputs, every).run(**inputs)  # captured outputs: each kept row copied out once
-        if in_order(rows) and len(rows) == k:
+        return k, piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash), False
+
+    def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], every: bool = False):
+        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or
+        None (with ``every``: the logits [k, width, V] after each token of the right-aligned piece, and None)."""
+        width = bucket_for(max(counts))
+        span = attended(max(s + n for s, n in zip(starts, counts)), self.cache.capacity)  # the columns filled
+        k, inputs, gathered = self._inputs(tokens, rows, starts, counts, width)
+        out = self.step(k, width, span, inputs, every, gathered).run(**inputs)  # each kept row copied out once
+        if gathered:
+            kept = [value[: len(rows)].clone() for value in out]
+        elif in_order(rows) and len(rows) == k:
             kept = [value.clone() for value in out]
         else:
             picked = staged(rows, out[0].device)
@@ -127,14 +154,18 @@ class CapturedReads:
 
     def warm(self, tokens: torch.Tensor, every: bool = False) -> int:
         """Capture every (rows, tokens) bucket with inputs that write nothing (and with ``every``, the reads that
-        keep every position's logits: speculative resolutions); the number captured. Largest first: the smaller
-        graphs then reuse the blocks the larger ones left in the pool (vLLM captures in that order too)."""
+        keep every position's logits: speculative resolutions; where the reads gather, the gathering ones of every
+        bucket below the largest); the number captured. Largest first: the smaller graphs then reuse the blocks the
+        larger ones left in the pool (vLLM captures in that order too)."""
         for k in reversed(self.rows):
             for width in reversed(BUCKETS):
-                inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
-                for span in reversed(self.spans):
-                    for kind in (False, True) if every else (False,):
-                        self.step(k, width, span, inputs, kind)
+                for gathered in (False, True) if self.gather and k < self.rows[-1] else (False,):
+                    inputs = piece_inputs(tokens, list(range(k)), [0] * k, [0] * k, width, self.cache.trash)
+                    if gathered:
+                        inputs["slots"] = self.index[k]
+                    for span in reversed(self.spans):
+                        for kind in (False, True) if every else (False,):
+                            self.step(k, width, span, inputs, kind, gathered)
         return len(self.steps)
 
 
@@ -192,7 +223,7 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
         cache.plan(list(range(layout.slots)), inputs["column"], 1)
         forward_piece(model, cache, **inputs, used=1, hidden=False)
     layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse),
-                       "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse)}
+                       "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse, gather=True)}
     layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:

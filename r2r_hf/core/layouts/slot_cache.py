@@ -65,13 +65,14 @@ class SlotCache:
         """The spare column padding is written to (past every position)."""
         return self.capacity
 
-    def plan(self, rows: list[int], columns: torch.Tensor, used: int, index: torch.Tensor | None = None) -> None:
+    def plan(self, rows: list[int] | None, columns: torch.Tensor, used: int, index: torch.Tensor | None = None) -> None:
         """The next forward reads ``rows``; its new tokens go to ``columns`` [k, g]; it attends ``used`` columns.
 
-        ``index``: ``rows`` as a device tensor already (a captured read plans before capture: no copy inside it).
+        ``index``: ``rows`` as a device tensor already (a captured read plans before capture: no copy inside it);
+        ``rows`` None: the rows are ``index``, whichever they are (a captured read that gathers its rows).
         """
-        first = rows[0]
-        self.span = slice(first, first + len(rows)) if rows == list(range(first, first + len(rows))) else None
+        contiguous = rows is not None and rows == list(range(rows[0], rows[0] + len(rows)))
+        self.span = slice(rows[0], rows[0] + len(rows)) if contiguous else None
         self.rows = index if index is not None else staged(rows, columns.device)
         self.columns, self.used = columns, used
 
