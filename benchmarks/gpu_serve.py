@@ -67,10 +67,8 @@ def _request(prompt, settings, emit):
     return Request([prompt], [Choice(settings)], emit)
 
 
-# Where a served step's host time goes (the first H200 run: 4.9 ms per step outside the graph replays at 8 rows
-# against 1.9 ms for the LLM alone on the same engine): the decoding thread's wall time inside each of these.
-# ``sync`` includes waiting for the device (the step's one read-back); ``propose`` and ``execute`` queue the step's
-# kernels and replays; ``_deliver`` hands the tokens out; the rest of a step is the plan and the loop itself.
+# Where a served step's time goes: the decoding thread's wall time inside each of these. ``sync`` includes waiting
+# for the device (the one read-back); ``propose`` and ``execute`` queue the step's kernels and replays.
 STAGES = (("r2r_hf.core.batch", "RunningBatch", ("propose", "sync", "execute", "prefill")),
           ("r2r_hf.serve.engine", "Engine", ("_deliver", "_schedule", "_join", "_leave")))
 
@@ -283,7 +281,9 @@ def hf_continuous_batching(llm, concurrencies, max_tokens: int, prompt_tokens: i
         config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1, max_batch_tokens=c * 64)
         start = time.perf_counter()
         try:
-            results = llm.generate_batch(prompts, generation_config=config, progress_bar=False)
+            # (in inference mode its loop thread failed on every request: transformers 5.17 on the H200)
+            with torch.inference_mode(False), torch.no_grad():
+                results = llm.generate_batch(prompts, generation_config=config, progress_bar=False)
         except Exception as err:  # noqa: BLE001 - a private-ish API: record why it did not run
             out.append({"concurrency": c, "error": f"{type(err).__name__}: {err}"[:300]})
             continue
