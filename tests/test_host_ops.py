@@ -102,7 +102,9 @@ def test_host_work_per_step_stays_within_the_counts_reached(found):
         for key, most in bound.items():
             # A routing decision that flips on another CPU's rounding moves a p = 0.1 average by 1/16 at most.
             assert got[key] <= most + (1 / 16 if "p =" in name else 0) + 1e-9, (section, name, key, got[key])
-        assert got["graph_replays"] >= 1 and math.isfinite(got["host_ms"]) and 0 <= got["decide_ms"] <= got["host_ms"]
+        # Times are measured, not bounded: generate's host_ms is a difference of two timings, which a loaded machine
+        # turned negative once (the suite beside a benchmark); the counts above are what this test holds.
+        assert got["graph_replays"] >= 1 and math.isfinite(got["host_ms"]) and got["decide_ms"] >= 0
     reads = {site: n for site, n in found["server"]["8 rows, p = 0.1"]["sites"].items() if site.startswith("d2h ")}
     assert list(reads.values()) == [1] and next(iter(reads)).startswith("d2h r2r_hf/core/step.py:"), \
         f"the one read-back, the step's synchronisation: {reads}"
