@@ -31,8 +31,9 @@ phases). Budgets (H200, bf16, 1.5B + 32B; estimated from the review's cost model
                  routed position, so every resolution rolls back: the worst case, with its counters      40 s
   serving        the engine in-process (gpu_serve.py): R2R fused (the GPU's waiting default) and the
                  LLM alone on the same engine (no SLM, no router), concurrency 8 and 16, time outside
-                 the graphs per step; then R2R with m = 1 and HF's generate_batch (the slot regions'
-                 compile and both servers' captures are inside it)                                     150 s
+                 the graphs per step and each stage's time; then R2R with m = 1, R2R speculating (the
+                 worst case on random weights) and HF's generate_batch, as the budget allows (the slot
+                 regions' compile and every server's capture are inside it)                             150 s
   agreement      teacher-forced bf16 logits, captured (fused) vs eager (the README's tolerance)          45 s
   r2r_fused_8, llm_fused_8, components_8: a prediction (1.3-1.5x)                                 75 + 30 + 45 s
   llm_eager_1, slm_eager_1, r2r_eager_1 (p = 0.1), llm_eager_8                              45 + 20 + 30 + 45 s
