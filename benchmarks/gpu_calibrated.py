@@ -107,9 +107,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--first", default="benchmarks/results/gpu_check.json")
     parser.add_argument("--fused", default="benchmarks/results/gpu_check_rerun.json")
     parser.add_argument("--out", default="benchmarks/results/gpu_calibrated.json")
+    parser.add_argument("--gathering", action="store_true",
+                        help="--fused measured a server whose LLM reads gather their rows (any run after 2026-12-04)")
     args = parser.parse_args(argv)
     first, fused = (json.loads(Path(p).read_text()) for p in (args.first, args.fused))
-    costs = measured_costs(first, fused)
+    costs = replace(measured_costs(first, fused), gathered_rows=args.gathering)
     result = {"costs": {"slm_ms": {f"{k}x{g}": 1e3 * t for (k, g), t in costs.slm.items() if g == 1},
                         "llm_ms": {f"{k}x{g}": 1e3 * t for (k, g), t in costs.llm.items()},
                         "router_ms": [1e3 * costs.router[0], 1e3 * costs.router[1]], "host_ms_per_step": 1e3 * costs.step},
