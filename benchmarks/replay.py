@@ -20,6 +20,7 @@ the recorded continuation stands in for it (how many pending positions the tail 
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Protocol
@@ -111,7 +112,7 @@ class ReplayBatch(BatchRows):
         for r in rows:
             self.rows[r].prefilling = self.book.unread("slm", r) > 0
 
-    def propose(self, speculate_below: float | None = None) -> SimpleNamespace:
+    def propose(self, speculate: bool = False, speculate_below: float = math.inf) -> SimpleNamespace:
         """The recorded routing of each proposing row's next token (a stream's states are not modelled)."""
         rows = self.proposing()
         if rows:

@@ -20,6 +20,7 @@ random stream are then what they were when it routed, so its answer is the same 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -147,11 +148,10 @@ class DeviceStep(BatchRows):
     ``running``, ``last_token``, ``budget``, ``index``, ``proposal_index``, ``mask``, ``budgeted`` and
     ``store_slm``."""
 
-    def propose(self, speculate_below: float | None = None) -> Proposal:
+    def propose(self, speculate: bool = False, speculate_below: float = math.inf) -> Proposal:
         """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
-        may speculate (``speculate_below``: the score from which a routed row waits instead), also each row's stream
-        after its draw (a row that goes on past a routed position keeps it) and where its score reaches the bound."""
-        speculate = speculate_below is not None
+        may ``speculate``, also each row's stream after its draw (a row that goes on past a routed position keeps it)
+        and, where ``speculate_below`` bounds it, whether its score reaches the bound (it then waits instead)."""
         rows = self.proposing()
         if not rows:
             nothing = torch.zeros(0, device=self.device)
@@ -171,7 +171,7 @@ class DeviceStep(BatchRows):
             budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
-        sure = router_scores >= speculate_below if speculate else None
+        sure = router_scores >= speculate_below if speculate and speculate_below < math.inf else None
         return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after, sure)
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:

@@ -46,8 +46,7 @@ class NoStops:
 
 def decode_step(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult:
     """Advance ``batch`` (a ``RunningBatch``, or anything with its step interface) by one step."""
-    # device: choices, router scores, budget; nothing waits
-    proposal = batch.propose(policy.speculate_below if policy.speculate else None)
+    proposal = batch.propose(policy.speculate > 0, policy.speculate_below)  # device: choices, router, budget
     synced = batch.sync(proposal, stops.reads())  # the one host synchronisation (more where the LLM resolves)
     taken = stops.ended(synced)
     for r, kept in taken.items():  # tokens handed over past an answer's end are not the answer's

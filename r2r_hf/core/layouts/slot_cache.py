@@ -221,19 +221,21 @@ def slot_problem(model: torch.nn.Module) -> str | None:
     if "slot_problem" in known:
         return known["slot_problem"]
     attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    measured: dict = {}
     if attention not in SLOT_ATTENTION:
         problem = f"its attention is {attention!r} (slots need {' or '.join(SLOT_ATTENTION)} attention)"
     else:
-        problem = _self_check(model)
+        problem = _self_check(model, measured)
     known["slot_problem"] = problem
+    known["slot_read_max_rel"] = measured.get("max_rel")  # the fused check's yardstick (``fused_reads._self_check``)
     return problem
 
 
-def _self_check(model: torch.nn.Module) -> str | None:
+def _self_check(model: torch.nn.Module, measured: dict) -> str | None:
     return continuation_problem(
         model, lambda cache, tokens: read_piece(model, cache, tokens, [1], [4], [3])[0],
         "its forward does not accept a per-row cache and mask",
-        "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask)")
+        "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask)", measured)
 
 
 def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, differs: str,

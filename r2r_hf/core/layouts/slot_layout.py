@@ -167,7 +167,7 @@ class SlotLayout:
         done = [r for r in rows if r in outputs]
         if not done:
             return [], None, None
-        if len(forwards) == 1 and len(done) == len(rows):  # one forward read every row to its end, in order
+        if len(forwards) == 1 and who == done:  # one forward read every row to its end, in order: its outputs
             return done, logits, hidden if role == "slm" else None
         stacked = torch.stack([outputs[r][0] for r in done])
         hidden = torch.stack([outputs[r][1] for r in done]) if role == "slm" else None
