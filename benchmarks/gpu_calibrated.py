@@ -32,6 +32,7 @@ from pathlib import Path
 from r2r_hf.core.policy import IMMEDIATE, WaitPolicy, default_policy, speculative_policy
 
 from .serve_model import Costs, llm_alone, simulate, synthetic
+from .serve_speculative import by_fraction
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 SLOTS = 16
@@ -93,8 +94,7 @@ def speculative(costs: Costs, tokens: int, p: float = 0.1, depth: int = 4) -> li
         alone = llm_alone(answers, c, costs)
         for name, policy in (("m = 1", IMMEDIATE), ("waiting default", default_policy("cuda", SLOTS)),
                              (f"speculative default, d{depth}", speculative_policy("cuda", SLOTS, depth)),
-                             (f"speculative, d{depth}, all rows, w32", WaitPolicy(
-                                 tuple(max(2, r) for r in range(1, SLOTS + 1)), 32, depth))):
+                             (f"speculative, d{depth}, all rows, w32", by_fraction(1.0, 32, depth, SLOTS))):
             got = simulate(answers, c, policy, costs, SLOTS)
             out.append({"concurrency": c, "tokens": tokens, "policy": name, "tokens_per_s": got["tokens_per_s"],
                         "vs_llm_alone": got["tokens_per_s"] / alone, "llm_calls_per_token": got["llm_calls_per_token"],
@@ -116,9 +116,10 @@ def main(argv: list[str] | None = None) -> dict:
                         "llm_ms": {f"{k}x{g}": 1e3 * t for (k, g), t in costs.llm.items()},
                         "router_ms": [1e3 * costs.router[0], 1e3 * costs.router[1]], "host_ms_per_step": 1e3 * costs.step},
               "against_measured": against_measured(costs, fused),
-              "speculative": speculative(costs, 128) + speculative(costs, 256),
-              "gathering": speculative(replace(costs, gathered_rows=True), 128)
-              + speculative(replace(costs, gathered_rows=True), 256)}
+              "speculative": [row for tokens in (128, 256) for row in speculative(costs, tokens)]}
+    gathering = replace(costs, gathered_rows=True)  # today's server (the same as --fused's with --gathering)
+    result["gathering"] = result["speculative"] if args.gathering else [
+        row for tokens in (128, 256) for row in speculative(gathering, tokens)]
     Path(args.out).write_text(json.dumps(result, indent=1))
     for row in result["against_measured"] + result["speculative"] + result["gathering"]:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))

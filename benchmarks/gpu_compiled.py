@@ -2,7 +2,7 @@
 own, in a fresh process after the measurements (their pair is gone with their process), then merged.
 
     python -m benchmarks.gpu_compiled --out DIR [--dry-run]                # writes DIR/llm_compiled.json
-    python -m benchmarks.gpu_compiled --out DIR --merge EXIT [--timeout S] # into DIR/gpu_check.json, with the ratios
+    python -m benchmarks.gpu_compiled --out DIR --merge EXIT [--seconds S] # into DIR/gpu_check.json, with the ratios
 
 Its cold compile of 64 layers is a coin flip inside 150 s (the review's estimate), so it comes after every
 in-process number and its failure costs nothing else; the fused LLM alone (``llm_fused_1``) is the in-process

@@ -56,7 +56,7 @@ def warm(model, plan: Plan, prompts: dict, gen: dict, report: Report) -> None:
     """Compile every shape class the check meets before any timed phase: R2R at batch 1, then 2, every token
     routed, so each model reads the prompt in pieces and one token per step. That is each region's (one row |
     several) x (one token | a piece) classes: the rows, tokens and cache dims are marked dynamic
-    (``core/fused_reads.py``), so batch 8 and every catch-up bucket reuse them (sizes 1 specialise), and the caches
+    (``core/fast/fused_reads.py``), so batch 8 and every catch-up bucket reuse them (sizes 1 specialise), and the caches
     have the timed phases' capacity. Batch 1 first: the headline pair needs only its classes. Last, the SLM alone
     (``slm_fused_1``): its head without the hidden state is one more compile. The collector runs once, then stays
     off while the warm-up captures (``gc_paused``)."""
@@ -191,11 +191,15 @@ def speculative(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Repo
     model.router = forced
     try:
         forced.set_schedule(decisions(plan, plan.headline, 1))
-        call = lambda: model.generate(prompt, **gen, cache_implementation="static", threshold=0.5,  # noqa: E731
-                                      speculate=8, llm_max_wait=32, return_dict_in_generate=True)
+        last = {}
+
+        def call() -> None:  # (keeps its output: the counters come from a timed call, not one more 32B generate)
+            last["out"] = model.generate(prompt, **gen, cache_implementation="static", threshold=0.5, speculate=8,
+                                         llm_max_wait=32, return_dict_in_generate=True)
+
         run = {"p": plan.headline, "first_call_s": first_call(call, plan.device)}
         run["ms_per_token"] = 1e3 * timed(call, plan.device, plan.repeats) / plan.tokens
-        run["counters"] = {k: v for k, v in call().counters.items() if v is not None}
+        run["counters"] = {k: v for k, v in last["out"].counters.items() if v is not None}
         run["fused"] = what_ran(model)
         report.put("r2r_speculative_ms", "1", run)
     finally:
@@ -248,6 +252,6 @@ def serving(model, plan: Plan, report: Report) -> None:
     # Its own deadline comes 10 s before the phase's: a load cut there still stops its engine and says so.
     deadline = time.monotonic() + plan.serve_budget_s * plan.slack - 10
     with serving_shape(model), torch.inference_mode():
-        serving_phase(model, torch.device(plan.device), plan.headline, plan.serve, plan.serve_tokens, plan.prompt,
+        serving_phase(model, plan.headline, plan.serve, plan.serve_tokens, plan.prompt,
                       lambda name, value: report.put("serving", name, value), deadline, fused=plan.serve_fused,
                       peer=not plan.emulate)  # HF's generate_batch warms up for ~20-30 s on a CPU: the device's only

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import signal
 import sys
 import time
@@ -170,7 +171,8 @@ def run_phases(phases: Sequence[Phase], report: Report, *, until_s: float, fail:
     """
     broken = None
     for phase in phases:
-        left = until_s - report.elapsed()
+        # what is left before the run's deadline, or the phase's own where it has one (``warm``: the headline is due)
+        left = min(until_s, math.inf if phase.by_s is None else phase.by_s) - report.elapsed()
         failed = [n for n in phase.needs if n in report.errors]
         reason = (broken or (f"needs {', '.join(failed)}, which failed" if failed else None)
                   or (f"no time left ({left:.0f} s before the deadline)" if left < 1 else None))
@@ -180,7 +182,7 @@ def run_phases(phases: Sequence[Phase], report: Report, *, until_s: float, fail:
             continue
         report.mark(phase.name)
         start, error = time.monotonic(), None
-        seconds = min(phase.budget_s, left, float("inf") if phase.by_s is None else phase.by_s - report.elapsed())
+        seconds = min(phase.budget_s, left)
         try:
             with deadline(seconds):
                 if phase.name == fail:

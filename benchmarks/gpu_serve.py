@@ -233,8 +233,8 @@ def serve(name: str, model, settings, tokenizer, concurrencies, prompt_tokens, m
     return result
 
 
-def serving_phase(model, device: torch.device, share: float, concurrencies: tuple[int, ...], max_tokens: int,
-                  prompt_tokens: int, put, deadline: float, fused: bool = True, peer: bool = True) -> None:
+def serving_phase(model, share: float, concurrencies: tuple[int, ...], max_tokens: int, prompt_tokens: int, put,
+                  deadline: float, fused: bool = True, peer: bool = True) -> None:
     """Every server of the module docstring at every concurrency; ``put(name, value)`` records each result, and
     ``put("ratios", ...)`` R2R's tokens/s over the LLM alone's at each concurrency."""
     from r2r_hf.core.policy import default_policy
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict:
         path.write_text(json.dumps(out, indent=1, default=str))
 
     with serving_shape(model), torch.inference_mode():
-        serving_phase(model, torch.device(device), args.share, (2, 4) if args.dry_run else (8, 16),
+        serving_phase(model, args.share, (2, 4) if args.dry_run else (8, 16),
                       4 if args.dry_run else 128, 16 if args.dry_run else 64, put, time.monotonic() + args.budget_s,
                       fused=not (args.dry_run or args.unfused_graphs), peer=not args.no_peer)
     return out

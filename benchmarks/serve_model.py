@@ -16,7 +16,8 @@ with the SLM there (recorded, or drawn with the measured share ``AGREEMENT``); `
 predicts their table.
 
 Costs: on this CPU the fits of ``benchmarks/forward_costs.py`` (``t = a + b k + c k g`` for k rows of g tokens);
-on an H200 the component costs of docs/performance.md (cost model, no device run yet), below. The validation
+on an H200 the estimated component costs of docs/performance.md (``H200_CAPTURED`` below; the costs an H200
+measured, and the replay checked against its served runs, are ``benchmarks/gpu_calibrated.py``'s). The validation
 compares the replay of each measured serve_load run with its measured tokens/s.
 """
 
@@ -29,7 +30,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from r2r_hf.core.policy import WaitPolicy, default_policy
+from r2r_hf.core.policy import WaitPolicy, default_policy, serving_policy
 
 from .replay import Routed, replay
 
@@ -86,7 +87,8 @@ def _interpolated(grid: dict, rows: int, tokens: int) -> float:
 
 # H200, bf16, R1-Distill 1.5B + 32B shapes, captured/compiled steps (docs/performance.md, serving.md): an SLM
 # step ~2.5 ms and a 32B forward ~19 ms, both flat in rows below the FLOP:byte ridge; past it a token costs
-# ~6 us (1.5B) / ~0.13 ms (32B) of compute at ~500 TFLOP/s. The router ~0.2 ms. Not measured on a device yet.
+# ~6 us (1.5B) / ~0.13 ms (32B) of compute at ~500 TFLOP/s. The router ~0.2 ms. Estimates: the first H200 run
+# measured the fused 32B at 18.0-20.4 ms for one token at 1-16 rows and the SLM at 2.2 ms (``gpu_calibrated.py``).
 H200_CAPTURED = Costs(slm=(2.5e-3, 0.0, 6e-6), llm=(19e-3, 0.0, 1.3e-4), router=(2e-4, 0.0), step=1e-4,
                       name="H200, captured steps (cost model)")
 # The same GPU running HF's eager forward (what the server runs there before issue 31 captures it): launch-bound,
@@ -174,8 +176,7 @@ def cpu_costs(path: str | Path = "benchmarks/results/forward_costs.json", step: 
 def llm_alone(answers, concurrency: int, costs: Costs) -> float:
     """Tokens/s of the LLM alone served the same way: every token the LLM's, no SLM, no router."""
     everything = [(prompt, [True] * len(routed)) for prompt, routed in answers]
-    free = Costs(slm=(0.0, 0.0, 0.0), llm=costs.llm, router=(0.0, 0.0), step=costs.step, packed=costs.packed,
-                 captured_shapes=costs.captured_shapes, gathered_rows=costs.gathered_rows)
+    free = replace(costs, slm=(0.0, 0.0, 0.0), router=(0.0, 0.0))
     return simulate(everything, concurrency, WaitPolicy(), free)["tokens_per_s"]
 
 
@@ -218,7 +219,10 @@ def main(argv: list[str] | None = None) -> dict:
             trace = traces / f"{name}-c{run['concurrency']}.jsonl"
             if not trace.exists() or "policy" not in run:
                 continue
-            policy = WaitPolicy(tuple(run["policy"]["min_rows"]), run["policy"]["max_wait"])
+            named = run["policy"]  # what the run's flags named (``serve_load._policy_of``); the rest the server's
+            min_rows = tuple(named["min_rows"]) if "min_rows" in named else None
+            policy = serving_policy("cuda", 16, min_rows, named.get("max_wait"), named.get("speculate", 0),
+                                    named.get("speculate_below"))
             got = simulate(answers_of(trace), run["concurrency"], policy, cpu)
             row = {"server": name, "concurrency": run["concurrency"], "measured_tokens_per_s": run["tokens_per_s"],
                    "predicted_tokens_per_s": got["tokens_per_s"],

@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     specs += [(cpu, 0.1, c) for c in CONCURRENCIES] + [(packed, 0.1, c) for c in (8, 16)]
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:  # each cell alone: ~20-90 s of pure Python
         done = list(pool.map(cell, *zip(*specs)))
-    cells, cpu_cells, packed_cells = done[:18], done[18:21], done[21:]
+    h200 = 2 * len(P_VALUES) * len(CONCURRENCIES)  # the cells of ``specs``, in its order
+    cells, cpu_cells, packed_cells = done[:h200], done[h200 : h200 + len(CONCURRENCIES)], done[h200 + len(CONCURRENCIES):]
     out = {"conditions": {"answers": "16 recorded prompts x 4, 256-token answers, routed with probability p, "
                                      "agreement 0.876 at routed positions (seeded)", "slots": SLOTS,
                           "costs": {c.name: {"slm": str(c.slm)[:120], "llm": str(c.llm)[:120], "router": c.router,

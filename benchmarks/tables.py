@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks.gpu_ratios import ms
+
 
 def _f(value, fmt: str = ".2f") -> str:
     return "—" if value is None else format(value, fmt)
@@ -120,7 +122,7 @@ def gpu_tables(results: dict) -> str:
         model = {r["p"]: r for r in results.get("cost_model", {}).get(batch, [])}
         speed = results.get("speedups", {}).get(batch, {})
         parts = results.get("components_ms", {}).get(batch, {}).get("captured")
-        base = {k: _ms(results.get(f"{k}_ms", {}).get(batch))
+        base = {k: ms(results.get(f"{k}_ms", {}).get(batch))
                 for k in ("llm_fused", "llm_graphs", "slm_fused", "llm_eager", "slm_eager")}
         compiled = results.get("llm_compiled_ms", {}).get(batch)
         bits = [f"{k.replace('_', ' ')} {v:.2f} ms/token" for k, v in base.items() if isinstance(v, (int, float))]
@@ -161,11 +163,6 @@ def gpu_tables(results: dict) -> str:
         lines.append("\nPhases that did not complete: " + "; ".join(
             f"`{name}` ({e['type']}: {e['message'][:160]})" for name, e in errors.items()) + ".")
     return "\n".join(lines)
-
-
-def _ms(value):
-    """ms per token of a baseline entry (a number, or a dict holding it)."""
-    return value.get("ms_per_token") if isinstance(value, dict) else value
 
 
 def serving_lines(serving: dict) -> list[str]:

@@ -56,8 +56,11 @@ def test_a_phase_due_by_a_time_ends_there_and_warnings_are_kept_with_their_phase
     report = Report(tmp_path / "check.json", {})
     warn = lambda: logging.getLogger("r2r_hf.core.fused_reads").warning("R2R captures X's HF forward: why")  # noqa
     with Fallbacks(report).attached():
-        run_phases([Phase("warm", 30, lambda: time.sleep(5), by_s=0.5), Phase("next", 5, warn)], report, until_s=60)
-    assert report.errors["warm"]["type"] == "PhaseTimeout" and report.data["phase_s"]["warm"] < 2
+        run_phases([Phase("warm", 30, lambda: time.sleep(5), by_s=1.2), Phase("next", 5, warn),
+                    Phase("late", 5, lambda: None, by_s=1.2)], report, until_s=60)
+    assert report.errors["warm"]["type"] == "PhaseTimeout" and report.data["phase_s"]["warm"] < 2.5
+    # a phase that starts past its own end is skipped (not run for a moment and failed, which frees the device)
+    assert report.errors["late"]["type"] == "Skipped" and "late" not in report.data.get("phase_s", {})
     assert report.data["fallbacks"] == [{"phase": "next", "logger": "r2r_hf.core.fused_reads",
                                          "message": "R2R captures X's HF forward: why"}]
 
