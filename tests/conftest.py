@@ -107,5 +107,11 @@ def serve_process(router_dir, pair_dir):
         return started[-1]
 
     yield start
-    for s in started:
-        s.stop()
+    failures = []
+    for s in started:  # every one, even after one fails to stop
+        try:
+            s.stop()
+        except Exception as err:  # noqa: BLE001 - raised once the others are stopped
+            failures.append(err)
+    if failures:
+        raise failures[0]

@@ -101,14 +101,15 @@ class Server:
                    "--llm", pair_dir[1], "--threads", "1", *flags]
 
         def limit():  # a lowered open-file limit, as on machines where it is 256
-            if files:
-                import resource
+            import resource
 
-                resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 
+        # (preexec_fn only where it is needed: run in the child before exec, it can deadlock beside the parent's
+        # threads, and earlier servers' reader threads run)
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
-                                        start_new_session=True, preexec_fn=limit)
+                                        start_new_session=True, preexec_fn=limit if files else None)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self.reader.start()

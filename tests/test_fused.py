@@ -155,9 +155,15 @@ def test_the_self_check_allows_the_rounding_another_exact_read_shows():
     assert continuation_problem(model, off(0.06), "failed", "differs", found, rounding=0.04) is None
     assert found["tolerance"] == 0.08
     assert continuation_problem(model, off(1.0), "failed", "differs", {}, rounding=0.04) == "differs"
-    # the fused check measures HF's own slot read beside its own (the device check writes both down)
+    # the fused check takes HF's own slot read's gap as slot_problem measured it (the device check writes both down)
+    from r2r_hf.core.layouts.slot_cache import slot_problem
+    from r2r_hf.core.notes import notes
+
     measured = {}
     assert fused_reads._self_check(model, measured) is None and measured["slot_read_max_rel"] < 1e-5
+    assert slot_problem(model) is None
+    notes(model)["slot_read_max_rel"] = 0.04  # as a deep bf16 model's slot read departs
+    assert fused_reads._self_check(model, measured) is None and measured["tolerance"] == 0.08
 
 
 def test_fused_captures_compile_past_dynamos_default_recompile_limit(monkeypatch):
@@ -166,12 +172,12 @@ def test_fused_captures_compile_past_dynamos_default_recompile_limit(monkeypatch
     and the server fell back to HF's forward. A fused capture compiles under a limit that covers them all."""
     import torch._dynamo.config as config
 
-    seen = []
+    before, seen = config.recompile_limit, []
     fused_reads.capture_fused(lambda step, example: seen.append((config.recompile_limit,
                                                                 config.fail_on_recompile_limit_hit)), lambda: None,
                               {}, "a model")
-    assert seen == [(max(8, fused_reads.REGION_COMPILES), True)] and fused_reads.REGION_COMPILES >= 32
-    assert config.recompile_limit == 8, "the limit is raised while the capture lasts only"
+    assert seen == [(32, True)], "4 shape classes x the kinds of read that share a region, and a hit is an error"
+    assert config.recompile_limit == before, "the limit is raised while the capture lasts only"
 
 
 def test_a_region_that_fails_to_compile_falls_back_to_hfs_forward(tok, caplog, monkeypatch):

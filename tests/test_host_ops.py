@@ -110,7 +110,7 @@ def test_host_work_per_step_stays_within_the_counts_reached(found):
         f"the one read-back, the step's synchronisation: {reads}"
 
 
-def test_the_host_loop_meets_the_issues_targets(found):
+def test_the_host_loop_stays_within_its_per_step_targets(found):
     for section, target in TARGETS.items():
         for name, got in found[section].items():
             for key, most in target.items():

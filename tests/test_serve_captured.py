@@ -3,7 +3,7 @@
 On this CPU the captures are the emulated CUDA graphs of ``r2r_hf.testing.graphs`` (a replay overwrites the
 outputs of the others sharing its pool, a host synchronisation inside a step fails, a replay that takes another
 path than its capture fails), and ``torch.compile`` where marked. Answers must equal ``generate`` alone (fp32)
-with rows joining and leaving, greedy and seeded, under both waiting policies; joins copy no cache.
+with rows joining and leaving, greedy and seeded, under m = 1, waiting and speculating; joins copy no cache.
 """
 
 import concurrent.futures
@@ -54,6 +54,7 @@ def test_served_answers_on_emulated_graphs_equal_generate_alone(model, tok, monk
     assert report["path"] == "graphs" and report["columns"] == 97
     gathering = 2 * 7  # the LLM's reads that gather their rows: rows buckets 1 and 2 (below the largest) x tokens
     resolving = 3 * 7 + gathering if policy.get("speculate") else 0  # the LLM's reads keeping every position's logits
+    assert not policy.get("speculate") or counters.agreed + counters.rejected > 0, "it speculated"
     assert report["steps"] == 2 * 3 * 7 + gathering + 3 + resolving, \
         "the SLM and LLM reads per rows (1, 2, 4) x tokens bucket, the LLM's gathering ones, the router (and the " \
         "resolving reads)"
@@ -80,7 +81,7 @@ def test_served_answers_through_torch_compile_equal_generate_alone(model, tok, m
 
     Compiled by dynamo and AOTAutograd (``aot_eager``): the graphs, guards, recompiles and functionalised cache
     writes of the server's compile path, without inductor's kernels, whose numerics on these very reads
-    tests/test_capture.py and test_invariants.py check through generate. Inductor compiling all 30 shapes cold
+    tests/test_capture.py and test_invariants.py check through generate. Inductor compiling all 37 shapes cold
     took over 5 minutes here; aot_eager about 40 s."""
     from torch._dynamo.utils import counters as dynamo
     from transformers import CompileConfig
@@ -208,14 +209,14 @@ def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(mod
         pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
         reads = CapturedReads(llm, static, lambda fn, example: EmulatedGraphStep(fn, example, pool), hidden=False,
                               fuse=fuse, gather=True)
-        before = [k.clone() for k in static.keys]
+        before = [kv.clone() for kv in (*static.keys, *static.values)]
         starts, counts = [filled[r] for r in rows], [5, 3, 1][: len(rows)]
         got, _ = reads.read(tokens, rows, starts, counts)
         want, _ = read_piece(llm, eager, tokens, rows, starts, counts)
     assert list(reads.steps) == [(bucket, 8, 47, False, True)], "one gathering read of the rows' own bucket"
     assert reads.fused == fuse
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    for k_eager, k_static, k_before in zip(eager.keys, static.keys, before):
+    for k_eager, k_static, k_before in zip((*eager.keys, *eager.values), (*static.keys, *static.values), before):
         for r in range(slots):
             if r in rows:
                 torch.testing.assert_close(k_static[r, :, :47], k_eager[r, :, :47], rtol=1e-4, atol=1e-4)

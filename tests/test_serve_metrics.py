@@ -60,14 +60,17 @@ def test_a_scrape_never_holds_the_event_loop(model, tok):
         metrics = service.engine.metrics
         real = metrics.text
 
+        inside = threading.Event()
+
         def slow() -> bytes:  # a scrape that takes long, however it came to
+            inside.set()
             time.sleep(2.0)
             return real()
 
         metrics.text = slow
         scrape = threading.Thread(target=lambda: httpx.get(url + "/metrics", timeout=30))
         scrape.start()
-        time.sleep(0.3)
+        assert inside.wait(30), "the scrape reached the slow rendering"  # (a fixed sleep raced a loaded machine)
         started = time.monotonic()
         assert httpx.get(url + "/health", timeout=30).status_code == 200
         waited = time.monotonic() - started

@@ -57,7 +57,7 @@ def test_waiting_pays_where_a_forward_reads_weights_and_a_synthetic_share_routes
 def test_captured_shapes_price_a_read_as_the_graph_it_replays():
     """The first H200 run: at 16 users the replay priced R2R 1.4-1.7x above what the server measured, while the LLM
     alone matched; a captured read of slots 0 and 9 of 16 replays the 16-row graph (its rows bucket holds the
-    highest slot). Priced so, the replay came within 15 % of every served configuration."""
+    highest slot). Priced so, the replay came within 16 % of every served configuration."""
     from benchmarks.replay import Answer, ReplayBatch
 
     def priced(**flags) -> float:

@@ -159,7 +159,8 @@ class Engine:
     def stop(self, timeout: float | None = None) -> None:
         """``drain(timeout)`` (unless a drain already began), then wait for the thread to end."""
         self.drain(timeout if timeout is not None else float("inf"))
-        self.thread.join(None if timeout is None else timeout + 30)
+        if self.thread.ident is not None:  # (an engine never started has no thread to wait for)
+            self.thread.join(None if timeout is None else timeout + 30)
 
     def submit(self, request: Request) -> None:
         """Queue a request; a full queue is refused with 429 and Retry-After."""
