@@ -68,8 +68,8 @@ def _request(prompt, settings, emit):
 
 
 # Where a served step's time goes: the decoding thread's wall time inside each of these. ``sync`` includes waiting
-# for the device (the one read-back); ``propose`` and ``execute`` queue the step's kernels and replays.
-STAGES = (("r2r_hf.core.batch", "RunningBatch", ("propose", "sync", "execute", "prefill")),
+# for the device (the one read-back); ``propose``, ``read_llm`` and ``commit`` queue the step's kernels and replays.
+STAGES = (("r2r_hf.core.batch", "RunningBatch", ("propose", "sync", "read_llm", "commit", "prefill")),
           ("r2r_hf.serve.engine", "Engine", ("_deliver", "_schedule", "_join", "_leave")))
 
 

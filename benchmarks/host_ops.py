@@ -18,8 +18,8 @@ GPU and how a CPU run decides it: ``benchmarks/host_count.py``.
 
 Host time per step, in a second pass without the modes: the wall time less the emulated replays' (the host's own
 Python and eager ops on this CPU; a GPU host differs, and there each syncing copy also waits for the stream). Of
-it, ``decide_ms`` runs between the step's read-back and its device work (``DeviceStep.sync`` returning to
-``execute`` starting: the stop rule and the plan): a GPU idles that long per step however far ahead the rest of
+it, ``decide_ms`` runs between the step's read-back and its device work (``RunningBatch.sync`` returning to
+``read_llm`` starting: the stop rule and the plan): a GPU idles that long per step however far ahead the rest of
 the loop runs (the rest overlaps the device's work where the host queues it faster than the device runs it).
 """
 
@@ -85,24 +85,24 @@ def generate_per_step(model, counter: Counter, tokens: int, threshold: float) ->
 def deciding() -> Iterator[list[float]]:
     """Collects, per step, minus the time its read-back returned and plus the time its device work started (see
     the module docstring): the sum over a stretch is the host's deciding time, two entries per step."""
-    from r2r_hf.core.step import DeviceStep
+    from r2r_hf.core.batch import RunningBatch
 
-    found, sync, execute = [], DeviceStep.sync, DeviceStep.execute
+    found, sync, read_llm = [], RunningBatch.sync, RunningBatch.read_llm
 
     def timed_sync(self, *args, **kwargs):
         out = sync(self, *args, **kwargs)
         found.append(-time.perf_counter())
         return out
 
-    def timed_execute(self, *args, **kwargs):
+    def timed_read_llm(self, *args, **kwargs):
         found.append(time.perf_counter())
-        return execute(self, *args, **kwargs)
+        return read_llm(self, *args, **kwargs)
 
-    DeviceStep.sync, DeviceStep.execute = timed_sync, timed_execute
+    RunningBatch.sync, RunningBatch.read_llm = timed_sync, timed_read_llm
     try:
         yield found
     finally:
-        DeviceStep.sync, DeviceStep.execute = sync, execute
+        RunningBatch.sync, RunningBatch.read_llm = sync, read_llm
 
 
 def host_seconds(run, arg, steps, repeats: int = 3) -> float:
@@ -145,7 +145,7 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
 
     turns(1)  # every row joins and its prompt is read (one chunk: PROMPT < prefill_chunk)
     turns(warm)  # the router's first check, the first LLM catch-ups
-    if engine.batch.prefilling() or len(engine.batch.occupied()) != rows:
+    if engine.batch.ledger.prefilling() or len(engine.batch.ledger.occupied()) != rows:
         raise RuntimeError("the rows are not all decoding after the warm-up")
     counter.counts = type(counter.counts)()
     before = engine.counters.steps
@@ -155,8 +155,8 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
     host_ms = 1e3 * host_seconds(turns, steps, model.capture_store.graph_step) / steps
     with deciding() as gaps:
         turns(steps)
-    if counted != steps or len(engine.batch.occupied()) != rows:
-        raise RuntimeError(f"{counted} steps in {steps} turns, {len(engine.batch.occupied())} rows left")
+    if counted != steps or len(engine.batch.ledger.occupied()) != rows:
+        raise RuntimeError(f"{counted} steps in {steps} turns, {len(engine.batch.ledger.occupied())} rows left")
     return {**counter.counts.per(steps), "decide_ms": 2e3 * sum(gaps) / len(gaps)}, host_ms
 
 

@@ -3,13 +3,13 @@
 An answer's routing belongs to the answer (a row answers what it answers alone, whatever the policy or its
 neighbours), so the answers a run served, with which of their tokens the LLM wrote, can be served again under
 another policy, concurrency or machine. ``ReplayBatch`` is a running batch without models: the real
-``core.turn.turn`` drives it, the real ``core.plan.plan_step`` decides each step, a ``core.layouts.slot_book.SlotBook``
-plans each read's forwards as the server's slots do, and each forward adds what ``Costs`` says to the clock
-(``benchmarks/serve_model.py``). Only the device work is replaced: which rows propose, who routes (the
+``core.turn.turn`` drives it, the real ``core.plan.plan_step`` and ``settle`` decide each step and the real ledger
+applies it; a ``core.layouts.slot_book.SlotBook`` plans each read's forwards as the server's slots do, and each
+forward adds what ``Costs`` says to the ``Clock`` (``benchmarks/serve_model.py``). Only the device work is replaced: which rows propose, who routes (the
 recording), what the LLM and SLM read, and when each token reaches the host are the server's own decisions.
 
 Speculative routing (``core/speculation.py``) replays through the same ``plan_step``, ``plan.settle`` and
-``BatchRows.advance``: each recorded token also says whether the LLM's token there equals the SLM's proposal
+``Ledger.apply``: each recorded token also says whether the LLM's token there equals the SLM's proposal
 (``Routed.agrees``, read at routed positions), so a resolution rejects a row's first pending position the LLM
 does not confirm and cuts the row back there, as the device does. One approximation: after a rollback the row
 goes on with the recorded routing from the rejected index, which is exact for the answer it ends with (R2R's own),
@@ -20,19 +20,18 @@ the recorded continuation stands in for it (how many pending positions the tail 
 from __future__ import annotations
 
 import collections
-import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Protocol
 
 from r2r_hf.core.counters import Counters
-from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
-from r2r_hf.core.plan import Settlement, StepPlan, settle
 from r2r_hf.core.fast.slot_reads import row_buckets
 from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
-from r2r_hf.core.rows import BatchRows, RowState
+from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
+from r2r_hf.core.ledger import Ledger, RowState
+from r2r_hf.core.plan import Outcome, StepPlan
 from r2r_hf.core.policy import WaitPolicy
-from r2r_hf.core.step import Synced
+from r2r_hf.core.step import LLMRead, Synced
 from r2r_hf.core.turn import turn
 
 
@@ -75,114 +74,108 @@ class Answer:
             self.agrees = [True] * len(self.routed)
 
 
-class ReplayBatch(BatchRows):
-    """A running batch of slots without models (see the module docstring).
+class Clock:
+    """The replay's time: each forward, router call and host step adds what ``Costs`` says, by what it was spent on.
+    A read is planned into forwards as the server's slots plan it (``SlotBook.read``) and priced at the shape the
+    server runs it at (``Costs``' switches)."""
 
-    Args:
-        slots: rows at most.
-        costs: seconds per forward, router call and host step.
-    """
+    def __init__(self, costs: Costs, book: SlotBook, counters: Counters) -> None:
+        self.costs, self.book, self.counters = costs, book, counters
+        self.now = 0.0
+        self.spent = dict.fromkeys(("slm", "llm", "router", "host"), 0.0)
 
-    layout = SimpleNamespace(reads_every_row=False)  # the server's slots: the LLM reads the rows it writes
+    def spend(self, what: str, seconds: float) -> None:
+        self.now += seconds
+        self.spent[what] += seconds
+
+    def read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
+             upto: dict[int, int] | None = None) -> None:
+        if not rows:
+            return
+        costs, slots = self.costs, len(self.book.length)
+        for forward in self.book.read(role, rows, limit, short, PIECE, upto):
+            longest = max(n for _, _, n in forward)  # the slots' read is a padded rectangle: rows x the longest
+            priced = sum(n for _, _, n in forward) / len(forward) if getattr(costs, "packed", False) else longest
+            if getattr(costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
+                buckets = row_buckets(slots)
+                k = next(b for b in buckets if b > max(r for r, _, _ in forward))
+                if role == "llm" and getattr(costs, "gathered_rows", False):  # the server's LLM reads gather
+                    k = min(k, next(b for b in buckets if b >= len(forward)))
+                for start in range(0, longest, BUCKETS[-1]):  # replays of at most the widest bucket
+                    self.spend(role, costs.forward(role, k, bucket_for(min(longest - start, BUCKETS[-1]))))
+            else:
+                self.spend(role, costs.forward(role, len(forward), priced))
+            self.counters.forward(role, len(forward), longest)
+
+
+class ReplayBatch:
+    """A running batch of slots without models (see the module docstring): a ``core.turn.DeviceStep`` whose
+    forwards the ``clock`` prices; the ledger, the plans and the outcomes are the server's own."""
+
+    lockstep = False  # the server's slots: the LLM reads the rows it writes, a rollback cuts one row
 
     def __init__(self, slots: int, costs: Costs) -> None:
-        super().__init__(slots)
-        self.book, self.costs, self.counters = SlotBook(slots), costs, Counters()
-        self.clock = 0.0
-        self.spent = dict.fromkeys(("slm", "llm", "router", "host"), 0.0)  # the clock, by what it was spent on
+        self.ledger, self.book, self.counters = Ledger(slots), SlotBook(slots), Counters()
+        self.clock = Clock(costs, self.book, self.counters)
         self.last = [-1] * slots  # whether each slot committed a token at the last step (0) or not (-1)
 
     def join(self, answer: Answer) -> None:
-        slot = self.rows.index(None)
+        slot = self.ledger.rows.index(None)
         self.book.place(slot, answer.prompt)
-        self.rows[slot] = RowState(owner=answer, max_new=len(answer.routed), prefilling=True)
+        self.ledger.rows[slot] = RowState(owner=answer, max_new=len(answer.routed), prefilling=True)
 
     def leave(self, rows: list[int]) -> None:
         for r in rows:
-            self.rows[r], self.last[r] = None, -1
+            self.ledger.rows[r], self.last[r] = None, -1
             self.book.free(r)
 
     def prefill(self, limit: int | None) -> None:
         """As ``SlotLayout.prefill``: the LLM reads all but the last prompt token, the SLM the whole prompt."""
-        rows = self.prefilling()
-        llm_rows = [r for r in rows if self.book.unread("llm", r) > 1]
-        if llm_rows:
-            self._read("llm", llm_rows, limit, short=1)
-        self._read("slm", rows, limit)
+        rows = self.ledger.prefilling()
+        self.clock.read("llm", [r for r in rows if self.book.unread("llm", r) > 1], limit, short=1)
+        self.clock.read("slm", rows, limit)
         for r in rows:
-            self.rows[r].prefilling = self.book.unread("slm", r) > 0
+            self.ledger.rows[r].prefilling = self.book.unread("slm", r) > 0
 
-    def propose(self, speculate: bool = False, speculate_below: float = math.inf) -> SimpleNamespace:
+    def propose(self, policy: WaitPolicy) -> SimpleNamespace:
         """The recorded routing of each proposing row's next token (a stream's states are not modelled)."""
-        rows = self.proposing()
+        rows = [(r, self.ledger.rows[r]) for r in self.ledger.proposing()]
         if rows:
-            self._spend("router", self.costs.router[0] + self.costs.router[1] * len(rows))
-        routed = [self.rows[r].owner.routed[len(self.rows[r].owner.routed) - self.rows[r].max_new] for r in rows]
-        return SimpleNamespace(rows=rows, routed=routed, states={}, after={})
+            self.clock.spend("router", self.clock.costs.router[0] + self.clock.costs.router[1] * len(rows))
+        routed = [row.owner.routed[len(row.owner.routed) - row.max_new] for _, row in rows]
+        return SimpleNamespace(rows=[r for r, _ in rows], routed=routed, states={}, after={})
 
     def sync(self, proposal: SimpleNamespace, extra: tuple = ()) -> Synced:
         self.counters.host_syncs += 1
-        return Synced(list(proposal.routed), self.arrive(self.last), set(), [])
+        return Synced(list(proposal.routed), self.ledger.arrive(self.last), set(), [])
 
-    def execute(self, proposal: SimpleNamespace, synced: Synced, plan: StepPlan) -> SimpleNamespace:
-        """As ``DeviceStep.execute``: the LLM's read (a catch-up, or a resolution), the commits, the SLM's read."""
-        self.start_waiting(plan, proposal.states)
-        settled = None
-        if plan.resolving:
-            settled = self._resolve(plan)
-        elif plan.llm_writers:
-            self._read("llm", list(plan.llm_reads))
-        writers = plan.writers if settled is None else settled.writers
-        self.last = [-1] * len(self.rows)
-        for r in writers:
-            self.book.length[r] += 1
-            self.last[r] = 0
-        reads = plan.slm_reads if settled is None else settled.slm_reads
-        if reads:
-            self._read("slm", list(reads))
-        self._spend("host", self.costs.step)  # (a resolution's read-back of its rejections: in the serial step's time)
-        self.advance(plan, settled)
-        self.counters.step(plan)
-        return SimpleNamespace(plan=plan, synced=synced, settled=settled)
-
-    def _resolve(self, plan: StepPlan) -> Settlement:
-        """As ``speculation.resolve``: one LLM read of each resolving row through the token before its last pending
-        position (of each writer through its last token), a row rejected at its first pending position the
-        recording says the LLM does not confirm, and the rejected rows cut back there."""
-        needs = {r: [p.index for p in self.rows[r].pending] for r in plan.resolving}
+    def read_llm(self, plan: StepPlan, proposal: SimpleNamespace) -> LLMRead:
+        """As the running batch's: a catch-up, or a resolution reading each resolving row through the token before
+        its last pending position (each writer through its last token), which rejects a row's first pending
+        position the recording says the LLM does not confirm (read back: one host synchronisation)."""
+        rows = self.ledger.rows
+        if not plan.resolving:
+            self.clock.read("llm", list(plan.llm_reads))
+            return LLMRead()
+        needs = {r: [p.index for p in rows[r].pending] for r in plan.resolving}
         for r in plan.llm_writers:
-            needs.setdefault(r, []).append(self.rows[r].written)
-        rows = sorted(needs)
-        self._read("llm", rows, upto={r: self.book.prompt[r] + max(needs[r]) for r in rows})
-        rejected = {r: next((j for j, p in enumerate(self.rows[r].pending) if not self.rows[r].owner.agrees[p.index]),
-                            None) for r in plan.resolving}
-        settled = settle(self.rows, plan, rejected, cuts_together=False)
-        self.counters.host_syncs += 1  # the resolution's own, as the real batch's
-        for r, index in settled.rollbacks.items():
+            needs.setdefault(r, []).append(rows[r].written)
+        self.clock.read("llm", sorted(needs), upto={r: self.book.prompt[r] + max(n) for r, n in needs.items()})
+        self.counters.host_syncs += 1
+        agrees = {r: rows[r].owner.agrees for r in plan.resolving}
+        return LLMRead(rejected={r: next((j for j, p in enumerate(rows[r].pending) if not agrees[r][p.index]), None)
+                                 for r in plan.resolving})
+
+    def commit(self, proposal: SimpleNamespace, plan: StepPlan, outcome: Outcome, read: LLMRead) -> tuple:
+        """As the running batch's: rollbacks, one token more for each writer, the SLM's read, the host's step."""
+        for r, index in outcome.rollbacks.items():
             self.book.cut(r, index)
-        thrown = sum(self.rows[r].written - index for r, index in settled.rollbacks.items())
-        self.counters.resolved(settled.agreed, settled.rejected, thrown)
-        return settled
-
-    def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
-              upto: dict[int, int] | None = None) -> None:
-        for forward in self.book.read(role, rows, limit, short, PIECE, upto):
-            longest = max(n for _, _, n in forward)  # the slots' read is a padded rectangle: rows x the longest
-            priced = sum(n for _, _, n in forward) / len(forward) if getattr(self.costs, "packed", False) else longest
-            if getattr(self.costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
-                buckets = row_buckets(len(self.rows))
-                rows = next(b for b in buckets if b > max(r for r, _, _ in forward))
-                if role == "llm" and getattr(self.costs, "gathered_rows", False):  # the server's LLM reads gather
-                    rows = min(rows, next(b for b in buckets if b >= len(forward)))
-                for start in range(0, longest, BUCKETS[-1]):  # replays of at most the widest bucket
-                    self._spend(role, self.costs.forward(role, rows, bucket_for(min(longest - start, BUCKETS[-1]))))
-            else:
-                self._spend(role, self.costs.forward(role, len(forward), priced))
-            self.counters.forward(role, len(forward), longest)
-
-    def _spend(self, what: str, seconds: float) -> None:
-        self.clock += seconds
-        self.spent[what] += seconds
+        self.last = [0 if r in outcome.writers else -1 for r in range(len(self.ledger.rows))]
+        for r in outcome.writers:
+            self.book.length[r] += 1
+        self.clock.read("slm", list(outcome.slm_reads))
+        self.clock.spend("host", self.clock.costs.step)  # (a resolution's read-back: in the serial step's time)
+        return None, {}
 
 
 class Arrivals:
@@ -197,9 +190,9 @@ class Arrivals:
 
     def ended(self, synced: Synced) -> dict[int, int]:
         ended = {}
-        for r in self.batch.occupied():
-            answer = self.batch.rows[r].owner
-            answer.times += [self.batch.clock] * len(synced.delivered[r])
+        for r in self.batch.ledger.occupied():
+            answer = self.batch.ledger.rows[r].owner
+            answer.times += [self.batch.clock.now] * len(synced.delivered[r])
             if synced.delivered[r] and len(answer.times) == len(answer.routed):
                 ended[r] = len(synced.delivered[r])
                 self.done.append(answer)
@@ -217,8 +210,8 @@ def replay(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wait
     queue = collections.deque(Answer(prompt, list(routed), getattr(routed, "agrees", None))
                               for prompt, routed in answers)
     arrivals = Arrivals(batch)
-    while queue or batch.occupied():
-        while queue and len(batch.occupied()) < min(concurrency, slots):
+    while queue or batch.ledger.occupied():
+        while queue and len(batch.ledger.occupied()) < min(concurrency, slots):
             batch.join(queue.popleft())
         turn(batch, policy, arrivals, chunk)
     return batch, arrivals.done

@@ -105,7 +105,8 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
     c = batch.counters
     tokens = sum(len(a.routed) for a in done)
     gaps = [b - a for answer in done for a, b in zip(answer.times, answer.times[1:])]
-    return {"concurrency": concurrency, "tokens_per_s": tokens / batch.clock, "wall_s": batch.clock, "steps": c.steps,
+    return {"concurrency": concurrency, "tokens_per_s": tokens / batch.clock.now, "wall_s": batch.clock.now,
+            "steps": c.steps,
             "llm_forwards_per_token": c.llm_forwards / tokens, "slm_forwards_per_token": c.slm_forwards / tokens,
             "llm_calls": c.llm_calls, "llm_forwards": c.llm_forwards, "slm_forwards": c.slm_forwards,
             "rows_per_llm_call": c.llm_rows / c.llm_calls if c.llm_calls else None,
@@ -115,7 +116,7 @@ def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wa
             "llm_calls_per_token": c.llm_calls / tokens, "thrown_per_token": c.thrown / tokens,
             "resolutions": c.resolutions, "agreed": c.agreed, "rejected": c.rejected,
             "pending_per_resolution": (c.agreed + c.rejected) / c.resolutions if c.resolutions else None,
-            "time_share": {what: seconds / batch.clock for what, seconds in batch.spent.items()}}
+            "time_share": {what: seconds / batch.clock.now for what, seconds in batch.clock.spent.items()}}
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -106,7 +106,8 @@ def test_host_work_per_step_stays_within_the_counts_reached(found):
         # turned negative once (the suite beside a benchmark); the counts above are what this test holds.
         assert got["graph_replays"] >= 1 and math.isfinite(got["host_ms"]) and got["decide_ms"] >= 0
     reads = {site: n for site, n in found["server"]["8 rows, p = 0.1"]["sites"].items() if site.startswith("d2h ")}
-    assert list(reads.values()) == [1] and next(iter(reads)).startswith("d2h r2r_hf/core/step.py:"), \
+    site = next(iter(reads))
+    assert list(reads.values()) == [1] and site.startswith("d2h r2r_hf/core/batch.py:") and site.endswith(" sync"), \
         f"the one read-back, the step's synchronisation: {reads}"
 
 

@@ -65,8 +65,8 @@ def test_captured_shapes_price_a_read_as_the_graph_it_replays():
         batch = ReplayBatch(16, costs)
         for _ in range(10):
             batch.join(Answer(4, [False] * 8))
-        batch._read("llm", [0, 9])
-        return batch.spent["llm"]
+        batch.clock.read("llm", [0, 9])
+        return batch.clock.spent["llm"]
 
     assert priced() == 2.0, "the rows it reads"
     assert priced(captured_shapes=True) == 16.0, "the rows bucket of slot 9"

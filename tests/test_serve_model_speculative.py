@@ -52,7 +52,7 @@ def test_where_the_llm_confirms_everything_the_replay_takes_the_batchs_steps_and
 
 def _one(routed: list[bool], agrees: list[bool], policy: WaitPolicy):
     batch, done = replay([(10, Routed(routed, agrees))], 1, policy, FLAT, trace=True)
-    return batch.counters, batch.clock, done
+    return batch.counters, batch.clock.now, done
 
 
 def test_a_rejected_pending_position_throws_away_the_tail_after_it():

@@ -1,18 +1,20 @@
-"""The host side of a running batch: a ``RowState`` per slot and the step counter (``BatchRows``).
+"""The ledger: each row's progress, on the host, and the one function that moves it (``Ledger.apply``).
 
-Planning (``plan.py``) reads these values and the step updates them after its device work: which rows wait for the
-LLM, what each row's speculative tail holds (``Pending``), how much of each answer is confirmed, which tokens have
-reached the host and which have been handed on. ``RunningBatch`` (``batch.py``) adds the device side; the cost
-model's replay (``benchmarks/replay.py``) adds costs. Nothing here touches a tensor.
+A running batch *has* a ledger (the engine's, ``generate``'s and the cost model's replay alike). Planning
+(``plan.py``) reads it; after the step's device work ``apply`` writes what the step decided — which rows wait for
+the LLM, which rows were cut back, who wrote a token, what each row's speculative tail holds, what is now confirmed —
+and returns what changed. Between steps, ``arrive`` hands the host the tokens a step committed (one step late,
+confirmed ones only). Nothing here touches a tensor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from .plan import Settlement, StepPlan
+from .plan import Outcome, StepPlan
+
 
 @dataclass
 class Pending:
@@ -30,6 +32,15 @@ class Pending:
     after: Any = None
 
 
+class Written(NamedTuple):
+    """One committed answer token as the ledger keeps it until it is confirmed (and hands it on then)."""
+
+    index: int  # its index in the row's answer
+    step: int  # the step that committed it (a rollback to it restores the budget to after that step)
+    by_llm: bool  # it counts as the LLM's
+    stream: Any = None  # the row's random stream after it, where the batch keeps streams (``generate``'s draws)
+
+
 @dataclass
 class RowState:
     """One row's host-side state between steps.
@@ -45,7 +56,7 @@ class RowState:
         written: answer tokens committed, a speculative tail included.
         confirmed: of those, the ones no rollback can take back (all of them without speculation).
         pending: the routed positions of its speculative tail, oldest first.
-        tail: (step committed, counts as the LLM's) of each token past ``confirmed``.
+        tail: each token past ``confirmed`` (``Written``).
         arrived: (token, counts as the LLM's) of each answer token that reached the host and was not delivered.
         delivered: answer tokens handed to the caller (``Synced.delivered``): confirmed ones only.
     """
@@ -60,7 +71,7 @@ class RowState:
     written: int = 0
     confirmed: int = 0
     pending: list[Pending] = field(default_factory=list)
-    tail: list[tuple[int, bool]] = field(default_factory=list)
+    tail: list[Written] = field(default_factory=list)
     arrived: list[tuple[int, bool]] = field(default_factory=list)
     delivered: int = 0
 
@@ -69,21 +80,30 @@ class RowState:
         return index == self.written + self.max_new - 1
 
 
+@dataclass(frozen=True)
+class Applied:
+    """What ``Ledger.apply`` changed: the index of the token each writer committed, and the tokens each row has
+    newly confirmed (in order; a confirmed token no rollback can take back)."""
 
-class BatchRows:
-    """The host side of a running batch (see the module docstring). Its subclass provides ``counters``.
+    written: dict[int, int]
+    confirmed: dict[int, list[Written]]
+
+
+class Ledger:
+    """Every row's progress (see the module docstring).
 
     Args:
         slots: rows at most.
-        cuts_together: the rows share one length (HF's rectangle): a rollback cuts every row back, and a token is
-            confirmed once every row's is.
+        lockstep: the rows move together (HF's rectangle): a rollback cuts every row back, and a token is confirmed
+            once every row's is.
     """
 
-    def __init__(self, slots: int, cuts_together: bool = False) -> None:
+    def __init__(self, slots: int, lockstep: bool = False) -> None:
         self.rows: list[RowState | None] = [None] * slots
         self.step_no = 0
-        self.cuts_together = cuts_together
+        self.lockstep = lockstep
 
+    # ------------------------------------------------------------ what the rows are doing
     def occupied(self) -> list[int]:
         return [r for r, row in enumerate(self.rows) if row is not None]
 
@@ -109,6 +129,26 @@ class BatchRows:
         """Whether some row holds a speculative tail."""
         return any(row is not None and row.pending for row in self.rows)
 
+    def finished(self) -> bool:
+        """Whether every row wrote its last token and none holds a tail a rollback could reopen."""
+        return all(row is None or row.draining for row in self.rows) and not self.speculating()
+
+    def stream_before(self, r: int, states: Mapping[int, Any]) -> Any:
+        """Where row ``r``'s stream stood before the SLM's draw the LLM writes in place of: where it stood when it
+        started waiting, or, routed now, its stream in ``states`` (the proposal's)."""
+        row = self.rows[r]
+        return row.rng if row.waiting_since is not None else states.get(r)
+
+    def step_of(self, r: int, index: int) -> int:
+        """The step that committed row ``r``'s answer token ``index`` (a tail token's)."""
+        row = self.rows[r]
+        return row.tail[index - row.confirmed].step
+
+    def oldest_tail_step(self, default: int) -> int:
+        """The earliest step a rollback can reach back to (``default`` where no row holds a tail)."""
+        return min((row.tail[0].step for row in self.rows if row is not None and row.tail), default=default)
+
+    # ------------------------------------------------------------ what moves them
     def arrive(self, previous: list[int]) -> list[list[tuple[int, bool, bool]]]:
         """The tokens committed at the previous step reach the host (``previous``: one per slot, -1: none); each
         row's confirmed tokens not yet handed on, as (token, counts as the LLM's, last the length limit allows)."""
@@ -123,42 +163,39 @@ class BatchRows:
             out.append([(token, by_llm, row.last_index(row.delivered + i))
                         for i, (token, by_llm) in enumerate(row.arrived[:n])])
             row.arrived, row.delivered = row.arrived[n:], row.delivered + n
-            self.counters.delivered(n, sum(by_llm for _, by_llm, _ in out[-1]))
         return out
 
-    def start_waiting(self, plan: StepPlan, states: Mapping[int, Any]) -> None:
-        """Rows the LLM writes for from now on (routed in this step, not going on speculatively) wait from where
-        their stream stood before the SLM's draw."""
+    def apply(self, plan: StepPlan, outcome: Outcome, before: Mapping[int, Any] = {},  # noqa: B006 (read only)
+              after: Mapping[int, Any] = {}, streams: Mapping[int, Any] = {}) -> Applied:  # noqa: B006
+        """The step ran ``plan`` and committed ``outcome``: routed rows not written now wait from where their stream
+        stood before the SLM's draw (``before``); rows are cut back where the LLM rejected a pending token; the
+        LLM's rows stop waiting; every writer has one token more (a speculating row's is pending, with its stream
+        before and after the SLM's draw: ``before``, ``after``; ``streams``: each writer's stream after the step,
+        where the batch keeps them); what is confirmed moves on. The one writer of a row's progress."""
         for r in plan.routed:
             if r not in plan.ended and r not in plan.speculating:
-                self.rows[r].waiting_since, self.rows[r].rng = plan.step, states.get(r)
-
-    def advance(self, plan: StepPlan, settled: Settlement | None = None,
-                states: Mapping[int, tuple[Any, Any]] | None = None) -> None:
-        """After the step ran: rows cut back where the LLM rejected a speculative token (``settled``), the LLM's rows
-        stop waiting, every writer has one token more (a speculating row's is pending, with its stream's states
-        before and after the SLM's draw from ``states``), and what is confirmed moves on."""
-        settled = settled or Settlement.plain(plan)
-        kept = {r: self.rows[r].tail[settled.rollbacks[r] - self.rows[r].confirmed][1] for r in settled.kept}
-        for r, index in settled.rollbacks.items():
+                self.rows[r].waiting_since, self.rows[r].rng = plan.step, before.get(r)
+        kept = {r: self.rows[r].tail[outcome.rollbacks[r] - self.rows[r].confirmed].by_llm for r in outcome.kept}
+        for r, index in outcome.rollbacks.items():
             self._cut(r, index)
-        llm = set(settled.llm_writers)
+        llm = set(outcome.llm_writers)
         for r in llm | set(plan.llm_writers):  # (where a rollback cut a waiting row back, its wait is over too)
             self.rows[r].waiting_since = self.rows[r].rng = None
-        for r in settled.writers:
+        written = {}
+        for r in outcome.writers:
             row = self.rows[r]
             row.by_llm = kept[r] if r in kept else r in llm or r in plan.speculating
             if r in plan.speculating:
-                before, after = (states or {}).get(r, (None, None))
-                row.pending.append(Pending(row.written, plan.step, before, after))
-            row.tail.append((plan.step, row.by_llm))
+                row.pending.append(Pending(row.written, plan.step, before.get(r), after.get(r)))
+            row.tail.append(Written(row.written, plan.step, row.by_llm, streams.get(r)))
+            written[r] = row.written
             row.written += 1
             row.max_new -= 1
             row.draining = row.max_new <= 0
-        for r in settled.resolved:  # every pending position the LLM read is settled: confirmed, or cut away
+        for r in outcome.resolved:  # every pending position the LLM read is settled: confirmed, or cut away
             self.rows[r].pending = []
-        self._confirm()
         self.step_no += 1
+        return Applied(written, self._confirm())
 
     def _cut(self, r: int, index: int) -> None:
         """Row ``r`` back to its first ``index`` answer tokens (those past it are thrown away)."""
@@ -169,15 +206,17 @@ class BatchRows:
         row.arrived = row.arrived[: max(index - row.delivered, 0)]
         row.written, row.draining = index, False
 
-    def _confirm(self) -> None:
-        """Tokens before a row's first pending position are confirmed (in a rectangle, before every row's)."""
-        live = [row for row in self.rows if row is not None]
-        frontier = {id(row): row.pending[0].index if row.pending else row.written for row in live}
-        if self.cuts_together and live:
-            common = min(frontier.values())
-            frontier = dict.fromkeys(frontier, common)
-        for row in live:
-            new = frontier[id(row)]
-            if new > row.confirmed:
-                row.tail = row.tail[new - row.confirmed:]
-                row.confirmed = new
+    def _confirm(self) -> dict[int, list[Written]]:
+        """Tokens before a row's first pending position are confirmed (in lockstep, before every row's); the newly
+        confirmed ones per row."""
+        live = [(r, row) for r, row in enumerate(self.rows) if row is not None]
+        frontier = {r: row.pending[0].index if row.pending else row.written for r, row in live}
+        if self.lockstep and live:
+            frontier = dict.fromkeys(frontier, min(frontier.values()))
+        confirmed = {}
+        for r, row in live:
+            new = frontier[r] - row.confirmed
+            if new > 0:
+                confirmed[r], row.tail = row.tail[:new], row.tail[new:]
+                row.confirmed += new
+        return confirmed
