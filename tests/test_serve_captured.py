@@ -222,3 +222,17 @@ def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(mod
                 torch.testing.assert_close(k_static[r, :, :47], k_eager[r, :, :47], rtol=1e-4, atol=1e-4)
             else:
                 assert torch.equal(k_static[r, :, :47], k_before[r, :, :47]), f"slot {r} was written"
+
+
+@pytest.mark.parametrize("policy", [{"llm_min_rows": (1,), "llm_max_wait": 0}, {"llm_min_rows": (2,), "llm_max_wait": 4},
+                                    {"llm_min_rows": (3,), "llm_max_wait": 8, "speculate": 4}],
+                         ids=["m1", "m2-w4", "speculating"])
+def test_served_answers_through_packed_llm_reads_equal_generate_alone(model, tok, monkeypatch, policy):
+    """The LLM's packed reads (``layouts/packed.py``: one flat forward per catch-up, resolution or prompt piece, each
+    token attending its own slot, logits only where needed), its fused regions run plain (no compile), captured on
+    emulated graphs."""
+    monkeypatch.setattr(model, "capture_store", emulated_store(fuse="plain"))
+    report, counters = _serve_and_compare(model, tok, max_context=96, **policy)
+    assert report["packed"] and report["fused"] == {"slm": True, "llm": True}
+    assert not policy.get("speculate") or counters.agreed + counters.rejected > 0, "it speculated"
+    assert counters.llm_rows_real <= counters.llm_rows_read < 2 * counters.llm_rows_real + 8 * counters.llm_forwards
