@@ -1,7 +1,7 @@
 """Markdown tables from the benchmark JSON files (pasted into docs/ so numbers are never retyped).
 
     python -m benchmarks.tables speed [benchmarks/results/speed.json]
-    python -m benchmarks.tables gpu [benchmarks/results/gpu_check.json]    # the GPU check (benchmarks/gpu_check.py)
+    python -m benchmarks.tables gpu [benchmarks/results/gpu_check.json]    # the GPU check (benchmarks/gpu/check.py)
     python -m benchmarks.tables humaneval [benchmarks/results/humaneval.json]
     python -m benchmarks.tables equal-rate benchmarks/results/humaneval-TAG.json   # R2R vs entropy/random per rate
 """
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.gpu_ratios import ms
+from benchmarks.gpu.ratios import ms
 
 
 def _f(value, fmt: str = ".2f") -> str:
@@ -107,7 +107,7 @@ def equal_rate_table(results: dict) -> str:
 
 
 def gpu_tables(results: dict) -> str:
-    """The GPU check (benchmarks/gpu_check.py): R2R captured per batch and share, with what was measured beside it."""
+    """The GPU check (benchmarks/gpu/check.py): R2R captured per batch and share, with what was measured beside it."""
     c, lines = results.get("conditions", {}), []
     lines.append(f"{c.get('hardware')}, torch {c.get('torch')}, transformers {c.get('transformers')}, "
                  f"graphs: {c.get('graphs')}; {results['plan']['slm']} + {results['plan']['llm']}, "

@@ -4,7 +4,7 @@ Paths: eager (dynamic cache), the CUDA-graph fast path (``cache_implementation="
 the ``torch.compile`` fast path (``compile_config``). On a GPU the graphs are real and compile
 uses CUDA graphs (``reduce-overhead``); on a CPU the graphs are emulated (``graph_emulation.py``:
 replays overwrite their outputs and a host synchronisation inside a captured step fails, as on a
-GPU; ``r2r_hf/testing/graphs.py``) and compile uses inductor's default mode. ``benchmarks/gpu_check.sh``
+GPU; ``r2r_hf/testing/graphs.py``) and compile uses inductor's default mode. ``benchmarks/gpu/check.sh``
 runs this file on CUDA (without the compile cases, which cost minutes there: ``-m "not compile"``), every model's
 graphs of HF's forward (fusing off: a fused region's cold compile costs tens of seconds there).
 """
@@ -186,7 +186,7 @@ def test_long_reads_are_captured_piece_by_piece(pair, tok, graphs):
 
 
 def test_a_read_longer_than_the_buckets_in_the_middle_of_an_answer(pair, tok, graphs):
-    from benchmarks.speed_parts import ForcedRouter
+    from benchmarks.speed.parts import ForcedRouter
 
     model, _, _ = pair
     enc = _encode(tok, "batch")
