@@ -1,6 +1,6 @@
-"""The host work per decoding step, counted (``benchmarks/speed/host_ops.py``, issue 40): the counter tells a syncing copy,
-a read and a device op apart as a GPU would pay them, today's counts are the bounds a change may not exceed, and the
-issue's targets hold (no syncing copy and at most 40 eager ops per served step, at most 20 per generate step)."""
+"""The host work per decoding step, counted (``benchmarks/speed/host_ops.py``, issue 40): the counter tells a syncing
+copy, a read and a device op apart as a GPU would pay them, today's counts are the bounds a change may not exceed, and
+the issue's targets hold (no syncing copy and at most 40 eager ops per served step, at most 20 per generate step)."""
 
 import math
 

@@ -1,5 +1,5 @@
-"""The kernel counter of benchmarks/speed/kernel_counts.py: it counts work, not views, and the server's slot read launches
-fewer kernels than generate's HF-static-cache read (one prepared mask for every layer, not one per layer)."""
+"""The kernel counter of benchmarks/speed/kernel_counts.py: it counts work, not views, and the server's slot read
+launches fewer kernels than generate's HF-static-cache read (one prepared mask for every layer, not one per layer)."""
 
 import torch
 

@@ -35,7 +35,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OF
 if ! "$PY" -c "from r2r_hf.compat import check_transformers; check_transformers()" 2>"$OUT/versions.err"; then
     cat "$OUT/versions.err"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        || { echo "the installed transformers is not supported and no wheels were carried (benchmarks/gpu/wheels.sh)"; exit 1; }
+        || { echo "the installed transformers is not supported and no wheels were carried" \
+                  "(benchmarks/gpu/wheels.sh)"; exit 1; }
     export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 { if [ $DRY = 0 ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi

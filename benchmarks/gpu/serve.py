@@ -3,19 +3,19 @@
     python -m benchmarks.gpu.serve --out DIR             # on the GPU (1.5B + 32B shapes, bf16, fused reads)
     python -m benchmarks.gpu.serve --out DIR --dry-run   # the same steps on a CPU: tiny shapes, emulated graphs
 
-The device image has no fastapi/uvicorn, and HTTP is not what is measured: the engine (``r2r_hf/serve/engine.py``,
-the decoding thread ``r2r-hf serve`` runs) gets requests directly, ``concurrency`` at a time (closed loop), and
-the load reports tokens/s, the inter-token latency (between an answer's tokens as the engine hands them out),
-the wall time per step and the time per step outside the graph replays (the host's share, which the server's cost
-model adds per step: ``benchmarks/serving/cost_model.py``), the capture time, the graph memory and the decoding counters. Routing is
-forced per row at a share ``p`` by a router that pays the real router's cost and routes where a hash of the
-proposal's hidden state falls below ``p`` (per row, whatever its neighbours; bf16 rounding may move which tokens
-route, not how many). Servers, each fresh, in order of value: R2R on fused reads with the GPU's waiting default
-(what ``benchmarks/serving/cost_model.py`` predicts), then **the LLM alone on the same engine** (the LLM in the SLM's place, never
-routing, a 16-wide router: no SLM, no LLM catch-up; R2R at threshold 0 would still run the SLM and the router every
-step), their ratio at each concurrency, then R2R with ``m = 1``, R2R speculating (depth 4, the server's default
-policy for it; random weights roll every resolution back: the worst case) and, as a peer where the image's
-transformers has it, HF's own continuous batching of the LLM alone (``generate_batch``, paged attention).
+The device image has no fastapi/uvicorn, and HTTP is not what is measured: the engine (``r2r_hf/serve/engine.py``, the
+decoding thread ``r2r-hf serve`` runs) gets requests directly, ``concurrency`` at a time (closed loop), and the load
+reports tokens/s, the inter-token latency (between an answer's tokens as the engine hands them out), the wall time per
+step and the time per step outside the graph replays (the host's share, which the server's cost model adds per step:
+``benchmarks/serving/cost_model.py``), the capture time, the graph memory and the decoding counters. Routing is forced
+per row at a share ``p`` by a router that pays the real router's cost and routes where a hash of the proposal's hidden
+state falls below ``p`` (per row, whatever its neighbours; bf16 rounding may move which tokens route, not how many).
+Servers, each fresh, in order of value: R2R on fused reads with the GPU's waiting default (what the cost model
+predicts), then **the LLM alone on the same engine** (the LLM in the SLM's place, never routing, a 16-wide router: no
+SLM, no LLM catch-up; R2R at threshold 0 would still run the SLM and the router every step), their ratio at each
+concurrency, then R2R with ``m = 1``, R2R speculating (depth 4, the server's default policy for it; random weights roll
+every resolution back: the worst case) and, as a peer where the image's transformers has it, HF's own continuous
+batching of the LLM alone (``generate_batch``, paged attention).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
     python -m benchmarks.quality.humaneval --router ROUTER --labels RUN [--label-set code+llm] --tag NAME \
         --systems slm,llm,r2r@0.04,entropy@0.04,random@0.04,r2r@0.08,... [--threads 1] [--limit N]
-    python -m benchmarks.quality.humaneval --timing [--timing-tasks 16]      # tokens/s: batch 1, one thread, side by side
-    python -m benchmarks.quality.humaneval --report --tag NAME               # writes benchmarks/results/humaneval-NAME.json
+    python -m benchmarks.quality.humaneval --timing [--timing-tasks 16]   # tokens/s: batch 1, one thread, side by side
+    python -m benchmarks.quality.humaneval --report --tag NAME            # -> benchmarks/results/humaneval-NAME.json
 
 Every system answers all 164 tasks greedily (chat template, ``--max-new-tokens``, batches of
 ``--batch-size`` tasks of similar length, the same for every system) with the instruction used for
@@ -36,7 +36,8 @@ import time
 import torch
 import transformers
 
-from benchmarks.quality.humaneval_results import RESULTS, ROUTERS, bootstrap_ci, parse_system, read_rows, system_path  # noqa: F401
+from benchmarks.quality.humaneval_results import (  # noqa: F401
+    RESULTS, ROUTERS, bootstrap_ci, parse_system, read_rows, system_path)
 from benchmarks.models import fetch
 from benchmarks.quality.sandbox import run_program
 from benchmarks.router.stdlib_prompts import chat_prompt

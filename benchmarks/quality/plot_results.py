@@ -1,6 +1,7 @@
 """Plot pass@1 against LLM token rate from a HumanEval report (one curve per router kind).
 
-    python -m benchmarks.quality.plot_results [--results benchmarks/results/humaneval-TAG.json] [--out docs/img/humaneval.png]
+    python -m benchmarks.quality.plot_results [--results benchmarks/results/humaneval-TAG.json] \
+        [--out docs/img/humaneval.png]
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     found = compare(args.labels, args.router, tuple(args.dtypes.split(",")),
                     tuple(float(r) for r in args.rates.split(",")), args.label_set, args.split)
-    found["command"] = "python -m benchmarks.quality.router_dtype " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    found["command"] = "python -m benchmarks.quality.router_dtype " + " ".join(given)
     found["conditions"] = {"torch": torch.__version__, "transformers": transformers.__version__, "device": "cpu"}
     Path(args.out).write_text(json.dumps(found, indent=1))
     first = next(iter(found["dtypes"].values()))

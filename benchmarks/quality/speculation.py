@@ -3,12 +3,12 @@
     python -m benchmarks.quality.speculation [--tasks 16] [--speed-tasks 4] [--max-new-tokens 192] [--threads 1]
 
 The shipped router with Qwen2.5-Coder 0.5B + 1.5B Instruct (``benchmarks/models.py``), greedy, batch 1, the first
-``--tasks`` HumanEval tasks by prompt length (``benchmarks.quality.humaneval.by_length``), chat template, bf16. Phases (each
-writes its numbers to ``--out`` as soon as it has them; a rerun skips the phases and thresholds already there):
+``--tasks`` HumanEval tasks by prompt length (``benchmarks.quality.humaneval.by_length``), chat template, bf16. Phases
+(each writes its numbers to ``--out`` as soon as it has them; a rerun skips the phases and thresholds already there):
 
 * ``quality_cost``  R2R with speculation at thresholds routing ~5 / 10 / 20 / 40 % of the SLM's own answers to those
-  tasks (read back through the router, as ``benchmarks.quality.humaneval``'s ``r2r@P``), the router's threshold and 0: LLM
-  forwards per generated token with speculation and without it (batch-1 ``generate`` runs one LLM forward per routed
+  tasks (read back through the router, as ``benchmarks.quality.humaneval``'s ``r2r@P``), the router's threshold and 0:
+  LLM forwards per generated token with speculation and without it (batch-1 ``generate`` runs one LLM forward per routed
   token: the routed share), tokens thrown away per generated token, agreement at routed positions, pass@1 on those
   tasks. Speculation does not change an answer (the next phases check it on real text), so the pass@1 is R2R's.
 * ``batch1``  at the router's threshold on ``--speed-tasks`` tasks: R2R without and with speculation, interleaved

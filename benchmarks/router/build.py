@@ -1,7 +1,7 @@
 """Train the shipped Qwen2.5-Coder router from a labeling run and write it to hub_cards/.
 
     python -m benchmarks.router.build --labels work/coder --label-set code+divergent [--out DIR]   # train + calibrate
-    python -m benchmarks.router.build --evaluation benchmarks/results/humaneval-TAG.json [--out DIR]   # results to the card
+    python -m benchmarks.router.build --evaluation benchmarks/results/humaneval-TAG.json [--out DIR]  # to the card
 
 The labeling run comes from (see docs/results.md for the exact command):
     r2r-hf label --slm <0.5B folder> --llm <1.5B folder> --prompts benchmarks/data/stdlib_prompts.jsonl ...

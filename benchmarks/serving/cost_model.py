@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="benchmarks/results/serve_model.json")
     parser.add_argument("--table", action="store_true", help="print the tables of --out and exit")
     parser.add_argument("--host-step-ms", type=float, help="the H200's host time per served step, measured "
-                        "(benchmarks/speed/host_ops.py, the device check's serving phase); default: the cost model's 0.1 ms")
+                        "(benchmarks/speed/host_ops.py, the device check's serving phase); default: the cost "
+                        "model's 0.1 ms")
     args = parser.parse_args(argv)
     captured = H200_CAPTURED if args.host_step_ms is None else replace(
         H200_CAPTURED, step=args.host_step_ms / 1e3, name=f"{H200_CAPTURED.name}, host {args.host_step_ms:g} ms/step")

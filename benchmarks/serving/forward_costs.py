@@ -1,6 +1,6 @@
 """What one forward costs on this machine, as the server runs it: a slot read of k rows x g tokens, each model.
 
-    python -m benchmarks.serving.forward_costs        # the real pair (benchmarks/models.py), --dtype auto, 1 torch thread
+    python -m benchmarks.serving.forward_costs    # the real pair (benchmarks/models.py), --dtype auto, 1 torch thread
 
 The server's model calls are reads of ``k`` rows of ``g`` new tokens each, over slots that already hold a
 150-token context (``core/layouts/slot_cache.py``): the SLM's step (g = 1), a prompt's prefill, the LLM's catch-up. This

@@ -1,6 +1,6 @@
 """How fast R2R runs against its cost model, side by side with plain, compiled and assisted HF generation.
 
-    python -m benchmarks.speed.generate                                   # CPU: random Qwen2.5-0.5B + 1.5B, 1 thread, eager
+    python -m benchmarks.speed.generate                            # CPU: random Qwen2.5-0.5B + 1.5B, 1 thread, eager
     python -m benchmarks.speed.generate --slm qwen2.5-1.5b --llm qwen2.5-32b --device cuda --cache static \\
         --batch-sizes 1,8 --shares 0,0.05,0.1,0.2 --per-row-from 2 --tokens 128      # the GPU run
 

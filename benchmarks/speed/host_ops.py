@@ -13,8 +13,8 @@ GPU and how a CPU run decides it: ``benchmarks/speed/host_count.py``.
   (routes every token); a share p costs about (1 - p) x the first + p x the second.
 * the server's engine, in-process, driven turn by turn on this thread (the modes are per thread): ``rows`` answers
   join, are prefilled, decode a few steps, then ``steps`` steps are counted (every row decoding, nobody joins or
-  leaves); routing forced per row at p = 0.1 by ``benchmarks.gpu.serve.HashRouter`` under the GPU's waiting default, or
-  never, or always.
+  leaves); routing forced per row at p = 0.1 by ``benchmarks.gpu.serve.HashRouter`` under the GPU's waiting default,
+  or never, or always.
 
 Host time per step, in a second pass without the modes: the wall time less the emulated replays' (the host's own
 Python and eager ops on this CPU; a GPU host differs, and there each syncing copy also waits for the stream). Of
@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
     found = measure(steps=args.steps)
     result = {"conditions": {"torch": torch.__version__, "transformers": transformers.__version__,
                              "cpu": platform.processor() or platform.machine(), "threads": 1, "dtype": "float32",
-                             "models": "tiny + tiny-llm (benchmarks/speed/parts.py)", "graphs": "emulated, HF's forward",
+                             "models": "tiny + tiny-llm (benchmarks/speed/parts.py)",
+                             "graphs": "emulated, HF's forward",
                              "prompt": PROMPT},
               **found}
     Path(args.out).write_text(json.dumps(result, indent=1))
