@@ -5,7 +5,7 @@ neighbours), so the answers a run served, with which of their tokens the LLM wro
 another policy, concurrency or machine. ``ReplayBatch`` is a running batch without models: the real
 ``core.turn.turn`` drives it, the real ``core.plan.plan_step`` decides each step, a ``core.layouts.slot_book.SlotBook``
 plans each read's forwards as the server's slots do, and each forward adds what ``Costs`` says to the clock
-(``benchmarks/serve_model.py``). Only the device work is replaced: which rows propose, who routes (the
+(``benchmarks/serving/cost_model.py``). Only the device work is replaced: which rows propose, who routes (the
 recording), what the LLM and SLM read, and when each token reaches the host are the server's own decisions.
 
 Speculative routing (``core/speculation.py``) replays through the same ``plan_step``, ``plan.settle`` and
