@@ -111,6 +111,16 @@ def test_roc_auc_counts_ties_half():
     assert roc_auc(torch.tensor([0.6, 0.4, 0.5]), torch.tensor([1, 1, 0])) == 0.5
 
 
+def test_roc_auc_takes_the_judges_lists_and_is_nan_without_both_kinds():
+    # The judge's calibration (router/calibrate_judge.py) scores plain lists, some with one kind of label only.
+    import math
+
+    from benchmarks.quality.router_quality import roc_auc
+
+    assert roc_auc([0.6, 0.4, 0.5], [1, 1, 0]) == 0.5
+    assert math.isnan(roc_auc([0.6, 0.4], [1, 1])) and math.isnan(roc_auc([0.6, 0.4], [0, 0]))
+
+
 def test_router_dtype_compares_the_bf16_copy_against_fp32_on_held_out_labels(tmp_path):
     # The benchmark behind the captured path's bf16 router: the same copy, the same validation split.
     from synthetic_labels import write_synthetic_run
@@ -196,7 +206,8 @@ def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, sin
 @pytest.mark.parametrize("per_row", [False, True])
 def test_cost_model_replays_the_forced_routers_decisions(per_row):
     # The ideal time is only comparable with the measured one if both route at the same steps.
-    from benchmarks.speed.parts import ForcedRouter, llm_call_steps, random_model, schedule
+    from benchmarks.speed.parts import ForcedRouter, llm_call_steps, schedule
+    from benchmarks.synthetic import random_model
     from r2r_hf import R2RForCausalLM
 
     slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny", torch.float32, "cpu", 1)

@@ -32,7 +32,7 @@ def test_the_serving_phase_dry_run_measures_every_server(tmp_path):
 def test_the_llm_alone_is_the_llm_in_both_places_and_writes_what_it_writes_alone():
     import torch
 
-    from benchmarks.speed.parts import random_model
+    from benchmarks.synthetic import random_model
     from r2r_hf import R2RForCausalLM
 
     slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny-llm", torch.float32, "cpu", 1)

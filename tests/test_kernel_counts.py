@@ -4,7 +4,7 @@ launches fewer kernels than generate's HF-static-cache read (one prepared mask f
 import torch
 
 from benchmarks.speed.kernel_counts import Kernels, generate_read, slot_read
-from benchmarks.speed.parts import random_model
+from benchmarks.synthetic import random_model
 
 
 def test_views_are_free_and_work_is_counted():

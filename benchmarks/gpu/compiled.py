@@ -31,7 +31,8 @@ def measure(plan: Plan, out: Path, fail: str | None, seconds: float) -> int:
     before the step's timeout (check.sh gives 20 s more) so the traceback says where the time went."""
     import torch
 
-    from benchmarks.speed.parts import first_call, random_model, timed
+    from benchmarks.speed.parts import first_call, timed
+    from benchmarks.synthetic import random_model
 
     report = Report(out / "llm_compiled.json", asdict(plan))
     gen = dict(max_new_tokens=plan.tokens, min_new_tokens=plan.tokens, do_sample=False, pad_token_id=0,

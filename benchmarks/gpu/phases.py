@@ -12,22 +12,20 @@ import time
 from dataclasses import asdict
 
 import torch
-import transformers
 
 from benchmarks.gpu.plan import Plan
 from benchmarks.gpu.runner import Report
+from benchmarks.record import hardware, versions
 from benchmarks.speed.parts import (ForcedRouter, captured_components, eager_components, first_call,
-                                    graph_decode_per_token, ideal_per_token, llm_call_steps, random_model, schedule,
-                                    timed)
+                                    graph_decode_per_token, ideal_per_token, llm_call_steps, schedule, timed)
+from benchmarks.synthetic import random_model
 from r2r_hf import R2RForCausalLM
 from r2r_hf.core.fast.fused_reads import fused_regions, self_check
 from r2r_hf.core.fast.graphs import gc_paused
 
 
 def conditions(plan: Plan) -> dict:
-    cuda = plan.device.startswith("cuda")
-    return {"hardware": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+    return {"hardware": hardware(plan.device), **versions(), "python": platform.python_version(),
             "weights": "random", "graphs": "emulated on the CPU (r2r_hf.testing.graphs)" if plan.emulate else "CUDA",
             "decoding": "greedy, min_new_tokens = max_new_tokens (every call writes the same number of tokens)"}
 
@@ -247,7 +245,8 @@ def eager(model, role: str, plan: Plan, batch: int, prompt: torch.Tensor, gen: d
 def serving(model, plan: Plan, report: Report) -> None:
     """The server's engine in-process under load (``benchmarks/gpu/serve.py``): R2R fused against the LLM alone on
     the same engine, at each concurrency; each server's numbers as they come."""
-    from benchmarks.gpu.serve import serving_phase, serving_shape
+    from benchmarks.gpu.serve import serving_phase
+    from benchmarks.synthetic import serving_shape
 
     # Its own deadline comes 10 s before the phase's: a load cut there still stops its engine and says so.
     deadline = time.monotonic() + plan.serve_budget_s * plan.slack - 10

@@ -32,39 +32,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.speed.parts import random_model
+from benchmarks.synthetic import Letters, random_model, request, serving_shape
 from r2r_hf import R2RForCausalLM
-from r2r_hf.router import Router
-
-
-class HashRouter(Router):
-    """Pays ``inner``'s cost, then scores each proposal by a hash of its hidden state (uniform in [0, 1)).
-
-    With threshold ``1 - p`` a row routes a share ``p`` of its tokens. A pure tensor function: it is captured.
-    """
-
-    def __init__(self, inner: Router) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def scores(self, topk_logits, token_embedding, hidden):
-        real = self.inner.scores(topk_logits, token_embedding, hidden)
-        mixed = (hidden.float() * torch.arange(1, hidden.shape[-1] + 1, device=hidden.device)).sum(-1)
-        return torch.frac(mixed.abs() * 7.919) + 0 * real
-
-
-class Letters:
-    """A stand-in tokenizer for random weights: one letter per token, so every token hands out text."""
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(chr(65 + int(t) % 26) for t in ids)
-
-
-def _request(prompt, settings, emit):
-    from r2r_hf.serve.engine import Request
-    from r2r_hf.serve.rows import Choice
-
-    return Request([prompt], [Choice(settings)], emit)
 
 
 # Where a served step's time goes: the decoding thread's wall time inside each of these. ``sync`` includes waiting
@@ -140,7 +109,7 @@ def load(engine, model, prompts: list[list[int]], concurrency: int, max_tokens: 
         for prompt in prompts:
             gate.acquire()
             settings = resolve_row(model, prompt, max_new_tokens=max_tokens, do_sample=False, threshold=threshold)
-            engine.submit(_request(prompt, settings, sink()))
+            engine.submit(request(prompt, settings, sink()))
         if not done.wait(timeout):
             raise TimeoutError(f"the load did not finish in {timeout:.0f} s")
         wall = time.perf_counter() - start
@@ -295,24 +264,6 @@ def hf_continuous_batching(llm, concurrencies, max_tokens: int, prompt_tokens: i
             row["returned"] = {k: str(getattr(first, k, None))[:200] for k in ("status", "error", "generated_tokens")}
         out.append(row)
     return out
-
-
-@contextmanager
-def serving_shape(model: R2RForCausalLM) -> Iterator[R2RForCausalLM]:
-    """``model`` as the serving phase runs it, restored after: ``HashRouter`` in front of its router, and answers
-    that run to their ``max_tokens`` (random weights would otherwise end some early on an end-of-text token)."""
-    configs = (model.slm.generation_config, model.llm.generation_config, model.generation_config)
-    saved, router = [(c.eos_token_id, c.pad_token_id) for c in configs], model.router
-    for c in configs:
-        c.eos_token_id = None
-        c.pad_token_id = 0 if c.pad_token_id is None else c.pad_token_id
-    model.router = HashRouter(router)
-    try:
-        yield model
-    finally:
-        model.router = router
-        for c, (eos, pad) in zip(configs, saved):
-            c.eos_token_id, c.pad_token_id = eos, pad
 
 
 def build(dry_run: bool, device: str, dtype: torch.dtype) -> R2RForCausalLM:

@@ -29,17 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import time
 
 import torch
-import transformers
 
 from benchmarks.quality.humaneval_results import (  # noqa: F401
     RESULTS, ROUTERS, bootstrap_ci, parse_system, read_rows, system_path)
-from benchmarks.models import fetch
+from benchmarks.models import ROUTER, fetch
 from benchmarks.quality.sandbox import run_program
+from benchmarks.record import hardware, versions
 from benchmarks.router.stdlib_prompts import chat_prompt
 
 _BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.S)
@@ -293,17 +292,17 @@ def run_timing(args: argparse.Namespace) -> None:
 
 def _conditions(args: argparse.Namespace, timing: str) -> dict:
     return {
-        "hardware": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "timing": timing,
+        "hardware": hardware(), "cpus": os.cpu_count(), "timing": timing,
         "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "decoding": "greedy",
         "accuracy_batch_size": args.batch_size, "threads": args.threads,
-        "torch": torch.__version__, "transformers": transformers.__version__,
+        **versions(),
         "models": "Qwen2.5-Coder-0.5B/1.5B-Instruct from Q4_K_M GGUF wheels, dequantised to bf16 (benchmarks/models.py)",
     }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
+    parser.add_argument("--router", default=ROUTER)
     parser.add_argument("--labels", help="the labeling run the router was trained on (places the thresholds)")
     parser.add_argument("--label-set", help="its label set (default: the only one)")
     parser.add_argument("--tag", default="r2r", help="names this router's results (benchmarks/results/humaneval/TAG/)")

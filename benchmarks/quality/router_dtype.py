@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 import torch
-import transformers
 
-from benchmarks.quality.router_quality import ROUTER, roc_auc
+from benchmarks.models import ROUTER
+from benchmarks.quality.router_quality import roc_auc
+from benchmarks.record import versions
 from r2r_hf import R2RForCausalLM
 from r2r_hf.core.fast.router_copy import SCORE_TOLERANCE, Scorer
 from r2r_hf.pipeline import load_labels
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                     tuple(float(r) for r in args.rates.split(",")), args.label_set, args.split)
     given = argv if argv is not None else sys.argv[1:]
     found["command"] = "python -m benchmarks.quality.router_dtype " + " ".join(given)
-    found["conditions"] = {"torch": torch.__version__, "transformers": transformers.__version__, "device": "cpu"}
+    found["conditions"] = {**versions(), "device": "cpu"}
     Path(args.out).write_text(json.dumps(found, indent=1))
     first = next(iter(found["dtypes"].values()))
     print(found["data"])

@@ -17,17 +17,21 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.models import ROUTER
 from r2r_hf import R2RConfig, R2RForCausalLM
 from r2r_hf.training import metrics_at, threshold_for_rate
 from r2r_hf.pipeline import load_labels
 from r2r_hf.training import scores_on
 
-ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
 
 
-def roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> float:
-    """Probability that a random divergent token outscores a random other one (ties count half)."""
-    positives, negatives = scores[targets.bool()].double(), scores[~targets.bool()].double().sort().values
+def roc_auc(scores: torch.Tensor | list[float], targets: torch.Tensor | list[int]) -> float:
+    """Probability that a random positive (divergent) outscores a random negative (ties count half); NaN without
+    both kinds."""
+    scores, targets = torch.as_tensor(scores, dtype=torch.float64), torch.as_tensor(targets).bool()
+    positives, negatives = scores[targets], scores[~targets].sort().values
+    if not len(positives) or not len(negatives):
+        return float("nan")
     below = torch.searchsorted(negatives, positives, right=False)
     at_or_below = torch.searchsorted(negatives, positives, right=True)
     return float(((below + at_or_below) / 2).mean() / len(negatives))

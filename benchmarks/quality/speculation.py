@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
-import transformers
 
+from benchmarks.models import ROUTER
 from benchmarks.quality.humaneval import Runner, by_length, extract_code, program_for, _problems
 from benchmarks.quality.sandbox import run_program
+from benchmarks.record import hardware, versions
 
 RATES = (0.05, 0.10, 0.20, 0.40)
 
@@ -113,7 +113,7 @@ def side_by_side(runner: Runner, problems: list[dict], systems: dict, phase: str
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--router", default="hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
+    parser.add_argument("--router", default=ROUTER)
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--speed-tasks", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=192)
@@ -136,8 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         speculate["speculate_below"] = args.speculate_below
     out["conditions"] = {"tasks": [p["task_id"] for p in problems], "max_new_tokens": args.max_new_tokens,
                          "dtype": args.dtype, "threads": args.threads, "speculation": speculate,
-                         "torch": torch.__version__, "transformers": transformers.__version__,
-                         "cpu": platform.processor() or platform.machine(), "router": args.router}
+                         **versions(), "cpu": hardware(), "router": args.router}
     phases = args.phases.split(",")
     if "quality_cost" in phases:
         slm = [(p, runner.tok.decode(answer(runner, p, float("inf"))[0], skip_special_tokens=True)) for p in problems]

@@ -15,13 +15,13 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.models import PAIR
+from benchmarks.models import PAIR, ROUTER
 from r2r_hf import R2RForCausalLM
 from r2r_hf.pipeline import load_labels
 from r2r_hf.model.record import RECORD_FILE
 from r2r_hf.training import TrainSettings, calibrate_router, train_router
 
-OUT = Path("hub_cards/r2r-qwen2.5-coder-0.5b-1.5b")
+OUT = Path(ROUTER)
 
 
 # The paper's batch 1024 / lr 5e-5 assume ~7.6M labels (7k steps per epoch). On ~5*10^4 labels that is

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.quality.router_quality import roc_auc
+
 CHECKED = Path("benchmarks/data/judge_checked.jsonl")
 GRID = [round(0.01 * i, 2) for i in range(1, 100)]
 
@@ -53,15 +55,6 @@ def draw(run: str, n: int, seed: int = 0) -> list[dict]:
     picked = rng.sample(passed, min(len(passed), 2 * n // 3)) + rng.sample(neutral, min(len(neutral), n - 2 * n // 3))
     rng.shuffle(picked)
     return picked
-
-
-def roc_auc(scores: list[float], labels: list[int]) -> float:
-    pos = [s for s, y in zip(scores, labels) if y == 1]
-    neg = [s for s, y in zip(scores, labels) if y == 0]
-    if not pos or not neg:
-        return float("nan")
-    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
-    return wins / (len(pos) * len(neg))
 
 
 def balanced_accuracy(scores: list[float], labels: list[int], threshold: float) -> float:

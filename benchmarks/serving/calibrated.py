@@ -29,7 +29,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from r2r_hf.core.policy import IMMEDIATE, WaitPolicy, default_policy, speculative_policy
+from r2r_hf.core.policy import IMMEDIATE, default_policy, speculative_policy
 
 from .cost_model import Costs, llm_alone, simulate, synthetic
 from .speculative import by_fraction

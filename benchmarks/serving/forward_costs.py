@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from benchmarks.models import fetch
+from benchmarks.models import ROUTER, fetch
 from r2r_hf.core.layouts.slot_cache import SlotCache, read_piece
 
 CONTEXT, ROWS, TOKENS = 150, (1, 2, 4, 8, 16), (1, 4, 16, 64)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
         out["reads"][role], out["fits"][role] = grid, fit(grid)
         print(role, {k: round(v * 1000, 1) for k, v in grid.items()}, out["fits"][role], flush=True)
         del model
-    pair = R2RForCausalLM.from_pretrained("hub_cards/r2r-qwen2.5-coder-0.5b-1.5b", dtype=dtype)
+    pair = R2RForCausalLM.from_pretrained(ROUTER, dtype=dtype)
     out["router"] = router_costs(pair)
     print("router", out["router"], flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

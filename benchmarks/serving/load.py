@@ -35,9 +35,8 @@ from pathlib import Path
 
 import openai
 
-from benchmarks.models import fetch
+from benchmarks.models import ROUTER, fetch
 
-ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
 WAIT = ",".join(str(max(1, round(rows / 3))) for rows in range(1, 17))  # core/policy.py's GPU default
 CONFIGS = {"wait": ["--llm-min-rows", WAIT, "--llm-max-wait", "16"], "m1": ["--llm-min-rows", "1", "--llm-max-wait", "0"],
            "llm": ["--threshold", "0", "--llm-min-rows", "1", "--llm-max-wait", "0"],

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu.serve import HashRouter, Letters, _request
-from benchmarks.speed.parts import random_model
+from benchmarks.synthetic import HashRouter, Letters, random_model, request
 from r2r_hf import R2RForCausalLM
 
 
@@ -55,23 +54,23 @@ def stall(model, prompt_tokens: int, chunk: int, running_tokens: int = 400) -> d
     try:
         for seed in (1, 2):
             prompt = torch.randint(100, vocab - 100, (32,), generator=torch.Generator().manual_seed(seed)).tolist()
-            others.append(_request(prompt, resolve_row(model, prompt, max_new_tokens=running_tokens, do_sample=False,
-                                                       threshold=2.0), running if seed == 1 else beside))
+            others.append(request(prompt, resolve_row(model, prompt, max_new_tokens=running_tokens, do_sample=False,
+                                                      threshold=2.0), running if seed == 1 else beside))
             engine.submit(others[-1])
         while len(arrivals) < 16:
             time.sleep(0.01)
         before = [b - a for a, b in zip(arrivals, arrivals[1:])]
         long = torch.randint(100, vocab - 100, (prompt_tokens,), generator=torch.Generator().manual_seed(3)).tolist()
         submitted, mark = time.perf_counter(), len(arrivals)
-        engine.submit(_request(long, resolve_row(model, long, max_new_tokens=2, do_sample=False, threshold=2.0),
-                               newcomer))
+        engine.submit(request(long, resolve_row(model, long, max_new_tokens=2, do_sample=False, threshold=2.0),
+                              newcomer))
         joined.wait(3600)
         read = time.perf_counter() - submitted
         during = [b - a for a, b in zip(arrivals[mark - 1:], arrivals[mark:]) if b >= submitted]
         finished.wait(600)
     finally:
-        for request in others:  # the running answers are not needed any more
-            engine.cancel(request)
+        for other in others:  # the running answers are not needed any more
+            engine.cancel(other)
         engine.stop(600)
     return {"prompt_tokens": prompt_tokens, "prefill_chunk": chunk, "median_gap_before_s": statistics.median(before),
             "longest_gap_while_joining_s": max(during), "prompt_read_s": read,

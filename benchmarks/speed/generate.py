@@ -23,25 +23,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 import torch
-import transformers
 from transformers.generation.configuration_utils import CompileConfig
 
 from benchmarks.speed.parts import (
-    CONFIGS,
     ForcedRouter,
     captured_components,
     eager_components,
     first_call,
     ideal_per_token,
     llm_call_steps,
-    random_model,
     schedule,
     timed,
 )
+from benchmarks.record import hardware, versions
+from benchmarks.synthetic import CONFIGS, random_model
 from r2r_hf import R2RForCausalLM
 
 SHARES = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -100,8 +98,7 @@ def measure(args: argparse.Namespace) -> dict:
                      else "CUDA graphs (captured SLM step, router and LLM catch-up buckets)"),
         "router_params": sum(p.numel() for p in real_router.parameters()),
         "router": f"{args.router_dims} blocks, {args.router_dtype}",
-        "hardware": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "transformers": transformers.__version__, "weights": "random",
+        "hardware": hardware(args.device), **versions(), "weights": "random",
     }, "batches": {}}
     gen = dict(max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, pad_token_id=0)
     for batch in args.batch_sizes:

@@ -13,7 +13,7 @@ GPU and how a CPU run decides it: ``benchmarks/speed/host_count.py``.
   (routes every token); a share p costs about (1 - p) x the first + p x the second.
 * the server's engine, in-process, driven turn by turn on this thread (the modes are per thread): ``rows`` answers
   join, are prefilled, decode a few steps, then ``steps`` steps are counted (every row decoding, nobody joins or
-  leaves); routing forced per row at p = 0.1 by ``benchmarks.gpu.serve.HashRouter`` under the GPU's waiting default,
+  leaves); routing forced per row at p = 0.1 by ``benchmarks.synthetic.HashRouter`` under the GPU's waiting default,
   or never, or always.
 
 Host time per step, in a second pass without the modes: the wall time less the emulated replays' (the host's own
@@ -28,17 +28,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import transformers
 
-from benchmarks.gpu.serve import HashRouter, Letters, _request, serving_shape
+from benchmarks.record import hardware, versions
 from benchmarks.speed.host_count import Counter, counting_steps
-from benchmarks.speed.parts import random_model
+from benchmarks.synthetic import HashRouter, Letters, random_model, request, serving_shape
 from r2r_hf import R2RForCausalLM
 from r2r_hf.testing.graphs import emulated_store
 
@@ -137,7 +135,7 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
     for _ in range(rows):
         prompt = torch.randint(100, 900, (PROMPT,), generator=generator).tolist()
         settings = resolve_row(model, prompt, max_new_tokens=tokens, do_sample=False, threshold=threshold)
-        engine.submit(_request(prompt, settings, lambda event: None))
+        engine.submit(request(prompt, settings, lambda event: None))
 
     def turns(n: int) -> None:
         for _ in range(n):
@@ -188,8 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     found = measure(steps=args.steps)
-    result = {"conditions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                             "cpu": platform.processor() or platform.machine(), "threads": 1, "dtype": "float32",
+    result = {"conditions": {**versions(), "cpu": hardware(), "threads": 1, "dtype": "float32",
                              "models": "tiny + tiny-llm (benchmarks/speed/parts.py)",
                              "graphs": "emulated, HF's forward",
                              "prompt": PROMPT},

@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 import torch
-import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.speed.parts import random_model
+from benchmarks.record import versions
+from benchmarks.synthetic import random_model
 from torch._inductor.utils import run_and_get_code
 from torch.utils._python_dispatch import _disable_current_modes
 from transformers.cache_utils import StaticCache
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--models", default="qwen2.5-1.5b:slm,qwen2.5-32b:llm", help="NAME:ROLE,... (speed_parts)")
     args = parser.parse_args(argv)
-    out = {"conditions": {"dtype": "bfloat16", "transformers": transformers.__version__, "torch": torch.__version__,
+    out = {"conditions": {"dtype": "bfloat16", **versions(),
                           "context": args.context, "rows": 1, "tokens": 1, "date": time.strftime("%Y-%m-%d"),
                           "threads": torch.get_num_threads(),
                           "hf": "aten ops of one forward under a TorchDispatchMode, views excluded (meta device)",

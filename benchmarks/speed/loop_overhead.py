@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
-import transformers
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from benchmarks.record import hardware, versions
 from r2r_hf import R2RForCausalLM
 
 
@@ -75,8 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         "conditions": {
             "threads": 1, "tokens": args.tokens, "repeats": args.repeats, "prompt_tokens": 32, "dtype": "float32",
             "slm": "random Qwen2 h512 x8 layers, vocab 8192", "llm": "random Qwen2 h1024 x12 layers, vocab 8192",
-            "router_hidden_dims": [256, 256], "torch": torch.__version__, "transformers": transformers.__version__,
-            "cpu": platform.processor() or platform.machine(),
+            "router_hidden_dims": [256, 256], **versions(), "cpu": hardware(),
         },
         "ms_per_token": {
             "slm.generate": 1e3 * t_slm, "llm.generate": 1e3 * t_llm,

@@ -1,4 +1,4 @@
-"""The pieces of the speed benchmark: random models, a router with a forced schedule, timing,
+"""The pieces of the speed benchmark: a router with a forced schedule, timing,
 component costs (eager and captured) and the cost model they add up to."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import math
 import time
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from r2r_hf.compat import cache_argument
@@ -17,31 +16,7 @@ from r2r_hf.core.fast.fused import attended
 from r2r_hf.core.fast.fused_reads import static_read
 from r2r_hf.router import Router
 
-CONFIGS = {  # published Qwen2.5 shapes (https://huggingface.co/Qwen, config.json of each size)
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
-    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                        num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
-    # for the smoke tests and the dry run of the GPU check only
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
-    "tiny-llm": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                     num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=False),
-}
 CHUNKS = (1, 2, 5, 10, 20, 64)  # catch-up chunk lengths whose eager cost is measured
-
-
-def random_model(name: str, dtype: torch.dtype, device: str, seed: int, layers: int | None = None) -> Qwen2ForCausalLM:
-    """A random ``name`` (``CONFIGS``) in ``dtype`` on ``device``; ``layers`` keeps that many of its decoder layers."""
-    torch.manual_seed(seed)
-    config = {**CONFIGS[name], **({"num_hidden_layers": layers} if layers else {})}
-    with torch.device(device):  # built in ``dtype`` on the device: a 32B in fp32 would not fit beside itself
-        model = Qwen2ForCausalLM._from_config(Qwen2Config(**config, max_position_embeddings=4096), dtype=dtype)
-    return model.eval()
 
 
 def forced_rows(step: int, rows: int, share: float, per_row: bool, generator: torch.Generator) -> torch.Tensor:
