@@ -25,17 +25,15 @@ import asyncio
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import openai
 
 from benchmarks.models import ROUTER, fetch
+from r2r_hf.testing import server
 
 WAIT = ",".join(str(max(1, round(rows / 3))) for rows in range(1, 17))  # core/policy.py's GPU default
 CONFIGS = {"wait": ["--llm-min-rows", WAIT, "--llm-max-wait", "16"], "m1": ["--llm-min-rows", "1", "--llm-max-wait", "0"],
@@ -55,42 +53,12 @@ def prompts(n: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(n)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(slm: str, llm: str, flags: list[str], dtype: str, trace: Path | None = None) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    command = [sys.executable, "-m", "r2r_hf.cli", "--quiet", "serve", ROUTER, "--slm", slm, "--llm", llm,
-               "--dtype", dtype, "--threads", "1", "--port", str(port), "--model-name", "r2r", "--max-batch-size",
-               "16", *flags]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **({"R2R_SERVE_TRACE": str(trace)} if trace else {})}
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
-    import httpx
-
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"the server did not start: {process.stderr.read()[-2000:]}")
-        time.sleep(0.5)
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+    """A fresh server of the pair with one configuration's ``flags``, tracing to ``trace``; (process, url) once it
+    answers (loading the real pair on a CPU takes minutes)."""
+    return server.start(ROUTER, "--slm", slm, "--llm", llm, "--dtype", dtype, "--threads", "1", "--model-name", "r2r",
+                        "--max-batch-size", "16", *flags, env={"R2R_SERVE_TRACE": str(trace)} if trace else None,
+                        timeout=600)
 
 
 async def one(client: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> dict:
@@ -240,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
                 run["counters"] = per_run(before, counters(url))
                 run["policy"] = _policy_of(CONFIGS[name])
             finally:
-                stop(process)
+                server.stop(process, timeout=120)
             lines = trace.read_text().splitlines()[warm:]  # the measured run's turns and answers only
             trace.write_text("\n".join(lines) + "\n")
             results["runs"].setdefault(name, [])
