@@ -335,7 +335,8 @@ def test_teacher_forced_logits_of_captured_reads_equal_eager_in_fp32(pair, graph
 
 
 def test_teacher_forced_logits_in_bf16_stay_within_the_stated_tolerance(monkeypatch):
-    """bf16 at Qwen2.5-0.5B widths: captured and eager reads differ by rounding only (README: the bf16 claim)."""
+    """bf16 at Qwen2.5-0.5B widths: captured and eager reads differ by rounding only (the bf16 claim of
+    docs/fast_path.md)."""
     from r2r_hf.testing.agreement import agreement, teacher_forced
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -34,7 +34,7 @@ phases). Budgets (H200, bf16, 1.5B + 32B; estimated from the review's cost model
                  the graphs per step and each stage's time; then R2R with m = 1, R2R speculating (the
                  worst case on random weights) and HF's generate_batch, as the budget allows (the slot
                  regions' compile and every server's capture are inside it)                             150 s
-  agreement      teacher-forced bf16 logits, captured (fused) vs eager (the README's tolerance)          45 s
+  agreement      teacher-forced bf16 logits, captured (fused) vs eager (docs/fast_path.md's tolerance)   45 s
   r2r_fused_8, llm_fused_8, components_8: a prediction (1.3-1.5x)                                 75 + 30 + 45 s
   llm_eager_1, slm_eager_1, r2r_eager_1 (p = 0.1), llm_eager_8                              45 + 20 + 30 + 45 s
 
