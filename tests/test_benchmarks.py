@@ -327,3 +327,15 @@ def test_the_budget_report_compares_under_both_conditions_on_the_shared_tasks(tm
     assert total == {"points": 2, "budget_passed": 6, "other_passed": 4, "budget_only": 4, "other_only": 2,
                      "p_value": pytest.approx(0.6875)}  # 2 * P(X <= 2), X ~ Binomial(6, 1/2) = 2 * 22/64
     assert summed([p], "r2r_same_conditions") is None
+
+
+def test_tables_says_in_one_line_what_it_cannot_tabulate(capsys):
+    import pytest
+
+    from benchmarks.tables import main
+
+    for argv, said in ((["nope"], "no table of kind 'nope'"), (["speed", "missing.json"], "missing.json does not exist")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and said in err and "Traceback" not in err
