@@ -123,7 +123,7 @@ def test_the_device_side_of_a_rollback_is_one_function_called_from_one_place():
 def test_the_loops_and_the_batch_stay_small():
     decode = _function(CORE / "decoding.py", "r2r_decode")
     assert decode.end_lineno - decode.lineno + 1 <= 35
-    replay = _class(ROOT / "benchmarks" / "replay.py", "ReplayBatch")
+    replay = _class(ROOT / "benchmarks" / "serving" / "replay.py", "ReplayBatch")
     assert replay.end_lineno - replay.lineno + 1 <= 70
     batch = _class(CORE / "batch.py", "RunningBatch")
     methods = [n.name for n in batch.body if isinstance(n, ast.FunctionDef)]

@@ -4,7 +4,7 @@ load says its time per step and how much of it was outside the graph replays."""
 
 import json
 
-from benchmarks import gpu_serve
+from benchmarks.gpu import serve as gpu_serve
 
 
 def test_the_serving_phase_dry_run_measures_every_server(tmp_path):
@@ -33,7 +33,7 @@ def test_the_serving_phase_dry_run_measures_every_server(tmp_path):
 def test_the_llm_alone_is_the_llm_in_both_places_and_writes_what_it_writes_alone():
     import torch
 
-    from benchmarks.speed_parts import random_model
+    from benchmarks.synthetic import random_model
     from r2r_hf import R2RForCausalLM
 
     slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny-llm", torch.float32, "cpu", 1)

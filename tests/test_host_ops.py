@@ -1,13 +1,13 @@
-"""The host work per decoding step, counted (``benchmarks/host_ops.py``, issue 40): the counter tells a syncing copy,
-a read and a device op apart as a GPU would pay them, today's counts are the bounds a change may not exceed, and the
-issue's targets hold (no syncing copy and at most 40 eager ops per served step, at most 20 per generate step)."""
+"""The host work per decoding step, counted (``benchmarks/speed/host_ops.py``, issue 40): the counter tells a syncing
+copy, a read and a device op apart as a GPU would pay them, today's counts are the bounds a change may not exceed, and
+the issue's targets hold (no syncing copy and at most 40 eager ops per served step, at most 20 per generate step)."""
 
 import math
 
 import pytest
 import torch
 
-from benchmarks.host_count import Counter, counting_steps
+from benchmarks.speed.host_count import Counter, counting_steps
 
 
 def test_the_counter_tells_copies_reads_and_device_ops_apart():
@@ -90,7 +90,7 @@ TARGETS = {"generate_1": {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 20},
 
 @pytest.fixture(scope="module")
 def found():
-    from benchmarks.host_ops import measure
+    from benchmarks.speed.host_ops import measure
 
     torch.set_num_threads(1)
     return measure(rows=(8, 16), steps=16, routings={"p = 0.1": 0.9})

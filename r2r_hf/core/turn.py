@@ -8,7 +8,7 @@ token); the batch commits it on the device; the ledger applies it on the host. T
 values its stages hand each other). A **turn** is what a serving loop does between two looks at its queue: read one
 piece of every prompt still being read (chunked prefill), take one step if any row decodes, and
 free the slots of the rows whose answer ended. ``generate`` takes steps; the server's engine, the tests' driver and
-the cost model's replay (``benchmarks/serve_model.py``) take turns, the same function over the same plan.
+the cost model's replay (``benchmarks/serving/cost_model.py``) take turns, the same function over the same plan.
 
 A caller says when an answer ends through ``Stops``: the tokens the previous step committed reach the host in
 this step's synchronisation, and the rows whose answer they end commit nothing more (no step computes a token

@@ -273,7 +273,7 @@ class Engine:
 
     def _turn(self, admission: Admission) -> None:
         """Do what ``_schedule`` decided (leave, join), then one turn of the batch (``core.turn.turn``) and what the
-        clients are to be told (``benchmarks/host_ops.py`` drives it too)."""
+        clients are to be told (``benchmarks/speed/host_ops.py`` drives it too)."""
         self._leave(admission.leaving)
         if admission.joining:
             self._join(admission.joining)

@@ -1,7 +1,8 @@
 """Test helpers that ship with the package (examples, dry runs and users' own tests use them too).
 
 * ``models``: tiny random SLM/LLM pairs sharing a small tokenizer, and a tiny verifier;
-* ``graphs``: CUDA-graph capture emulated on the CPU, as strict as the real thing.
+* ``graphs``: CUDA-graph capture emulated on the CPU, as strict as the real thing;
+* ``server``: ``r2r-hf serve`` as a process of its own, started once ``/health`` answers and stopped by SIGTERM.
 """
 
 from .models import (
