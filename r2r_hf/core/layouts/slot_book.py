@@ -80,11 +80,11 @@ class SlotBook:
 
     # ------------------------------------------------------------ the LLM's packed reads (``packed.py``)
     def ride(self, rows: list[int], limit: int | None) -> list[list[tuple[int, int, int]]]:
-        """A prefill turn's LLM pieces (at most ``limit`` tokens of each of ``rows``, all but its last prompt token)
-        ride in the LLM's next packed read; the forwards of the previous turn's pieces that no read took, to read
-        now."""
+        """A prefill turn's LLM pieces (at most ``limit`` tokens of each of ``rows``, of all but its last prompt token:
+        the row's first catch-up reads that one, and its logits there are the LLM's first token) ride in the LLM's
+        next packed read; the forwards of the previous turn's pieces that no read took, to read now."""
         left = self.packed([], None, 0)
-        self.riders = ([r for r in rows if self.unread("llm", r) > 1], limit)
+        self.riders = (rows, limit)
         return left
 
     def packed(self, rows: list[int], limit: int | None, short: int,
@@ -93,7 +93,8 @@ class SlotBook:
         riders merged in (a rider that ``rows`` read in full is not read twice)."""
         forwards = self.read("llm", rows, limit, short, GROUPS[-1], upto) if rows else []
         riding, most = self.riders
-        riding = [r for r in riding if r not in rows and self.unread("llm", r) > 1]
+        # (a rider reads its prompt only: by now it may have answer tokens, which its catch-up reads)
+        ends = {r: self.prompt[r] - 1 for r in riding if r not in rows and self.prompt[r] - 1 > self.seen["llm"][r]}
         self.riders = ([], None)
-        extra = self.read("llm", riding, most, 1, GROUPS[-1]) if riding else []
+        extra = self.read("llm", sorted(ends), most, 0, GROUPS[-1], ends) if ends else []
         return [a + b for a, b in itertools.zip_longest(forwards, extra, fillvalue=[])]
