@@ -28,7 +28,9 @@ import torch
 
 from ..staging import staged
 
-TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # total tokens of a packed read, padded up to one
+# Total tokens of a packed read, padded up to one: powers of two and the halfway points between them (a read pads by
+# a fifth of its tokens at most past 2, an eighth on average).
+TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 GROUPS = (1, 4, 16, 64)  # tokens of one row in the attention's layout (a row reads at most GROUPS[-1] per read)
 
 
