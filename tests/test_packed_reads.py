@@ -25,8 +25,8 @@ def test_a_plan_lays_each_row_out_in_its_own_attention_row_and_pads_the_total_on
     assert host["slot"].tolist() == [2, 2, 2, 0] and host["column"].tolist() == [5, 6, 7, 3]
     assert host["place"].tolist() == [8, 9, 10, 0], "row r's j-th token at r * group + j"
     assert host["qpos"].view(4, 4)[2].tolist() == [5, 6, 7, -1] and host["keep"].tolist() == [2, 3, 0, 0]
-    padded = pack([1], [0], [5], [], kept=2)
-    assert padded.width == 8 and layout(padded, 2, 10, 10)["column"].tolist()[5:] == [10, 10, 10], "padding: trash"
+    padded = pack([1], [0], [7], [], kept=2)
+    assert padded.width == 8 and layout(padded, 2, 10, 10)["column"].tolist()[7:] == [10], "padding: the trash column"
     with pytest.raises(ValueError, match="at most 64 tokens of a row"):
         pack([0], [0], [65], [], kept=1)
 
@@ -39,7 +39,7 @@ def test_every_plan_of_a_server_has_a_shape_it_captured():
         counts = [rng.choice([1, 1, 2, 3, 5, 9, 17, 40, 64]) for _ in rows]
         plan = pack(rows, [0] * len(rows), counts, [], kept=slots)
         assert (plan.width, plan.group) in captured, (counts, plan.width, plan.group)
-    assert len(captured) == 23 and max(w for w, _ in captured) == bucket(slots * GROUPS[-1], TOKENS)
+    assert len(captured) == 43 and max(w for w, _ in captured) == bucket(slots * GROUPS[-1], TOKENS)
 
 
 def test_a_packed_read_gives_each_row_what_a_plain_forward_of_it_alone_gives(llm):
