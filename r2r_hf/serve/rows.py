@@ -67,6 +67,11 @@ class Row:
         self.finish: str | None = None
         self.due: list[str | tuple[int, bool]] = []  # per token taken, its text or (token, last) to decode later
 
+    @property
+    def seed(self) -> int | None:
+        """The answer's seed (None: none given): a router that draws per row keys its draws with it."""
+        return self.choice.settings.seed
+
     def add(self, token: int, routed: bool, last: bool = False) -> str:
         """Take the row's next token (``last``: the length limit allows no more); returns the text that may be sent
         now (possibly empty)."""
