@@ -158,12 +158,13 @@ class RandomRouter(Router):
     """Baseline: a uniform score (routes about ``1 - threshold``), never from the global random stream.
 
     In a decoding loop the score of a row's answer token ``i`` is ``uniform(key, i)``, ``key`` the row's seed: its
-    owner's ``seed`` where it has one (a served request's; choice i: seed + i), else the call's (``generate(seed=...)``),
-    else ``seed``. So each row has its own stream: it routes as it routes alone whatever its neighbours, a position
-    proposed again after a speculative rollback draws what was drawn there, and a served answer is ``generate``
-    alone's, the same every time it is sent. (Rows with one key route at the same positions.) The decoding step
-    tells it which rows it scores (``per_row``: ``rows_scored``). Outside a loop (``scores`` on teacher-forced
-    features) it draws from a private generator seeded with ``seed``. Its keys are host values: never captured.
+    owner's ``seed`` where it has one (a served request's; choice i: seed + i), else the call's
+    (``generate(seed=...)``), else ``seed``. So each row has its own stream: it routes as it routes alone whatever
+    its neighbours, a position proposed again after a speculative rollback draws what was drawn there, and a served
+    answer is ``generate`` alone's, the same every time it is sent. (Rows with one key route at the same
+    positions.) The decoding step tells it which rows it scores (``per_row``: ``rows_scored``). Outside a loop
+    (``scores`` on teacher-forced features) it draws from a private generator seeded with ``seed``. Its keys are
+    host values: never captured.
     """
 
     capturable = False

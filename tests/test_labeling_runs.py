@@ -90,7 +90,8 @@ def test_a_larger_limit_extends_the_run_and_keeps_its_shards(grown_run):
 def test_a_limit_inside_a_shard_the_run_holds_is_refused_in_terms_of_limit(grown_run, models):
     work, prompts, _, _ = grown_run
     with pytest.raises(ValueError, match=r"Labelling 4 prompts would end inside shard 1 of .*, which holds prompts "
-                                         r"4 to 5; pass limit=3 or a limit of at least 5 \(--limit on the command line"):
+                                         r"4 to 5; pass limit=3 or a limit of at least 5 \(--limit on the command "
+                                         r"line"):
         label(fast_settings(*models), prompts, work, limit=4, progress=False)
 
 

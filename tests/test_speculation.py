@@ -257,8 +257,10 @@ def test_the_server_speculates_streams_confirmed_tokens_and_counts_what_it_did(r
     assert value["r2r_speculative_agreed"] > 0 and "r2r_speculative_thrown_tokens" in value
 
 
-@pytest.mark.parametrize("option, value, words", [("llm_max_wait", -1, "llm_max_wait must be a whole number"),
-                                                  ("speculate_below", float("nan"), "speculate_below must be a router")])
+@pytest.mark.parametrize("option, value, words", [
+    ("llm_max_wait", -1, "llm_max_wait must be a whole number"),
+    ("speculate_below", float("nan"), "speculate_below must be a router"),
+])
 def test_speculations_options_are_checked_with_speculation_off(model, tok, option, value, words):
     """Issue 52, item 8: with speculation off they were accepted whatever they were."""
     with pytest.raises(ValueError, match=words):

@@ -26,8 +26,9 @@ FIELDS = ("threshold", "llm_budget", "seed", "temperature", "top_p", "top_k", "m
 
 def sampling_fields(body: CompletionRequest | ChatRequest, default_eos, vocab: int) -> dict[str, Any]:
     """generate's options for vLLM's sampling fields, as its OpenAI server means them: ``min_tokens`` is HF's
-    ``min_new_tokens`` (no EOS, and no stop token id, before it), ``stop_token_ids`` end the answer as an EOS does (its
-    text left out), ``ignore_eos`` writes on past the model's EOS (``default_eos``: the ids ``generate`` would stop at)."""
+    ``min_new_tokens`` (no EOS, and no stop token id, before it), ``stop_token_ids`` end the answer as an EOS does
+    (its text left out), ``ignore_eos`` writes on past the model's EOS (``default_eos``: the ids ``generate`` would
+    stop at)."""
     options: dict[str, Any] = {}
     for name in ("repetition_penalty", "min_p"):
         if getattr(body, name) is not None:
