@@ -158,6 +158,7 @@ class CapturedReads:
         k, inputs, gathered = self._inputs(tokens, rows, starts, counts, width)
         out = self.step(k, width, span, inputs, every, gathered).run(**inputs)  # each kept row copied out once
         if gathered:
+            self.cache.count_gathered(k, span)  # here, on the host: a replay runs no Python
             kept = [value[: len(rows)].clone() for value in out]
         elif in_order(rows) and len(rows) == k:
             kept = [value.clone() for value in out]
