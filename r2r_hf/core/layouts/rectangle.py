@@ -122,10 +122,10 @@ class RectangleLayout:
         self.seq.append(token)
         return token
 
-    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, None]:
         start, self.slm_seen = self.slm_seen, self.seq.length
         self.counters.forward("slm", self.rows, self.seq.length - start)
-        return self.calls.slm_read(self.seq, start)
+        return (*self.calls.slm_read(self.seq, start), None)  # (a captured call folds its router in itself)
 
     def llm_read(self, rows: list[int]) -> torch.Tensor:
         """Every row's logits [B, V] (the rectangle catches every row up)."""
