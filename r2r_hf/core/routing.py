@@ -8,11 +8,12 @@ not on the model, not in a global. (The server's rows carry their own settings: 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import GenerationConfig
 
+from ..support import say_once, speculation_problem
 from .budget import check_budget
 from .fast.store import CaptureStore, choose_calls
 from .layouts.model_calls import EagerCalls
@@ -91,12 +92,26 @@ class Routing:
         pair = pair.for_call()
         needed = call_length(generation_config, input_ids.shape[1])
         fold = proposal_is_argmax(sampler.do_sample, processors)
-        calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold)
-        return cls(pair, threshold, processors, sampler, calls, budget, call_policy(generation_config, input_ids.shape[0]))
+        policy = speculation_for(call_policy(generation_config, input_ids.shape[0]), pair)
+        calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold, policy.speculate > 0)
+        return cls(pair, threshold, processors, sampler, calls, budget, policy)
 
     @classmethod
     def eager(cls, pair: RoutedPair, threshold: float, processors: Processors, sampler: Sampler, length: int,
-              llm_budget: float | None = None) -> Routing:
-        """One answer's routing on HF's dynamic caches (the server's answers for models that cannot use slots)."""
-        calls = EagerCalls(pair.slm, pair.llm, pair.router, pair.num_topk, None, length)
+              llm_budget: float | None = None, rollback: bool = False) -> Routing:
+        """One answer's routing on HF's dynamic caches (the server's answers for models that cannot use slots);
+        ``rollback``: the answer speculates (its caches are cut back)."""
+        calls = EagerCalls(pair.slm, pair.llm, pair.router, pair.num_topk, None, length, rollback=rollback)
         return cls(pair, threshold, processors, sampler, calls, llm_budget)
+
+
+def speculation_for(policy: WaitPolicy, pair: RoutedPair) -> WaitPolicy:
+    """``policy``, without speculation where a model of the pair cannot be cut back (said once:
+    ``support.speculation_problem``); the answers are the same, only speculation's saving is lost."""
+    if not policy.speculate:
+        return policy
+    problem = speculation_problem(pair.slm, pair.llm)
+    if problem is None:
+        return policy
+    say_once(problem)
+    return replace(policy, speculate=0, speculate_below=math.inf)

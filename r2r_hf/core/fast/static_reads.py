@@ -30,6 +30,7 @@ from transformers.cache_utils import StaticCache, StaticLayer
 
 from ...compat import cache_argument
 from ..layouts.model_calls import EagerCalls, route_scores
+from ..layouts.model_calls import static_cache as full_static_cache
 from ..features import input_device, output_device, slm_proposals
 from .fused import addresses, attended
 from .fused_reads import capture_fused, fused_regions, static_read
@@ -78,8 +79,8 @@ def capturable(model: torch.nn.Module) -> str | None:
     rope = rope_type(model.config)
     if "dynamic" in rope or rope == "longrope":  # HF recomputes these frequencies from the length, on the host
         return f"its rotary embedding ({rope!r}) changes with the sequence length"
-    if not all(type(layer) is StaticLayer for layer in StaticCache(config=model.config, max_cache_len=1).layers):
-        return "its static cache has sliding-window layers"
+    if not all(type(layer) is StaticLayer for layer in full_static_cache(model.config, 1).layers):
+        return "its static cache has layers other than attention (a recurrent state)"
     return None
 
 
@@ -142,7 +143,7 @@ def kept_lengths(*caches: StaticCache) -> Iterator[None]:
 
 def static_cache(model: torch.nn.Module, batch: int, length: int) -> StaticCache:
     """A static cache allocated up front, so no capture ever allocates it."""
-    cache = StaticCache(config=model.config, max_cache_len=length)
+    cache = full_static_cache(model.config, length)
     shape = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
     if shape is not None:
         cache.early_initialization(batch, *shape, dtype=model.dtype, device=output_device(model))

@@ -7,19 +7,63 @@ a generate call gets.
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache, StaticCache
+from transformers import cache_utils
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
 from ...compat import crop_cache
 from ..features import HiddenStateCapture, lm_forward, read_features, score
+from ..notes import notes
 from .rectangle import Committed
 
+# HF's recurrent and convolution cache layers (5.17 may lack the class: then every layer attends)
+LINEAR = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
 
-def make_cache(model: torch.nn.Module, implementation: str | None, length: int) -> Cache:
-    """A fresh KV cache for one model; R2R never crops, so a static cache is always allowed."""
-    if implementation == "static":
-        return StaticCache(config=model.config, max_cache_len=length)
-    return DynamicCache(config=model.config)
 
+def make_cache(model: torch.nn.Module, implementation: str | None, length: int, rollback: bool = False) -> Cache:
+    """A fresh KV cache for one model: ``static_cache`` for ``"static"``, else HF's dynamic cache; where the call may
+    ``rollback`` (speculation cuts the caches back), ``keeping_past``: a layer that dropped what fell out of its
+    window could not be cut back past it."""
+    cache = static_cache(model.config, length) if implementation == "static" else DynamicCache(config=model.config)
+    return keeping_past(cache) if rollback else cache
+
+
+def keeping_past(cache: Cache) -> Cache:
+    """``cache``, its windowed and convolution layers keeping what they would drop until a cut (``crop``) tells them
+    how far back to keep it (HF's own rollback mode for assisted decoding)."""
+    for layer in cache.layers:
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+    return cache
+
+
+def static_cache(config, length: int) -> StaticCache:
+    """HF's static cache of ``length`` columns, its windowed (and chunked) layers holding every column too: the
+    windows live in the masks HF builds from the config, a rollback moves a device length back (a windowed static
+    layer rolls its columns and counts on the host: it can neither be cut back past its window nor captured)."""
+    cache = StaticCache(config=config, max_cache_len=length)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is not StaticLayer and isinstance(layer, StaticLayer) and getattr(layer, "is_sliding", False):
+            cache.layers[i] = StaticLayer(max_cache_len=length)
+    return cache
+
+
+
+def read_mask(model: torch.nn.Module, seq: Committed, start: int, end: int) -> torch.Tensor | None:
+    """The attention mask of a read of columns ``start:end``: over every column up to ``end`` (what attention
+    attends), or over the read's own columns for a model with no attention layer (a state-space model's mixer
+    zeroes its padded inputs: HF passes it the prompt's mask, then none)."""
+    mask = seq.mask_upto(end)
+    return mask[:, start:] if mask is not None and not attends(model) else mask
+
+
+def attends(model: torch.nn.Module) -> bool:
+    """Whether any layer of ``model`` attends over past tokens (keeps keys and values in its cache)."""
+    known = notes(model)
+    if "attends" not in known:
+        layers = DynamicCache(config=model.config).layers
+        known["attends"] = not layers or any(not isinstance(layer, LINEAR) or isinstance(layer, DynamicLayer)
+                                             for layer in layers)
+    return known["attends"]
 
 
 def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, hidden, token) -> torch.Tensor:
@@ -36,20 +80,21 @@ class EagerCalls:
         cache_implementation: ``"static"`` or anything else for a dynamic cache.
         capacity: the call's longest sequence (static caches are this long).
         caches: (SLM cache, LLM cache) to read into instead of fresh ones (the captured engine's).
+        rollback: the call may cut its caches back (speculation: ``make_cache``).
     """
 
     def __init__(self, slm, llm, router, num_topk: int, cache_implementation: str | None, capacity: int,
-                 caches: tuple[Cache, Cache] | None = None) -> None:
+                 caches: tuple[Cache, Cache] | None = None, rollback: bool = False) -> None:
         self.slm, self.llm, self.router, self.num_topk, self.capacity = slm, llm, router, num_topk, capacity
         if caches is None:
-            caches = make_cache(slm, cache_implementation, capacity), make_cache(llm, cache_implementation, capacity)
+            caches = tuple(make_cache(m, cache_implementation, capacity, rollback) for m in (slm, llm))
         self.slm_cache, self.llm_cache = caches
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = seq.length
         with HiddenStateCapture(self.slm) as capture:
-            logits = lm_forward(self.slm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
-                                self.slm_cache)
+            logits = lm_forward(self.slm, seq.ids[:, start:end], read_mask(self.slm, seq, start, end),
+                                seq.positions[:, start:end], self.slm_cache)
             return logits[:, -1], capture.hidden[:, -1]
 
     def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
@@ -57,14 +102,14 @@ class EagerCalls:
 
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor:
         end = seq.length
-        logits = lm_forward(self.llm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
-                            self.llm_cache)
+        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, seq, start, end),
+                            seq.positions[:, start:end], self.llm_cache)
         return logits[:, -1]
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
         """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep``."""
-        logits = lm_forward(self.llm, seq.ids[:, start:end], seq.mask_upto(end), seq.positions[:, start:end],
-                            self.llm_cache, logits_to_keep=0)
+        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, seq, start, end),
+                            seq.positions[:, start:end], self.llm_cache, logits_to_keep=0)
         return logits[:, [c - start for c in keep]]
 
     def crop(self, slm_tokens: int, llm_tokens: int) -> None:

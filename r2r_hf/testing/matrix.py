@@ -1,0 +1,375 @@
+"""The family matrix: every pair of ``families.py`` through R2R's public API, each path against the models' own
+``generate``.
+
+A *cell* is one path of one pair: a function that runs it and raises ``Mismatch`` where R2R's answer departs from
+what it must equal (never-route = ``slm.generate``, always-route = ``llm.generate``, mixed = a cache-free
+recompute, a padded batch = each row alone, a speculating, static, captured or served answer = the eager one, a
+reloaded router = the saved one). ``run_cell`` classifies what happened:
+
+* ``ok``       the answers are exact (and where R2R ran a slower path than asked, ``note`` says which, as it logged);
+* ``refused``  R2R refused in one sentence (an ``UnsupportedModel``, or speculation turned off for the call);
+* ``wrong``    an answer differs (a silent error);
+* ``crash``    any other exception (a traceback from inside R2R or transformers).
+
+``tests/test_model_families.py`` runs the cells (0 wrong, 0 crash); ``table.py`` renders the docs table from the same
+outcomes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .families import build_pair
+from .models import EOS_ID, PAD_ID, make_tokenizer
+
+PROMPTS = ((17, 41, 99), (23, 8, 150, 61, 7, 230, 12), (5, 77, 310, 9, 44, 120, 33, 260, 18, 71, 140))
+NEW = 12  # answer tokens: every prompt runs past an 8-token window, the long-RoPE pair past its 16-token context
+SPECULATE = dict(speculate=4, llm_max_wait=16)
+ROUTER = dict(router_hidden_dims=[16], router_expansion=1)
+
+
+class Mismatch(AssertionError):
+    """An answer of R2R differs from what it must equal."""
+
+
+class Refused(Exception):
+    """The answers were exact, with a feature R2R turned off for the pair (its sentence)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # ok, refused, wrong, crash
+    detail: str = ""  # the refusal's sentence, the mismatch, or the exception
+    note: str = ""  # where R2R ran a slower path than asked: what it logged
+
+
+class Pair:
+    """One pair under test: the models, the R2R model, prompts and what is computed once for several cells."""
+
+    def __init__(self, name: str) -> None:
+        from r2r_hf import R2RForCausalLM
+
+        self.name = name
+        self.slm, self.llm = build_pair(name)
+        self.model = R2RForCausalLM.from_models(self.slm, self.llm, **ROUTER)
+        self.tok = make_tokenizer()
+        self.batch = padded(PROMPTS)
+        self._threshold: float | None = None
+
+    @property
+    def threshold(self) -> float:
+        """A threshold that routes about 40 % of the never-routed answers' tokens, in the widest gap between router
+        scores there (no score sits on it: a rounding cannot flip a decision)."""
+        if self._threshold is None:
+            out = self.model.generate(**self.batch, **greedy(), threshold=float("inf"), return_dict_in_generate=True)
+            scores = out.router_scores[out.generated_mask].sort().values
+            gaps = scores[1:] - scores[:-1]
+            lo, hi = int(len(gaps) * 0.45), int(len(gaps) * 0.75)
+            i = lo + int(gaps[lo:hi].argmax())
+            self._threshold = float((scores[i] + scores[i + 1]) / 2)
+        return self._threshold
+
+    @functools.cached_property
+    def mixed(self) -> torch.Tensor:
+        """The eager, dynamic-cache mixed answers of the padded batch (what the other paths must equal)."""
+        return self.model.generate(**self.batch, **greedy(), threshold=self.threshold)
+
+    @functools.cached_property
+    def bf16(self) -> Pair:
+        """The same pair in bfloat16 (the router stays fp32)."""
+        from r2r_hf import R2RForCausalLM
+
+        other = object.__new__(Pair)
+        other.name, other.tok, other.batch, other._threshold = self.name, self.tok, self.batch, self._threshold
+        other.slm, other.llm = (_copy(m).to(torch.bfloat16) for m in (self.slm, self.llm))
+        other.model = R2RForCausalLM(self.model.config).eval()
+        other.model.router.load_state_dict(self.model.router.state_dict())
+        other.model.set_models(other.slm, other.llm)
+        return other
+
+
+def _copy(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def padded(prompts) -> dict[str, torch.Tensor]:
+    """A left-padded batch of ``prompts`` (token id lists), with its attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[PAD_ID] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def row(batch: dict, r: int) -> dict[str, torch.Tensor]:
+    """Row ``r`` of a padded batch alone (its padding dropped)."""
+    keep = batch["attention_mask"][r].bool()
+    return {k: v[r : r + 1, keep] for k, v in batch.items()}
+
+
+def greedy(**extra) -> dict:
+    return dict(max_new_tokens=NEW, do_sample=False, pad_token_id=PAD_ID, eos_token_id=EOS_ID, **extra)
+
+
+def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """``got`` and ``want`` (token ids) are equal, or ``Mismatch`` says where they first differ."""
+    if got.shape == want.shape and torch.equal(got, want):
+        return
+    if got.shape != want.shape:
+        raise Mismatch(f"{what}: shape {list(got.shape)} != {list(want.shape)}")
+    r, c = (got != want).nonzero()[0].tolist()
+    raise Mismatch(f"{what}: row {r} differs at column {c} ({got[r, c].item()} != {want[r, c].item()})")
+
+
+def rows_alone(model, batch: dict, **options) -> list[torch.Tensor]:
+    """Each row of ``batch`` generated alone (its answer tokens)."""
+    out = []
+    for r in range(len(batch["input_ids"])):
+        alone = row(batch, r)
+        out.append(model.generate(**alone, **options)[0, alone["input_ids"].shape[1]:])
+    return out
+
+
+def same_as_alone(batched: torch.Tensor, alone: list[torch.Tensor], width: int, what: str) -> None:
+    """Each row of a batch's answers (after ``width`` prompt columns) equals the row's answer alone (up to its
+    end: a row alone stops at its EOS where the batch pads after it)."""
+    for r, answer in enumerate(alone):
+        got = batched[r, width : width + len(answer)]
+        same(got[None], answer[None], f"{what}, row {r} of the padded batch against the row alone")
+
+
+# ------------------------------------------------------------------------------------------------- the cells
+def cell_generate(p: Pair) -> None:
+    """fp32, greedy: never-route = slm.generate, always-route = llm.generate (a padded batch and each row alone);
+    a mixed batch's rows = each row alone (where HF's own padded batch equals its rows alone); a mixed row = the
+    cache-free recompute of its routed positions."""
+    width, consistent = p.batch["input_ids"].shape[1], True
+    for threshold, hf in ((float("inf"), p.slm), (0.0, p.llm)):
+        who = "never-route" if hf is p.slm else "always-route"
+        want = hf.generate(**p.batch, **greedy())
+        same(p.model.generate(**p.batch, **greedy(), threshold=threshold), want, f"{who} against the model's own generate")
+        for r in range(len(PROMPTS)):
+            alone = row(p.batch, r)
+            hf_alone = hf.generate(**alone, **greedy())
+            same(p.model.generate(**alone, **greedy(), threshold=threshold), hf_alone,
+                 f"{who}, row {r} alone against the model's own generate")
+            consistent &= torch.equal(want[r, width : width + hf_alone.shape[1] - alone["input_ids"].shape[1]],
+                                      hf_alone[0, alone["input_ids"].shape[1]:])
+    if consistent:
+        same_as_alone(p.mixed, rows_alone(p.model, p.batch, **greedy(), threshold=p.threshold), width, "mixed")
+    recompute(p)
+
+
+def recompute(p: Pair) -> None:
+    """Every token of the padded batch's mixed answers is the argmax of the model that wrote it over the sequence
+    before it, read without a cache (one forward per length: a model whose rotary factors follow the length sees
+    each length, as in its own generate)."""
+    from ..core.features import lm_forward, positions_from_mask
+
+    out = p.model.generate(**p.batch, **greedy(), threshold=p.threshold, return_dict_in_generate=True)
+    seq, start = out.sequences, p.batch["input_ids"].shape[1]
+    mask = torch.cat([p.batch["attention_mask"], torch.ones_like(seq[:, start:])], 1)
+    vocab, live = p.model.shared_vocab_size, torch.ones(len(seq), dtype=torch.bool)
+    for i in range(seq.shape[1] - start):
+        end = start + i
+        want = {}
+        for name, model in (("SLM", p.slm), ("LLM", p.llm)):
+            logits = lm_forward(model, seq[:, :end], mask[:, :end], positions_from_mask(mask[:, :end]), None)
+            want[name] = logits[:, -1, :vocab].argmax(-1)
+        for r in range(len(seq)):
+            who = "LLM" if out.routed[r, i] else "SLM"
+            if live[r] and seq[r, end] != want[who][r]:
+                raise Mismatch(f"mixed: row {r}'s answer token {i} ({who}) is {seq[r, end].item()}, a cache-free "
+                               f"forward gives {want[who][r].item()}")
+        live &= seq[:, end] != EOS_ID
+
+
+def cell_sampled(p: Pair) -> None:
+    """fp32, seeded sampling, one row: never-route = slm.generate, always-route = llm.generate (same seed)."""
+    alone = row(p.batch, 1)
+    options = dict(max_new_tokens=NEW, do_sample=True, temperature=1.0, top_k=0, pad_token_id=PAD_ID,
+                   eos_token_id=EOS_ID)
+    for threshold, hf in ((float("inf"), p.slm), (0.0, p.llm)):
+        torch.manual_seed(7)
+        want = hf.generate(**alone, **options)
+        same(p.model.generate(**alone, **options, seed=7, threshold=threshold), want, "seeded sampling")
+
+
+def cell_bf16(p: Pair) -> None:
+    """bfloat16, greedy: never- and always-route over a padded batch = the model's own generate over it, to the bit
+    of every logit a running row gets (rounding tells positions apart where tokens may not), and each row alone =
+    the model's own generate alone (where HF's padded batch equals its rows alone, so does R2R's)."""
+    q = p.bf16
+    logits = dict(return_dict_in_generate=True, output_logits=True)
+    width = q.batch["input_ids"].shape[1]
+    for threshold, hf in ((float("inf"), q.slm), (0.0, q.llm)):
+        who = "bf16 never-route" if hf is q.slm else "bf16 always-route"
+        got = q.model.generate(**q.batch, **greedy(**logits), threshold=threshold)
+        want = hf.generate(**q.batch, **greedy(**logits))
+        same(got.sequences, want.sequences, f"{who} against the model's own generate")
+        ended = torch.zeros(len(got.sequences), dtype=torch.bool)
+        for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+            a, b = a[~ended], b[~ended, : a.shape[1]]  # (a finished row's logits are no answer's)
+            if not torch.equal(a, b):
+                raise Mismatch(f"{who}: the logits of step {step} differ from the model's own generate (by "
+                               f"{(a - b).abs().max().item():.3g})")
+            ended |= got.sequences[:, width + step] == EOS_ID
+        for r in range(len(q.batch["input_ids"])):
+            alone = row(q.batch, r)
+            same(q.model.generate(**alone, **greedy(), threshold=threshold), hf.generate(**alone, **greedy()),
+                 f"{who}, row {r} alone against the model's own generate")
+
+
+def refused_speculation(p: Pair) -> None:
+    """Where R2R does not speculate for the pair, the sentence it says (once) is the cell's refusal."""
+    from ..support import speculation_problem
+
+    problem = speculation_problem(p.slm, p.llm)
+    if problem is not None:
+        raise Refused(problem)
+
+
+def cell_speculation(p: Pair) -> None:
+    """Speculating (greedy, mixed threshold): the padded batch and one row = without speculation."""
+    same(p.model.generate(**p.batch, **greedy(**SPECULATE), threshold=p.threshold), p.mixed, "speculating batch")
+    alone = row(p.batch, 2)
+    want = p.model.generate(**alone, **greedy(), threshold=p.threshold)
+    same(p.model.generate(**alone, **greedy(**SPECULATE), threshold=p.threshold), want, "speculating row")
+    refused_speculation(p)
+
+
+def cell_static(p: Pair) -> None:
+    """``cache_implementation="static"`` (eager on a CPU), with and without speculation = the dynamic cache."""
+    static = greedy(cache_implementation="static")
+    same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "static cache")
+    same(p.model.generate(**p.batch, **static, **SPECULATE, threshold=p.threshold), p.mixed, "static, speculating")
+
+
+def cell_captured(p: Pair) -> None:
+    """The fast path (static caches, CUDA graphs emulated on the CPU), with and without speculation = eager."""
+    from .graphs import emulated_store
+
+    store, p.model.capture_store = p.model.capture_store, emulated_store()
+    try:
+        static = greedy(cache_implementation="static")
+        same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "captured")
+        same(p.model.generate(**p.batch, **static, **SPECULATE, threshold=p.threshold), p.mixed, "captured, speculating")
+    finally:
+        p.model.capture_store = store
+
+
+def cell_served(p: Pair, **settings) -> None:
+    """The server's engine (in-process, every prompt at once, greedy and seeded) = ``generate`` alone."""
+    from ..model.row_settings import resolve_row
+    from ..serve.engine import Engine, Request
+    from ..serve.rows import Choice
+    from ..serve.settings import ServeSettings
+
+    jobs = [(list(prompt), {"threshold": p.threshold, "do_sample": False} if i != 1 else
+             {"threshold": p.threshold, "do_sample": True, "temperature": 1.0, "top_k": 20, "seed": 3})
+            for i, prompt in enumerate(PROMPTS)]
+    engine = Engine(p.model, p.tok, ServeSettings(max_batch_size=4, batch_wait_ms=20, capture="off", **settings))
+    texts, done = {i: [] for i in range(len(jobs))}, threading.Semaphore(0)
+
+    def sink(i):
+        def emit(event):
+            texts[i].append(event)
+            if event[0] in ("end", "error"):
+                done.release()
+        return emit
+
+    engine.start()
+    try:
+        for i, (prompt, options) in enumerate(jobs):
+            engine.submit(Request([prompt], [Choice(resolve_row(p.model, prompt, max_new_tokens=NEW, **options))],
+                                  sink(i)))
+        for _ in jobs:
+            if not done.acquire(timeout=120):
+                raise Mismatch("served: an answer did not end within 120 s")
+    finally:
+        engine.stop(30)
+    for i, (prompt, options) in enumerate(jobs):
+        errors = [e for e in texts[i] if e[0] == "error"]
+        if errors:
+            raise RuntimeError(f"served: {errors[0][1].message}")
+        got = "".join(e[2] for e in texts[i] if e[0] == "text")
+        ids = torch.tensor([prompt])
+        out = p.model.generate(input_ids=ids, max_new_tokens=NEW, pad_token_id=PAD_ID, eos_token_id=EOS_ID, **options)
+        want = p.tok.decode(out[0, len(prompt):], skip_special_tokens=True)
+        if got != want:
+            raise Mismatch(f"served answer {i} ({'sampled' if options['do_sample'] else 'greedy'}) differs from "
+                           f"generate alone: {got!r} != {want!r}")
+
+
+def cell_served_speculation(p: Pair) -> None:
+    """The same with ``--speculate 4``."""
+    cell_served(p, speculate=4)
+    refused_speculation(p)
+
+
+def cell_save_load(p: Pair) -> None:
+    """A router saved and loaded back beside the same models answers as before."""
+    from r2r_hf import R2RForCausalLM
+
+    with tempfile.TemporaryDirectory() as folder:
+        p.model.save_pretrained(folder)
+        again = R2RForCausalLM.from_pretrained(folder, slm=p.slm, llm=p.llm)
+    same(again.generate(**p.batch, **greedy(), threshold=p.threshold), p.mixed, "reloaded router")
+
+
+CELLS: dict[str, Callable[[Pair], None]] = {
+    "generate": cell_generate, "sampled": cell_sampled, "bf16": cell_bf16, "speculation": cell_speculation,
+    "static": cell_static, "captured": cell_captured, "served": cell_served,
+    "served_speculation": cell_served_speculation, "save_load": cell_save_load,
+}
+
+
+# ------------------------------------------------------------------------------------------------- running
+class _Said(logging.Handler):
+    """The warnings r2r_hf logs while a cell runs (what it says where it runs a slower path or turns a feature off)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def said() -> list[str]:
+    handler, logger = _Said(), logging.getLogger("r2r_hf")
+    logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+
+
+def run_cell(p: Pair, name: str) -> Outcome:
+    """Run cell ``name`` on pair ``p`` and classify what happened (see the module docstring)."""
+    from ..support import UnsupportedModel
+
+    with said() as lines:
+        try:
+            with torch.inference_mode():
+                CELLS[name](p)
+        except Mismatch as err:
+            return Outcome("wrong", str(err))
+        except (UnsupportedModel, Refused) as err:
+            return Outcome("refused", str(err))
+        except Exception as err:  # noqa: BLE001 - a crash is an outcome of the matrix
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            return Outcome("crash", f"{type(err).__name__}: {str(err)[:300]} ({where.filename.split('/site-packages/')[-1]}"
+                                    f":{where.lineno})")
+    return Outcome("ok", note="; ".join(dict.fromkeys(lines)))
