@@ -48,12 +48,16 @@ def static_cache(config, length: int) -> StaticCache:
 
 
 
-def read_mask(model: torch.nn.Module, seq: Committed, start: int, end: int) -> torch.Tensor | None:
-    """The attention mask of a read of columns ``start:end``: over every column up to ``end`` (what attention
-    attends), or over the read's own columns for a model with no attention layer (a state-space model's mixer
-    zeroes its padded inputs: HF passes it the prompt's mask, then none)."""
-    mask = seq.mask_upto(end)
-    return mask[:, start:] if mask is not None and not attends(model) else mask
+def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:
+    """The attention mask of a read of columns ``start:end`` into ``cache``: over every column its attention spans
+    (up to ``end``, or every column of a static cache: a model that builds position biases from the mask, as BLOOM's
+    ALiBi, needs them as wide as the keys, and a captured read passes the same), or over the read's own columns for
+    a model with no attention layer (a state-space model's mixer zeroes its padded inputs: HF passes it the prompt's
+    mask, then none)."""
+    if not attends(model):
+        mask = seq.mask_upto(end)
+        return None if mask is None else mask[:, start:end]
+    return seq.mask_upto(seq.mask.shape[1] if isinstance(cache, StaticCache) else end)
 
 
 def attends(model: torch.nn.Module) -> bool:
@@ -93,7 +97,7 @@ class EagerCalls:
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = seq.length
         with HiddenStateCapture(self.slm) as capture:
-            logits = lm_forward(self.slm, seq.ids[:, start:end], read_mask(self.slm, seq, start, end),
+            logits = lm_forward(self.slm, seq.ids[:, start:end], read_mask(self.slm, self.slm_cache, seq, start, end),
                                 seq.positions[:, start:end], self.slm_cache)
             return logits[:, -1], capture.hidden[:, -1]
 
@@ -102,13 +106,13 @@ class EagerCalls:
 
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor:
         end = seq.length
-        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, seq, start, end),
+        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
                             seq.positions[:, start:end], self.llm_cache)
         return logits[:, -1]
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
         """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep``."""
-        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, seq, start, end),
+        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
                             seq.positions[:, start:end], self.llm_cache, logits_to_keep=0)
         return logits[:, [c - start for c in keep]]
 
