@@ -40,6 +40,16 @@ def say_once(message: str) -> None:
         logger.warning(message)
 
 
+def long_rope_switch(model: torch.nn.Module) -> int | None:
+    """Where a long-RoPE model (Phi-3-mini-128k, Phi-3.5, Phi-4-mini) switches to its long rotary factors: its
+    original context (None for any other model). Its factors follow the longest position of each forward, so its
+    own ``generate`` re-reads the whole sequence when the sequence first runs past it (``model_calls.read_start``)."""
+    rope = getattr(model.config, "rope_parameters", None) or getattr(model.config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) != "longrope":
+        return None
+    return rope.get("original_max_position_embeddings") or getattr(model.config, "original_max_position_embeddings")
+
+
 def rollback_problem(model: torch.nn.Module) -> str | None:
     """Why a rollback cannot cut ``model``'s cache back exactly, or None where it can.
 
@@ -48,7 +58,9 @@ def rollback_problem(model: torch.nn.Module) -> str | None:
     """
     known = notes(model)
     if "rollback_problem" not in known:
-        known["rollback_problem"] = _rollback_probe(model)
+        known["rollback_problem"] = _rollback_probe(model) if long_rope_switch(model) is None else (
+            "its long-context rotary factors follow the sequence's length, so a cut back across its original context "
+            "would keep keys read with the other factors")
     return known["rollback_problem"]
 
 

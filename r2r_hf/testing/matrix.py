@@ -35,6 +35,7 @@ PROMPTS = ((17, 41, 99), (23, 8, 150, 61, 7, 230, 12), (5, 77, 310, 9, 44, 120, 
 NEW = 12  # answer tokens: every prompt runs past an 8-token window, the long-RoPE pair past its 16-token context
 SPECULATE = dict(speculate=4, llm_max_wait=16)
 ROUTER = dict(router_hidden_dims=[16], router_expansion=1)
+LOGITS = dict(return_dict_in_generate=True, output_logits=True)
 
 
 class Mismatch(AssertionError):
@@ -131,6 +132,19 @@ def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     raise Mismatch(f"{what}: row {r} differs at column {c} ({got[r, c].item()} != {want[r, c].item()})")
 
 
+def same_logits(got, want, width: int, who: str) -> None:
+    """Two ``generate`` outputs with ``LOGITS``: the same sequences, and every logit of a running row the same to the
+    bit (rounding tells positions and rotary factors apart where tokens may not)."""
+    same(got.sequences, want.sequences, f"{who} against the model's own generate")
+    ended = torch.zeros(len(got.sequences), dtype=torch.bool)
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        a, b = a[~ended], b[~ended, : a.shape[1]]  # (a finished row's logits are no answer's)
+        if not torch.equal(a, b):
+            raise Mismatch(f"{who}: the logits of step {step} differ from the model's own generate (by "
+                           f"{(a - b).abs().max().item():.3g})")
+        ended |= got.sequences[:, width + step] == EOS_ID
+
+
 def rows_alone(model, batch: dict, **options) -> list[torch.Tensor]:
     """Each row of ``batch`` generated alone (its answer tokens)."""
     out = []
@@ -156,8 +170,9 @@ def cell_generate(p: Pair) -> None:
     width, consistent = p.batch["input_ids"].shape[1], True
     for threshold, hf in ((float("inf"), p.slm), (0.0, p.llm)):
         who = "never-route" if hf is p.slm else "always-route"
-        want = hf.generate(**p.batch, **greedy())
-        same(p.model.generate(**p.batch, **greedy(), threshold=threshold), want, f"{who} against the model's own generate")
+        full = hf.generate(**p.batch, **greedy(**LOGITS))
+        same_logits(p.model.generate(**p.batch, **greedy(**LOGITS), threshold=threshold), full, width, who)
+        want = full.sequences
         for r in range(len(PROMPTS)):
             alone = row(p.batch, r)
             hf_alone = hf.generate(**alone, **greedy())
@@ -210,20 +225,11 @@ def cell_bf16(p: Pair) -> None:
     of every logit a running row gets (rounding tells positions apart where tokens may not), and each row alone =
     the model's own generate alone (where HF's padded batch equals its rows alone, so does R2R's)."""
     q = p.bf16
-    logits = dict(return_dict_in_generate=True, output_logits=True)
     width = q.batch["input_ids"].shape[1]
     for threshold, hf in ((float("inf"), q.slm), (0.0, q.llm)):
         who = "bf16 never-route" if hf is q.slm else "bf16 always-route"
-        got = q.model.generate(**q.batch, **greedy(**logits), threshold=threshold)
-        want = hf.generate(**q.batch, **greedy(**logits))
-        same(got.sequences, want.sequences, f"{who} against the model's own generate")
-        ended = torch.zeros(len(got.sequences), dtype=torch.bool)
-        for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-            a, b = a[~ended], b[~ended, : a.shape[1]]  # (a finished row's logits are no answer's)
-            if not torch.equal(a, b):
-                raise Mismatch(f"{who}: the logits of step {step} differ from the model's own generate (by "
-                               f"{(a - b).abs().max().item():.3g})")
-            ended |= got.sequences[:, width + step] == EOS_ID
+        same_logits(q.model.generate(**q.batch, **greedy(**LOGITS), threshold=threshold),
+                    hf.generate(**q.batch, **greedy(**LOGITS)), width, who)
         for r in range(len(q.batch["input_ids"])):
             alone = row(q.batch, r)
             same(q.model.generate(**alone, **greedy(), threshold=threshold), hf.generate(**alone, **greedy()),

@@ -11,6 +11,7 @@ from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
 from ...compat import crop_cache
+from ...support import long_rope_switch
 from ..features import HiddenStateCapture, lm_forward, read_features, score
 from ..notes import notes
 from .rectangle import Committed
@@ -60,6 +61,17 @@ def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, 
     return seq.mask_upto(seq.mask.shape[1] if isinstance(cache, StaticCache) else end)
 
 
+def read_start(model: torch.nn.Module, cache: Cache, start: int, end: int) -> int:
+    """The column a read of ``start:end`` begins at: ``start``, or 0 with ``cache`` emptied where the read takes a
+    long-RoPE model past its original context while the cache holds none of what lies past it (what its own
+    ``generate`` does there: every key read again with the long factors)."""
+    switch = long_rope_switch(model)
+    if switch is not None and 0 < start <= switch < end:
+        cache.reset()
+        return 0
+    return start
+
+
 def attends(model: torch.nn.Module) -> bool:
     """Whether any layer of ``model`` attends over past tokens (keeps keys and values in its cache)."""
     known = notes(model)
@@ -96,6 +108,7 @@ class EagerCalls:
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = seq.length
+        start = read_start(self.slm, self.slm_cache, start, end)
         with HiddenStateCapture(self.slm) as capture:
             logits = lm_forward(self.slm, seq.ids[:, start:end], read_mask(self.slm, self.slm_cache, seq, start, end),
                                 seq.positions[:, start:end], self.slm_cache)
@@ -106,12 +119,14 @@ class EagerCalls:
 
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor:
         end = seq.length
+        start = read_start(self.llm, self.llm_cache, start, end)
         logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
                             seq.positions[:, start:end], self.llm_cache)
         return logits[:, -1]
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
         """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep``."""
+        start = read_start(self.llm, self.llm_cache, start, end)
         logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
                             seq.positions[:, start:end], self.llm_cache, logits_to_keep=0)
         return logits[:, [c - start for c in keep]]

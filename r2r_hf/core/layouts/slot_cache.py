@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from ...compat import cache_argument
+from ...support import long_rope_switch
 from ..features import HiddenStateCapture
 from ..notes import notes
 from ..staging import in_order, staged
@@ -238,6 +239,9 @@ def slot_problem(model: torch.nn.Module) -> str | None:
     measured: dict = {}
     if attention not in SLOT_ATTENTION:
         problem = f"its attention is {attention!r} (slots need {' or '.join(SLOT_ATTENTION)} attention)"
+    elif long_rope_switch(model) is not None:
+        problem = "its long-context rotary factors follow the longest row of a forward (one row's answer would " \
+                  "depend on the others')"
     else:
         problem = _self_check(model, measured)
     known["slot_problem"] = problem
