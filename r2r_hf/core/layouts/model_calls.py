@@ -50,15 +50,17 @@ def static_cache(config, length: int) -> StaticCache:
 
 
 def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:
-    """The attention mask of a read of columns ``start:end`` into ``cache``: over every column its attention spans
-    (up to ``end``, or every column of a static cache: a model that builds position biases from the mask, as BLOOM's
-    ALiBi, needs them as wide as the keys, and a captured read passes the same), or over the read's own columns for
-    a model with no attention layer (a state-space model's mixer zeroes its padded inputs: HF passes it the prompt's
-    mask, then none)."""
-    if not attends(model):
+    """The attention mask of a read of columns ``start:end`` into ``cache``, as the model's layers read it: over
+    every column up to ``end``; as wide as a static cache's keys where every layer attends (a model that builds
+    position biases from the mask, as BLOOM's ALiBi, needs it that wide, and a captured read passes the same); over
+    the read's own columns where no layer attends (a state-space model's mixer zeroes its padded inputs: HF passes
+    it the prompt's mask, then none)."""
+    kinds = layer_kinds(model)
+    if "attention" not in kinds:
         mask = seq.mask_upto(end)
         return None if mask is None else mask[:, start:end]
-    return seq.mask_upto(seq.mask.shape[1] if isinstance(cache, StaticCache) else end)
+    wide = isinstance(cache, StaticCache) and "recurrent" not in kinds
+    return seq.mask_upto(seq.mask.shape[1] if wide else end)
 
 
 def read_start(model: torch.nn.Module, cache: Cache, start: int, end: int) -> int:
@@ -72,14 +74,16 @@ def read_start(model: torch.nn.Module, cache: Cache, start: int, end: int) -> in
     return start
 
 
-def attends(model: torch.nn.Module) -> bool:
-    """Whether any layer of ``model`` attends over past tokens (keeps keys and values in its cache)."""
+def layer_kinds(model: torch.nn.Module) -> frozenset[str]:
+    """What ``model``'s layers keep in its cache: ``"attention"`` (keys and values of past tokens) and/or
+    ``"recurrent"`` (a state-space or convolution state)."""
     known = notes(model)
-    if "attends" not in known:
+    if "layer_kinds" not in known:
         layers = DynamicCache(config=model.config).layers
-        known["attends"] = not layers or any(not isinstance(layer, LINEAR) or isinstance(layer, DynamicLayer)
-                                             for layer in layers)
-    return known["attends"]
+        kinds = {"attention" for layer in layers if not isinstance(layer, LINEAR) or isinstance(layer, DynamicLayer)}
+        kinds |= {"recurrent" for layer in layers if isinstance(layer, LINEAR)}
+        known["layer_kinds"] = frozenset(kinds or {"attention"})
+    return known["layer_kinds"]
 
 
 def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, hidden, token) -> torch.Tensor:
