@@ -81,7 +81,7 @@ def _rollback_probe(model: torch.nn.Module) -> str | None:
             crop_cache(cache, 2)
             got = lm_forward(model, ids[:, 6:], None, positions[:, 4:6], cache)[0, -1].float()
         except Exception as err:  # noqa: BLE001 - any failure means: it cannot be cut back
-            return f"its cache cannot be cut back ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
+            return f"its cache cannot be cut back to an earlier token (transformers raises {type(err).__name__})"
         want = lm_forward(model, kept, None, positions, None)[0, -1].float()
     if any(any(getattr(layer, "is_recurrent_states_initialized", {}).values()) for layer in cache.layers):
         return "its recurrent (state-space) layers keep a state that cannot be cut back to an earlier token"

@@ -50,7 +50,7 @@ class Refused(Exception):
 class Outcome:
     status: str  # ok, refused, wrong, crash
     detail: str = ""  # the refusal's sentence, the mismatch, or the exception
-    note: str = ""  # where R2R ran a slower path than asked: what it logged
+    note: str = ""  # where R2R ran a slower path than asked: what it logged (one line per sentence)
 
 
 class Pair:
@@ -187,26 +187,33 @@ def cell_generate(p: Pair) -> None:
 
 def recompute(p: Pair) -> None:
     """Every token of the padded batch's mixed answers is the argmax of the model that wrote it over the sequence
-    before it, read without a cache (one forward per length: a model whose rotary factors follow the length sees
-    each length, as in its own generate)."""
+    before it, read without a cache: one forward over the whole sequence (causal: each position sees what came
+    before it), or one per length for a long-RoPE model (its factors follow the length, as in its own generate)."""
     from ..core.features import lm_forward, positions_from_mask
+    from ..support import long_rope_switch
 
     out = p.model.generate(**p.batch, **greedy(), threshold=p.threshold, return_dict_in_generate=True)
     seq, start = out.sequences, p.batch["input_ids"].shape[1]
     mask = torch.cat([p.batch["attention_mask"], torch.ones_like(seq[:, start:])], 1)
-    vocab, live = p.model.shared_vocab_size, torch.ones(len(seq), dtype=torch.bool)
-    for i in range(seq.shape[1] - start):
-        end = start + i
-        want = {}
-        for name, model in (("SLM", p.slm), ("LLM", p.llm)):
-            logits = lm_forward(model, seq[:, :end], mask[:, :end], positions_from_mask(mask[:, :end]), None)
-            want[name] = logits[:, -1, :vocab].argmax(-1)
+    vocab, new = p.model.shared_vocab_size, seq.shape[1] - start
+    def read(model, end: int, keep: int) -> torch.Tensor:  # the logits after the last ``keep`` of ``end`` columns
+        return lm_forward(model, seq[:, :end], mask[:, :end], positions_from_mask(mask[:, :end]), None, keep)
+
+    want = {}  # [B, new]: each model's token after each of the answer's prefixes
+    for name, model in (("SLM", p.slm), ("LLM", p.llm)):
+        if long_rope_switch(model) is None:
+            logits = read(model, start + new - 1, new)
+        else:
+            logits = torch.cat([read(model, end, 1) for end in range(start, start + new)], 1)
+        want[name] = logits[..., :vocab].argmax(-1)
+    live = torch.ones(len(seq), dtype=torch.bool)
+    for i in range(new):
         for r in range(len(seq)):
             who = "LLM" if out.routed[r, i] else "SLM"
-            if live[r] and seq[r, end] != want[who][r]:
-                raise Mismatch(f"mixed: row {r}'s answer token {i} ({who}) is {seq[r, end].item()}, a cache-free "
-                               f"forward gives {want[who][r].item()}")
-        live &= seq[:, end] != EOS_ID
+            if live[r] and seq[r, start + i] != want[who][r, i]:
+                raise Mismatch(f"mixed: row {r}'s answer token {i} ({who}) is {seq[r, start + i].item()}, a cache-free "
+                               f"forward gives {want[who][r, i].item()}")
+        live &= seq[:, start + i] != EOS_ID
 
 
 def cell_sampled(p: Pair) -> None:
@@ -284,7 +291,8 @@ def cell_served(p: Pair, **settings) -> None:
     jobs = [(list(prompt), {"threshold": p.threshold, "do_sample": False} if i != 1 else
              {"threshold": p.threshold, "do_sample": True, "temperature": 1.0, "top_k": 20, "seed": 3})
             for i, prompt in enumerate(PROMPTS)]
-    engine = Engine(p.model, p.tok, ServeSettings(max_batch_size=4, batch_wait_ms=20, capture="off", **settings))
+    settings = {"capture": "off", **settings}
+    engine = Engine(p.model, p.tok, ServeSettings(max_batch_size=4, batch_wait_ms=20, **settings))
     texts, done = {i: [] for i in range(len(jobs))}, threading.Semaphore(0)
 
     def sink(i):
@@ -294,6 +302,9 @@ def cell_served(p: Pair, **settings) -> None:
                 done.release()
         return emit
 
+    report = engine.capture_report
+    if settings["capture"] != "off" and report["path"] == "eager" and not report.get("why"):
+        raise Mismatch(f"served: the steps were not captured and the server did not say why ({report})")
     engine.start()
     try:
         for i, (prompt, options) in enumerate(jobs):
@@ -323,6 +334,18 @@ def cell_served_speculation(p: Pair) -> None:
     refused_speculation(p)
 
 
+def cell_served_captured(p: Pair) -> None:
+    """The same on captured steps (``--capture auto``: CUDA graphs, emulated on the CPU), where the models can be
+    captured (else the server says why, once, and runs eagerly)."""
+    from .graphs import emulated_store
+
+    store, p.model.capture_store = p.model.capture_store, emulated_store()
+    try:
+        cell_served(p, capture="auto", max_context=48)
+    finally:
+        p.model.capture_store = store
+
+
 def cell_save_load(p: Pair) -> None:
     """A router saved and loaded back beside the same models answers as before."""
     from r2r_hf import R2RForCausalLM
@@ -336,11 +359,17 @@ def cell_save_load(p: Pair) -> None:
 CELLS: dict[str, Callable[[Pair], None]] = {
     "generate": cell_generate, "sampled": cell_sampled, "bf16": cell_bf16, "speculation": cell_speculation,
     "static": cell_static, "captured": cell_captured, "served": cell_served,
-    "served_speculation": cell_served_speculation, "save_load": cell_save_load,
+    "served_speculation": cell_served_speculation, "served_captured": cell_served_captured,
+    "save_load": cell_save_load,
 }
 
 
 # ------------------------------------------------------------------------------------------------- running
+# What R2R says of the matrix's own settings (a served cell without capture) or once per process (speculation turned
+# off, which the cell's refusal carries): not the pair's.
+OWN_SETTINGS = ("the server's steps run eagerly: capture is off", "speculation is off")
+
+
 class _Said(logging.Handler):
     """The warnings r2r_hf logs while a cell runs (what it says where it runs a slower path or turns a feature off)."""
 
@@ -378,4 +407,5 @@ def run_cell(p: Pair, name: str) -> Outcome:
             where = traceback.extract_tb(err.__traceback__)[-1]
             return Outcome("crash", f"{type(err).__name__}: {str(err)[:300]} ({where.filename.split('/site-packages/')[-1]}"
                                     f":{where.lineno})")
-    return Outcome("ok", note="; ".join(dict.fromkeys(lines)))
+    kept = [line for line in lines if not line.startswith(OWN_SETTINGS)]
+    return Outcome("ok", note="\n".join(dict.fromkeys(kept)))
