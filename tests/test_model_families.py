@@ -13,7 +13,8 @@ import torch
 
 from r2r_hf.testing import table
 from r2r_hf.testing.families import FAMILIES, PAIRS
-from r2r_hf.testing.matrix import CELLS, Pair, row, run_cell
+from r2r_hf.testing.matrix import CELLS, run_cell
+from r2r_hf.testing.pairs import Pair, row
 
 DOC = table.documented()
 # One pair of each kind serves on captured steps in every run; the others under the marker.
@@ -80,9 +81,10 @@ def test_the_matrix_tells_positions_counted_from_the_first_column_apart(monkeypa
 
 
 def test_speculation_off_for_a_recurrent_model_is_said_once_and_answers_the_same(monkeypatch, caplog):
-    from r2r_hf import support
+    from r2r_hf.core import policy
+    from r2r_hf.core.routing import speculation_problem
 
-    monkeypatch.setattr(support, "_said", set())
+    monkeypatch.setattr(policy, "_said", set())
     p = Pair("mamba")
     batch = row(p.batch, 2)
     options = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=2, threshold=p.threshold)
@@ -90,5 +92,5 @@ def test_speculation_off_for_a_recurrent_model_is_said_once_and_answers_the_same
         first = p.model.generate(**batch, **options, speculate=4)
         again = p.model.generate(**batch, **options, speculate=4)
     said = [r.getMessage() for r in caplog.records if "speculation is off" in r.getMessage()]
-    assert said == [support.speculation_problem(p.slm, p.llm)] and "MambaForCausalLM" in said[0]
+    assert said == [speculation_problem(p.slm, p.llm)] and "MambaForCausalLM" in said[0]
     assert torch.equal(first, p.model.generate(**batch, **options)) and torch.equal(first, again)

@@ -1,7 +1,9 @@
 """Test helpers that ship with the package (examples, dry runs and users' own tests use them too).
 
 * ``models``: tiny random SLM/LLM pairs sharing a small tokenizer, and a tiny verifier;
-* ``graphs``: CUDA-graph capture emulated on the CPU, as strict as the real thing.
+* ``graphs``: CUDA-graph capture emulated on the CPU, as strict as the real thing;
+* ``families``, ``pairs``, ``matrix``, ``table``: tiny pairs of every decoder family, each path checked against the
+  models' own ``generate`` (tests/test_model_families.py), and docs/model_families.md generated from it.
 """
 
 from .models import (

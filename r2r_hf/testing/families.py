@@ -75,8 +75,8 @@ FAMILIES: dict[str, Family] = {f.label: f for f in (
     _f("opt", "OPT", "OPTForCausalLM", "absolute", word_embed_proj_dim=32, ffn_dim=64),
     # sliding windows: from ``sliding_window`` alone, or per layer (``layer_types``)
     _f("mistral", "Mistral", "MistralForCausalLM", "window", **SW),
-    _f("ministral", "Ministral", "MinistralForCausalLM", "window", head_dim=8, layer_types=["sliding_attention", "full_attention"],
-       **SW),
+    _f("ministral", "Ministral", "MinistralForCausalLM", "window", head_dim=8,
+       layer_types=["sliding_attention", "full_attention"], **SW),
     _f("starcoder2", "Starcoder2", "Starcoder2ForCausalLM", "window", **SW),
     _f("phi3-4k", "Phi3", "Phi3ForCausalLM", "window", **SW),
     _f("gemma2", "Gemma2", "Gemma2ForCausalLM", "window", head_dim=8, query_pre_attn_scalar=8, **SW),

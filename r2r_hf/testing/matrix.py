@@ -7,7 +7,8 @@ recompute, a padded batch = each row alone, a speculating, static, captured or s
 reloaded router = the saved one). ``run_cell`` classifies what happened:
 
 * ``ok``       the answers are exact (and where R2R ran a slower path than asked, ``note`` says which, as it logged);
-* ``refused``  R2R refused in one sentence (an ``UnsupportedModel``, or speculation turned off for the call);
+* ``refused``  R2R turned the path's feature off for the pair, in one sentence (speculation, for a model whose
+               cache cannot be cut back), and the answers are exact without it;
 * ``wrong``    an answer differs (a silent error);
 * ``crash``    any other exception (a traceback from inside R2R or transformers).
 
@@ -18,7 +19,6 @@ outcomes.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import tempfile
 import threading
@@ -28,22 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .families import build_pair
-from .models import EOS_ID, PAD_ID, make_tokenizer
-
-PROMPTS = ((17, 41, 99), (23, 8, 150, 61, 7, 230, 12), (5, 77, 310, 9, 44, 120, 33, 260, 18, 71, 140))
-NEW = 12  # answer tokens: every prompt runs past an 8-token window, the long-RoPE pair past its 16-token context
-SPECULATE = dict(speculate=4, llm_max_wait=16)
-ROUTER = dict(router_hidden_dims=[16], router_expansion=1)
-LOGITS = dict(return_dict_in_generate=True, output_logits=True)
-
-
-class Mismatch(AssertionError):
-    """An answer of R2R differs from what it must equal."""
-
-
-class Refused(Exception):
-    """The answers were exact, with a feature R2R turned off for the pair (its sentence)."""
+from .models import EOS_ID, PAD_ID
+from .pairs import LOGITS, NEW, PROMPTS, SPECULATE, Mismatch, Pair, Refused, greedy, row, rows_alone, same
+from .pairs import same_as_alone, same_logits
 
 
 @dataclass(frozen=True)
@@ -51,115 +38,6 @@ class Outcome:
     status: str  # ok, refused, wrong, crash
     detail: str = ""  # the refusal's sentence, the mismatch, or the exception
     note: str = ""  # where R2R ran a slower path than asked: what it logged (one line per sentence)
-
-
-class Pair:
-    """One pair under test: the models, the R2R model, prompts and what is computed once for several cells."""
-
-    def __init__(self, name: str) -> None:
-        from r2r_hf import R2RForCausalLM
-
-        self.name = name
-        self.slm, self.llm = build_pair(name)
-        self.model = R2RForCausalLM.from_models(self.slm, self.llm, **ROUTER)
-        self.tok = make_tokenizer()
-        self.batch = padded(PROMPTS)
-        self._threshold: float | None = None
-
-    @property
-    def threshold(self) -> float:
-        """A threshold that routes about 40 % of the never-routed answers' tokens, in the widest gap between router
-        scores there (no score sits on it: a rounding cannot flip a decision)."""
-        if self._threshold is None:
-            out = self.model.generate(**self.batch, **greedy(), threshold=float("inf"), return_dict_in_generate=True)
-            scores = out.router_scores[out.generated_mask].sort().values
-            gaps = scores[1:] - scores[:-1]
-            lo, hi = int(len(gaps) * 0.45), int(len(gaps) * 0.75)
-            i = lo + int(gaps[lo:hi].argmax())
-            self._threshold = float((scores[i] + scores[i + 1]) / 2)
-        return self._threshold
-
-    @functools.cached_property
-    def mixed(self) -> torch.Tensor:
-        """The eager, dynamic-cache mixed answers of the padded batch (what the other paths must equal)."""
-        return self.model.generate(**self.batch, **greedy(), threshold=self.threshold)
-
-    @functools.cached_property
-    def bf16(self) -> Pair:
-        """The same pair in bfloat16 (the router stays fp32)."""
-        from r2r_hf import R2RForCausalLM
-
-        other = object.__new__(Pair)
-        other.name, other.tok, other.batch, other._threshold = self.name, self.tok, self.batch, self._threshold
-        other.slm, other.llm = (_copy(m).to(torch.bfloat16) for m in (self.slm, self.llm))
-        other.model = R2RForCausalLM(self.model.config).eval()
-        other.model.router.load_state_dict(self.model.router.state_dict())
-        other.model.set_models(other.slm, other.llm)
-        return other
-
-
-def _copy(model):
-    import copy
-
-    return copy.deepcopy(model)
-
-
-def padded(prompts) -> dict[str, torch.Tensor]:
-    """A left-padded batch of ``prompts`` (token id lists), with its attention mask."""
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[PAD_ID] * (width - len(p)) + list(p) for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def row(batch: dict, r: int) -> dict[str, torch.Tensor]:
-    """Row ``r`` of a padded batch alone (its padding dropped)."""
-    keep = batch["attention_mask"][r].bool()
-    return {k: v[r : r + 1, keep] for k, v in batch.items()}
-
-
-def greedy(**extra) -> dict:
-    return dict(max_new_tokens=NEW, do_sample=False, pad_token_id=PAD_ID, eos_token_id=EOS_ID, **extra)
-
-
-def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    """``got`` and ``want`` (token ids) are equal, or ``Mismatch`` says where they first differ."""
-    if got.shape == want.shape and torch.equal(got, want):
-        return
-    if got.shape != want.shape:
-        raise Mismatch(f"{what}: shape {list(got.shape)} != {list(want.shape)}")
-    r, c = (got != want).nonzero()[0].tolist()
-    raise Mismatch(f"{what}: row {r} differs at column {c} ({got[r, c].item()} != {want[r, c].item()})")
-
-
-def same_logits(got, want, width: int, who: str) -> None:
-    """Two ``generate`` outputs with ``LOGITS``: the same sequences, and every logit of a running row the same to the
-    bit (rounding tells positions and rotary factors apart where tokens may not)."""
-    same(got.sequences, want.sequences, f"{who} against the model's own generate")
-    ended = torch.zeros(len(got.sequences), dtype=torch.bool)
-    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-        a, b = a[~ended], b[~ended, : a.shape[1]]  # (a finished row's logits are no answer's)
-        if not torch.equal(a, b):
-            raise Mismatch(f"{who}: the logits of step {step} differ from the model's own generate (by "
-                           f"{(a - b).abs().max().item():.3g})")
-        ended |= got.sequences[:, width + step] == EOS_ID
-
-
-def rows_alone(model, batch: dict, **options) -> list[torch.Tensor]:
-    """Each row of ``batch`` generated alone (its answer tokens)."""
-    out = []
-    for r in range(len(batch["input_ids"])):
-        alone = row(batch, r)
-        out.append(model.generate(**alone, **options)[0, alone["input_ids"].shape[1]:])
-    return out
-
-
-def same_as_alone(batched: torch.Tensor, alone: list[torch.Tensor], width: int, what: str) -> None:
-    """Each row of a batch's answers (after ``width`` prompt columns) equals the row's answer alone (up to its
-    end: a row alone stops at its EOS where the batch pads after it)."""
-    for r, answer in enumerate(alone):
-        got = batched[r, width : width + len(answer)]
-        same(got[None], answer[None], f"{what}, row {r} of the padded batch against the row alone")
 
 
 # ------------------------------------------------------------------------------------------------- the cells
@@ -190,7 +68,7 @@ def recompute(p: Pair) -> None:
     before it, read without a cache: one forward over the whole sequence (causal: each position sees what came
     before it), or one per length for a long-RoPE model (its factors follow the length, as in its own generate)."""
     from ..core.features import lm_forward, positions_from_mask
-    from ..support import long_rope_switch
+    from ..core.layouts.model_calls import long_rope_switch
 
     out = p.model.generate(**p.batch, **greedy(), threshold=p.threshold, return_dict_in_generate=True)
     seq, start = out.sequences, p.batch["input_ids"].shape[1]
@@ -245,7 +123,7 @@ def cell_bf16(p: Pair) -> None:
 
 def refused_speculation(p: Pair) -> None:
     """Where R2R does not speculate for the pair, the sentence it says (once) is the cell's refusal."""
-    from ..support import speculation_problem
+    from ..core.routing import speculation_problem
 
     problem = speculation_problem(p.slm, p.llm)
     if problem is not None:
@@ -276,7 +154,8 @@ def cell_captured(p: Pair) -> None:
     try:
         static = greedy(cache_implementation="static")
         same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "captured")
-        same(p.model.generate(**p.batch, **static, **SPECULATE, threshold=p.threshold), p.mixed, "captured, speculating")
+        speculating = p.model.generate(**p.batch, **static, **SPECULATE, threshold=p.threshold)
+        same(speculating, p.mixed, "captured, speculating")
     finally:
         p.model.capture_store = store
 
@@ -393,19 +272,17 @@ def said() -> list[str]:
 
 def run_cell(p: Pair, name: str) -> Outcome:
     """Run cell ``name`` on pair ``p`` and classify what happened (see the module docstring)."""
-    from ..support import UnsupportedModel
-
     with said() as lines:
         try:
             with torch.inference_mode():
                 CELLS[name](p)
         except Mismatch as err:
             return Outcome("wrong", str(err))
-        except (UnsupportedModel, Refused) as err:
+        except Refused as err:
             return Outcome("refused", str(err))
         except Exception as err:  # noqa: BLE001 - a crash is an outcome of the matrix
             where = traceback.extract_tb(err.__traceback__)[-1]
-            return Outcome("crash", f"{type(err).__name__}: {str(err)[:300]} ({where.filename.split('/site-packages/')[-1]}"
-                                    f":{where.lineno})")
+            place = f"{where.filename.split('/site-packages/')[-1]}:{where.lineno}"
+            return Outcome("crash", f"{type(err).__name__}: {str(err)[:300]} ({place})")
     kept = [line for line in lines if not line.startswith(OWN_SETTINGS)]
     return Outcome("ok", note="\n".join(dict.fromkeys(kept)))

@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         results[pair] = {name: run_cell(p, name) for name in CELLS}
         print(row(pair, results[pair]), flush=True)
     args.out.write_text(render(results), encoding="utf-8")
-    bad = [(pair, name) for pair, cells in results.items() for name, o in cells.items() if o.status in ("wrong", "crash")]
+    bad = [(pair, name) for pair, cells in results.items() for name, o in cells.items()
+           if o.status in ("wrong", "crash")]
     for pair, name in bad:
         print(f"{pair} {name}: {results[pair][name].status}: {results[pair][name].detail}", file=sys.stderr)
     return 1 if bad else 0

@@ -11,8 +11,7 @@ from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
 from ...compat import crop_cache
-from ...support import long_rope_switch
-from ..features import HiddenStateCapture, lm_forward, read_features, score
+from ..features import HiddenStateCapture, input_device, lm_forward, read_features, score
 from ..notes import notes
 from .rectangle import Committed
 
@@ -142,3 +141,52 @@ class EagerCalls:
 
     def close(self) -> None:
         pass
+
+
+# ------------------------------------------------------------------ what differs by family
+def long_rope_switch(model: torch.nn.Module) -> int | None:
+    """Where a long-RoPE model (Phi-3-mini-128k, Phi-3.5, Phi-4-mini) switches to its long rotary factors: its
+    original context (None for any other model). Its factors follow the longest position of each forward, so its
+    own ``generate`` reads the whole sequence again where the sequence first runs past it (``read_start``)."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type")) != "longrope":
+        return None
+    return (rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
+            or config.max_position_embeddings)  # (HF's default where the config names none)
+
+
+def rollback_problem(model: torch.nn.Module) -> str | None:
+    """Why a rollback (speculation) cannot cut ``model``'s cache back exactly, or None where it can.
+
+    Checked once per model on its own weights: 4 tokens read, then 2 more, cut back by 2 and 2 others read; the
+    logits must be those of one plain forward over the 6 tokens kept, and no layer may hold a recurrent state.
+    """
+    known = notes(model)
+    if "rollback_problem" not in known:
+        known["rollback_problem"] = _rollback_probe(model) if long_rope_switch(model) is None else (
+            "its long-context rotary factors follow the sequence's length, so a cut back across its original context "
+            "would keep keys read with the other factors")
+    return known["rollback_problem"]
+
+
+def _rollback_probe(model: torch.nn.Module) -> str | None:
+    device = input_device(model)
+    ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
+    positions = torch.arange(6, device=device)[None]
+    cache = make_cache(model, None, 8, rollback=True)
+    with torch.inference_mode():
+        try:
+            lm_forward(model, ids[:, :4], None, positions[:, :4], cache)
+            lm_forward(model, ids[:, 4:6], None, positions[:, 4:6], cache)
+            crop_cache(cache, 2)
+            got = lm_forward(model, ids[:, 6:], None, positions[:, 4:6], cache)[0, -1].float()
+        except Exception as err:  # noqa: BLE001 - any failure means: it cannot be cut back
+            return f"its cache cannot be cut back to an earlier token (transformers raises {type(err).__name__})"
+        want = lm_forward(model, torch.cat([ids[:, :4], ids[:, 6:]], 1), None, positions, None)[0, -1].float()
+    if any(any(getattr(layer, "is_recurrent_states_initialized", {}).values()) for layer in cache.layers):
+        return "its recurrent (state-space) layers keep a state that cannot be cut back to an earlier token"
+    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
+    if not bool((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1e-6)):
+        return "its state does not follow its cache when the cache is cut back (a state kept on its modules)"
+    return None

@@ -29,10 +29,10 @@ from collections.abc import Callable
 import torch
 
 from ...compat import cache_argument
-from ...support import long_rope_switch
 from ..features import HiddenStateCapture
 from ..notes import notes
 from ..staging import in_order, staged
+from .model_calls import long_rope_switch
 
 SLOT_ATTENTION = ("sdpa", "eager")
 # Layer types whose attention is local, and the config entry that sizes it (HF's masks read the same entries).
