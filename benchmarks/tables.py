@@ -1,18 +1,18 @@
 """Markdown tables from the benchmark JSON files (pasted into docs/ so numbers are never retyped).
 
     python -m benchmarks.tables speed [benchmarks/results/speed.json]
-    python -m benchmarks.tables gpu [benchmarks/results/gpu_check.json]    # the GPU check (benchmarks/gpu_check.py)
+    python -m benchmarks.tables gpu [benchmarks/results/gpu_check.json]    # the GPU check (benchmarks/gpu/check.py)
     python -m benchmarks.tables humaneval [benchmarks/results/humaneval.json]
     python -m benchmarks.tables equal-rate benchmarks/results/humaneval-TAG.json   # R2R vs entropy/random per rate
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
-from benchmarks.gpu_ratios import ms
+from benchmarks.gpu.ratios import ms
 
 
 def _f(value, fmt: str = ".2f") -> str:
@@ -107,7 +107,7 @@ def equal_rate_table(results: dict) -> str:
 
 
 def gpu_tables(results: dict) -> str:
-    """The GPU check (benchmarks/gpu_check.py): R2R captured per batch and share, with what was measured beside it."""
+    """The GPU check (benchmarks/gpu/check.py): R2R captured per batch and share, with what was measured beside it."""
     c, lines = results.get("conditions", {}), []
     lines.append(f"{c.get('hardware')}, torch {c.get('torch')}, transformers {c.get('transformers')}, "
                  f"graphs: {c.get('graphs')}; {results['plan']['slm']} + {results['plan']['llm']}, "
@@ -180,14 +180,22 @@ def serving_lines(serving: dict) -> list[str]:
             "R2R over the LLM alone, served: " + ", ".join(f"{v:.2f}x at {c}" for c, v in ratios.items()) + "."]
 
 
+TABLES = {"speed": speed_tables, "humaneval": humaneval_table, "equal-rate": equal_rate_table, "gpu": gpu_tables}
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    kind = argv[0] if argv else "speed"
-    default = "gpu_check" if kind == "gpu" else kind
-    path = Path(argv[1]) if len(argv) > 1 else Path(f"benchmarks/results/{default}.json")
-    data = json.loads(path.read_text())
-    tables = {"speed": speed_tables, "humaneval": humaneval_table, "equal-rate": equal_rate_table, "gpu": gpu_tables}
-    print(tables["speed" if kind.startswith("speed") else kind](data))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", nargs="?", default="speed",
+                        help=f"{', '.join(TABLES)} (speed_*: another speed run, read from its own file)")
+    parser.add_argument("path", nargs="?", help="the JSON file (default: benchmarks/results/KIND.json)")
+    args = parser.parse_args(argv)
+    kind = "speed" if args.kind.startswith("speed") else args.kind
+    if kind not in TABLES:
+        parser.error(f"no table of kind {args.kind!r}; choose one of {', '.join(TABLES)}")
+    path = Path(args.path or f"benchmarks/results/{'gpu_check' if kind == 'gpu' else args.kind}.json")
+    if not path.is_file():
+        parser.error(f"{path} does not exist; run the benchmark that writes it, or name the file")
+    print(TABLES[kind](json.loads(path.read_text())))
 
 
 if __name__ == "__main__":

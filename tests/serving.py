@@ -1,5 +1,7 @@
 """Live servers on loopback for tests: the real app under uvicorn in a thread, on a free port (``serving``), or
-``r2r-hf serve`` as a process of its own (``Server``; conftest's ``serve_process`` fixture starts and stops them)."""
+``r2r-hf serve`` over the tiny pair as a process of its own (``start_tiny``, waited for on ``/health``, and ``Server``,
+read line by line; conftest's ``serve_process`` fixture starts and stops them), both through
+``r2r_hf.testing.server``."""
 
 from __future__ import annotations
 
@@ -7,8 +9,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -20,15 +20,20 @@ import uvicorn
 
 from r2r_hf.serve import ServeSettings, build_app
 from r2r_hf.serve.listen import guarded
+from r2r_hf.testing.server import free_port, launch, start, stop
 
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="process groups and rlimits are POSIX")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def tiny_flags(pair_dir) -> tuple[str, ...]:
+    """The serve flags of the tests' tiny pair: its two folders, one torch thread."""
+    return ("--slm", pair_dir[0], "--llm", pair_dir[1], "--threads", "1")
+
+
+def start_tiny(router_dir, pair_dir, *flags, env=None):
+    """``r2r-hf serve`` over the tiny pair on a free loopback port; (process, base url) once it answers."""
+    return start(router_dir, *tiny_flags(pair_dir), *flags, env=env)
 
 
 @contextlib.contextmanager
@@ -97,19 +102,13 @@ class Server:
     """``python -m r2r_hf.cli serve`` in its own process group, its output read into ``lines`` as it comes."""
 
     def __init__(self, router_dir, pair_dir, *flags, files: int | None = None, env=None) -> None:
-        command = [sys.executable, "-m", "r2r_hf.cli", "--quiet", "serve", str(router_dir), "--slm", pair_dir[0],
-                   "--llm", pair_dir[1], "--threads", "1", *flags]
-
         def limit():  # a lowered open-file limit, as on machines where it is 256
             import resource
 
             resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 
-        # (preexec_fn only where it is needed: run in the child before exec, it can deadlock beside the parent's
-        # threads, and earlier servers' reader threads run)
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
-                                        start_new_session=True, preexec_fn=limit if files else None)
+        # (the limit only where it is asked for: earlier servers' reader threads run beside the fork)
+        self.process = launch(router_dir, *tiny_flags(pair_dir), *flags, env=env, preexec=limit if files else None)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self.reader.start()
@@ -129,18 +128,11 @@ class Server:
         return self.line(r"^serving \S+ on (http://\S+)/v1").group(1)
 
     def stop(self) -> None:
-        """Its whole process group ends: SIGTERM, then SIGKILL."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        """Its whole process group ends: SIGTERM, then SIGKILL (of one that outstays it, and of anything left)."""
+        with contextlib.suppress(RuntimeError):  # it outstayed SIGTERM: killed already
+            stop(self.process, timeout=60)
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=30)
         self.reader.join(10)
 
 

@@ -50,8 +50,8 @@ class Driver:
 
     def ended(self, synced):
         ended = {}
-        for r in self.batch.occupied():
-            name = self.batch.rows[r].owner
+        for r in self.batch.ledger.occupied():
+            name = self.batch.ledger.rows[r].owner
             for taken, (token, by_llm, _) in enumerate(synced.delivered[r], 1):
                 self.out[name].append((token, by_llm))
                 if token in self.eos[name] or len(self.out[name]) == self.limit[name]:
@@ -62,7 +62,7 @@ class Driver:
     def run(self, steps: int | None = None):
         """``steps`` turns, or until every row ended."""
         done = 0
-        while self.batch.occupied() and (steps is None or done < steps):
+        while self.batch.ledger.occupied() and (steps is None or done < steps):
             turn(self.batch, self.policy, self, self.prefill)
             done += 1
 
@@ -102,7 +102,7 @@ def test_rows_joining_waiting_and_leaving_answer_as_generate_alone(model, tok, p
     for name in order[3:5]:  # join while the first rows decode (and some wait for the LLM)
         run.join(name, rows[name][0], **rows[name][1])
     run.run(6)
-    while run.batch.free_slots() == 0:
+    while run.batch.ledger.free_slots() == 0:
         run.run(1)
     run.join(order[5], rows[order[5]][0], **rows[order[5]][1])  # into a slot a finished row left
     run.run()
@@ -163,7 +163,7 @@ def test_a_long_prompt_is_read_a_chunk_per_step_while_the_others_decode(model, t
     steps, decoded = run.batch.counters.steps, len(run.out["a"])
     run.run(4)
     assert run.batch.counters.steps == steps + 4 and len(run.out["a"]) == decoded + 4, "the others kept decoding"
-    assert run.batch.rows[1].prefilling, "the long prompt is still being read"
+    assert run.batch.ledger.rows[1].prefilling, "the long prompt is still being read"
     run.run()
     assert max(g for role, k, g in run.batch.counters.shapes) <= 8, "no forward read more than a chunk"
     assert run.out["a"] == _alone(model, tok, 0, max_new_tokens=20, do_sample=False, threshold=0.0)

@@ -7,10 +7,10 @@ import zipfile
 import pytest
 import torch
 
-from benchmarks.humaneval import bootstrap_ci, extract_code, program_for
+from benchmarks.quality.humaneval import bootstrap_ci, extract_code, program_for
 from benchmarks.models import join_parts
-from benchmarks.sandbox import run_program
-from benchmarks.stdlib_prompts import build, humaneval_index, overlaps_humaneval
+from benchmarks.quality.sandbox import run_program
+from benchmarks.router.stdlib_prompts import build, humaneval_index, overlaps_humaneval
 
 PROBLEM = {
     "prompt": 'def add(a, b):\n    """Return a + b."""\n',
@@ -86,7 +86,7 @@ def test_model_fetcher_joins_in_numeric_order_and_checks_the_hash(tmp_path):
 def test_shipped_router_loads_and_names_its_pair():
     from pathlib import Path
 
-    from benchmarks.build_router import OUT
+    from benchmarks.router.build import OUT
     from r2r_hf import R2RForCausalLM
 
     weights = OUT / "model.safetensors"
@@ -103,7 +103,7 @@ def test_shipped_router_loads_and_names_its_pair():
 def test_roc_auc_counts_ties_half():
     import torch
 
-    from benchmarks.router_quality import roc_auc
+    from benchmarks.quality.router_quality import roc_auc
 
     assert roc_auc(torch.tensor([0.9, 0.8, 0.1, 0.2]), torch.tensor([1, 1, 0, 0])) == 1.0
     assert roc_auc(torch.tensor([0.1, 0.8, 0.9, 0.2]), torch.tensor([1, 0, 0, 0])) == 0.0
@@ -111,11 +111,21 @@ def test_roc_auc_counts_ties_half():
     assert roc_auc(torch.tensor([0.6, 0.4, 0.5]), torch.tensor([1, 1, 0])) == 0.5
 
 
+def test_roc_auc_takes_the_judges_lists_and_is_nan_without_both_kinds():
+    # The judge's calibration (router/calibrate_judge.py) scores plain lists, some with one kind of label only.
+    import math
+
+    from benchmarks.quality.router_quality import roc_auc
+
+    assert roc_auc([0.6, 0.4, 0.5], [1, 1, 0]) == 0.5
+    assert math.isnan(roc_auc([0.6, 0.4], [1, 1])) and math.isnan(roc_auc([0.6, 0.4], [0, 0]))
+
+
 def test_router_dtype_compares_the_bf16_copy_against_fp32_on_held_out_labels(tmp_path):
     # The benchmark behind the captured path's bf16 router: the same copy, the same validation split.
     from synthetic_labels import write_synthetic_run
 
-    from benchmarks.router_dtype import main
+    from benchmarks.quality.router_dtype import main
     from r2r_hf.training import TrainSettings, train_router
 
     write_synthetic_run(tmp_path / "run", samples=120)
@@ -134,7 +144,7 @@ def test_router_dtype_compares_the_bf16_copy_against_fp32_on_held_out_labels(tmp
 def test_speed_benchmark_writes_every_share_and_batch(tmp_path):
     import json
 
-    from benchmarks.speed import SHARES, main
+    from benchmarks.speed.generate import SHARES, main
 
     out = tmp_path / "speed.json"
     main(["--slm", "tiny", "--llm", "tiny", "--dtype", "float32", "--tokens", "8", "--prompt", "8", "--repeats", "1",
@@ -157,7 +167,7 @@ def test_speed_benchmark_fast_path_on_a_cpu(tmp_path):
     # per-row routing from batch 2.
     import json
 
-    from benchmarks.speed import main
+    from benchmarks.speed.generate import main
 
     out = tmp_path / "speed.json"
     main(["--slm", "tiny", "--llm", "tiny", "--dtype", "float32", "--tokens", "8", "--prompt", "8", "--repeats", "1",
@@ -182,7 +192,7 @@ def test_speed_benchmark_fast_path_on_a_cpu(tmp_path):
 def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, single):
     # The entropy baseline is calibrated on R2R's answers read back through the SLM; that is only
     # equal-rate calibration if reading an answer back gives the scores the router saw writing it.
-    from benchmarks.humaneval import router_scores_over
+    from benchmarks.quality.humaneval import router_scores_over
 
     out = model.generate(**single, max_new_tokens=12, do_sample=False, threshold=float("inf"),
                          return_dict_in_generate=True)
@@ -196,7 +206,8 @@ def test_teacher_forced_scores_match_the_scores_seen_while_generating(model, sin
 @pytest.mark.parametrize("per_row", [False, True])
 def test_cost_model_replays_the_forced_routers_decisions(per_row):
     # The ideal time is only comparable with the measured one if both route at the same steps.
-    from benchmarks.speed_parts import ForcedRouter, llm_call_steps, random_model, schedule
+    from benchmarks.speed.parts import ForcedRouter, llm_call_steps, schedule
+    from benchmarks.synthetic import random_model
     from r2r_hf import R2RForCausalLM
 
     slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny", torch.float32, "cpu", 1)
@@ -214,8 +225,8 @@ def test_cost_model_replays_the_forced_routers_decisions(per_row):
 
 
 def test_mcnemar_exact_and_system_names():
-    from benchmarks.humaneval import parse_system
-    from benchmarks.humaneval_report import mcnemar_exact
+    from benchmarks.quality.humaneval import parse_system
+    from benchmarks.quality.humaneval_report import mcnemar_exact
 
     assert mcnemar_exact(0, 0) == 1.0
     assert mcnemar_exact(1, 4) == pytest.approx(0.375)  # 2 * P(X <= 1), X ~ Binomial(5, 1/2) = 2 * 6/32
@@ -229,7 +240,7 @@ def test_mcnemar_exact_and_system_names():
 
 
 def test_shortest_tasks_are_the_ones_a_run_stopped_after_n_tasks_answered():
-    from benchmarks.humaneval import by_length, selected
+    from benchmarks.quality.humaneval import by_length, selected
 
     problems = [{"task_id": f"t{i}", "prompt": "x" * n} for i, n in enumerate([5, 1, 4, 1, 3, 9])]
     answered_first = [p["task_id"] for p in by_length(problems)]
@@ -241,7 +252,7 @@ def test_shortest_tasks_are_the_ones_a_run_stopped_after_n_tasks_answered():
 
 
 def test_humaneval_report_pairs_routers_at_equal_rates(tmp_path, monkeypatch):
-    from benchmarks.humaneval_report import TASKS, report
+    from benchmarks.quality.humaneval_report import TASKS, report
     from benchmarks.tables import equal_rate_table
 
     monkeypatch.chdir(tmp_path)  # the report reads benchmarks/results/ relative to the working folder
@@ -273,7 +284,7 @@ def test_humaneval_report_pairs_routers_at_equal_rates(tmp_path, monkeypatch):
 
 
 def test_the_budget_report_rechecks_the_cap_from_the_routed_positions():
-    from benchmarks.budget_report import cap_violations
+    from benchmarks.quality.budget_report import cap_violations
 
     # P = 0.1: the first token is the allowance (0 < 0.1 * 1), the next may come at t = 11 (1 < 0.1 * 11 = 1.1).
     assert cap_violations({"routed_positions": [0, 10, 20]}, 0.1) == 0
@@ -283,7 +294,7 @@ def test_the_budget_report_rechecks_the_cap_from_the_routed_positions():
 
 
 def test_the_budget_report_compares_under_both_conditions_on_the_shared_tasks(tmp_path, monkeypatch):
-    from benchmarks.budget_report import point, summed, table
+    from benchmarks.quality.budget_report import point, summed, table
 
     monkeypatch.chdir(tmp_path)  # the report reads benchmarks/results/ relative to the working folder
     folder = tmp_path / "benchmarks" / "results" / "humaneval"
@@ -316,3 +327,15 @@ def test_the_budget_report_compares_under_both_conditions_on_the_shared_tasks(tm
     assert total == {"points": 2, "budget_passed": 6, "other_passed": 4, "budget_only": 4, "other_only": 2,
                      "p_value": pytest.approx(0.6875)}  # 2 * P(X <= 2), X ~ Binomial(6, 1/2) = 2 * 22/64
     assert summed([p], "r2r_same_conditions") is None
+
+
+def test_tables_says_in_one_line_what_it_cannot_tabulate(capsys):
+    import pytest
+
+    from benchmarks.tables import main
+
+    for argv, said in ((["nope"], "no table of kind 'nope'"), (["speed", "missing.json"], "missing.json does not exist")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and said in err and "Traceback" not in err

@@ -4,7 +4,7 @@ Paths: eager (dynamic cache), the CUDA-graph fast path (``cache_implementation="
 the ``torch.compile`` fast path (``compile_config``). On a GPU the graphs are real and compile
 uses CUDA graphs (``reduce-overhead``); on a CPU the graphs are emulated (``graph_emulation.py``:
 replays overwrite their outputs and a host synchronisation inside a captured step fails, as on a
-GPU; ``r2r_hf/testing/graphs.py``) and compile uses inductor's default mode. ``benchmarks/gpu_check.sh``
+GPU; ``r2r_hf/testing/graphs.py``) and compile uses inductor's default mode. ``benchmarks/gpu/check.sh``
 runs this file on CUDA (without the compile cases, which cost minutes there: ``-m "not compile"``), every model's
 graphs of HF's forward (fusing off: a fused region's cold compile costs tens of seconds there).
 """
@@ -186,7 +186,7 @@ def test_long_reads_are_captured_piece_by_piece(pair, tok, graphs):
 
 
 def test_a_read_longer_than_the_buckets_in_the_middle_of_an_answer(pair, tok, graphs):
-    from benchmarks.speed_parts import ForcedRouter
+    from benchmarks.speed.parts import ForcedRouter
 
     model, _, _ = pair
     enc = _encode(tok, "batch")
@@ -335,7 +335,8 @@ def test_teacher_forced_logits_of_captured_reads_equal_eager_in_fp32(pair, graph
 
 
 def test_teacher_forced_logits_in_bf16_stay_within_the_stated_tolerance(monkeypatch):
-    """bf16 at Qwen2.5-0.5B widths: captured and eager reads differ by rounding only (README: the bf16 claim)."""
+    """bf16 at Qwen2.5-0.5B widths: captured and eager reads differ by rounding only (the bf16 claim of
+    docs/fast_path.md)."""
     from r2r_hf.testing.agreement import agreement, teacher_forced
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -75,3 +75,21 @@ def test_quiet_and_debug_work_after_the_subcommand(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError):  # --debug: the exception itself, not one line
         cli_main(["push", "nowhere", "org/name", "--debug"])
+
+
+def test_the_commands_that_load_the_pair_declare_the_same_model_flags():
+    from r2r_hf.cli.main import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+
+    def model_flags(name: str) -> dict:
+        flags = {}
+        for action in commands[name]._actions:
+            if action.dest in ("router", "slm", "llm", "device", "dtype", "threads"):
+                flags[action.dest] = (action.default, action.choices, getattr(action.type, "__name__", None),
+                                      (action.help or "").replace(" (per replica)", ""))
+        return flags
+
+    generate = model_flags("generate")
+    assert len(generate) == 6 and model_flags("chat") == generate == model_flags("serve")
+    assert commands["serve"].parse_args(["r", "--threads", "1"]).router == "r", "serve takes the router by position"

@@ -1,4 +1,4 @@
-"""The device check (``benchmarks/gpu_check.sh``), rehearsed on this CPU: its runner, its order, its isolation, its
+"""The device check (``benchmarks/gpu/check.sh``), rehearsed on this CPU: its runner, its order, its isolation, its
 warm phase and its compiled child (tiny shapes, emulated CUDA graphs)."""
 
 import json
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_phases_fail_alone(tmp_path):
     # The runner on its own, in a second: an exception, a timeout (also one a library's `except Exception` would
     # swallow), a phase that needs a failed one, an injected failure and a broken process each cost their phase only.
-    from benchmarks.gpu_runner import Phase, Report, run_phases
+    from benchmarks.gpu.runner import Phase, Report, run_phases
 
     report, ran = Report(tmp_path / "check.json", {}), []
 
@@ -51,7 +51,7 @@ def test_a_phase_due_by_a_time_ends_there_and_warnings_are_kept_with_their_phase
     # otherwise) lands in the JSON under the phase that logged it.
     import logging
 
-    from benchmarks.gpu_runner import Fallbacks, Phase, Report, run_phases
+    from benchmarks.gpu.runner import Fallbacks, Phase, Report, run_phases
 
     report = Report(tmp_path / "check.json", {})
     warn = lambda: logging.getLogger("r2r_hf.core.fused_reads").warning("R2R captures X's HF forward: why")  # noqa
@@ -66,7 +66,7 @@ def test_a_phase_due_by_a_time_ends_there_and_warnings_are_kept_with_their_phase
 
 
 def _written(data: dict, phase: str):
-    """The number a phase of benchmarks/gpu_check.py writes (None if it wrote nothing)."""
+    """The number a phase of benchmarks/gpu/check.py writes (None if it wrote nothing)."""
     if phase in ("conditions", "agreement", "serving", "warm"):
         return data.get(phase)
     if phase == "build":
@@ -87,12 +87,12 @@ def test_gpu_check_dry_run_keeps_the_headline_when_the_warm_phase_fails(tmp_path
     # The whole device script, as CI rehearses it, with the warm phase failing (it compiles every region; a first CUDA
     # run's likeliest failure): the headline pair right after it still writes its numbers (its calls compile what
     # they meet), and so does every later phase; the failure is in the JSON.
-    from benchmarks.gpu_plan import DRY_RUN
-    from benchmarks.gpu_check import names
+    from benchmarks.gpu.plan import DRY_RUN
+    from benchmarks.gpu.check import names
 
     env = {**os.environ, "GPU_CHECK_TESTS": "0", "PYTHON": sys.executable, "OUT": str(tmp_path),
            "GPU_CHECK_FAIL_PHASE": "warm"}
-    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", "benchmarks/gpu/check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=480)  # the script's steps: 330 + 110 + the merge
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     assert done.returncode == 1, "a failed phase fails the check"
@@ -132,9 +132,9 @@ def test_gpu_check_dry_run_keeps_the_headline_when_the_warm_phase_fails(tmp_path
 def test_the_warm_phase_compiles_every_shape_class_the_timed_phases_meet(tmp_path, monkeypatch):
     # What the order is for: after `warm`, no timed phase compiles. Dynamo's guards decide what recompiles, whatever
     # backend it hands the graphs to, so the regions compile with its eager backend here (seconds, not minutes).
-    from benchmarks import gpu_phases as ph
-    from benchmarks.gpu_plan import DRY_RUN
-    from benchmarks.gpu_runner import Report
+    from benchmarks.gpu import phases as ph
+    from benchmarks.gpu.plan import DRY_RUN
+    from benchmarks.gpu.runner import Report
     from r2r_hf.core.fast import fused
 
     monkeypatch.setattr(fused, "REGION_OPTIONS", {"backend": "eager", "dynamic": None, "fullgraph": True})
@@ -166,10 +166,10 @@ def test_gpu_check_child_failure_is_reported_with_its_traceback(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_CHECK_FAIL_PHASE": "compiled_llm"}
     (tmp_path / "gpu_check.json").write_text(json.dumps({"plan": {"headline": 0.1}, "timeline": [], "errors": {},
                                                          "phase_s": {}}))
-    child = subprocess.run([sys.executable, "-m", "benchmarks.gpu_compiled", "--out", str(tmp_path), "--dry-run"],
+    child = subprocess.run([sys.executable, "-m", "benchmarks.gpu.compiled", "--out", str(tmp_path), "--dry-run"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert child.returncode == 1
-    from benchmarks.gpu_compiled import merge
+    from benchmarks.gpu.compiled import merge
 
     data = merge(tmp_path, child.returncode, 110)
     error = data["errors"]["compiled_llm"]
@@ -179,13 +179,13 @@ def test_gpu_check_child_failure_is_reported_with_its_traceback(tmp_path):
     cut = merge(tmp_path / "killed", 124, 110)
     assert cut["llm_compiled_ms"]["status"] == "cut at the step's timeout of 110 s"
     assert cut["errors"]["compiled_llm"]["type"] == "PhaseTimeout"
-    skipped = merge(tmp_path / "killed", -1, 0)  # gpu_check.sh left it under 30 s: not started
+    skipped = merge(tmp_path / "killed", -1, 0)  # check.sh left it under 30 s: not started
     assert skipped["llm_compiled_ms"]["status"].startswith("not run") and skipped["errors"]["compiled_llm"]["type"] == \
         "Skipped"
 
 
 def test_gpu_check_refuses_an_unknown_fail_phase(tmp_path):
-    from benchmarks.gpu_check import main
+    from benchmarks.gpu.check import main
 
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--dry-run", "--fail-phase", "r2r_captured"])

@@ -1,13 +1,13 @@
-"""The host work per decoding step, counted (``benchmarks/host_ops.py``, issue 40): the counter tells a syncing copy,
-a read and a device op apart as a GPU would pay them, today's counts are the bounds a change may not exceed, and the
-issue's targets hold (no syncing copy and at most 40 eager ops per served step, at most 20 per generate step)."""
+"""The host work per decoding step, counted (``benchmarks/speed/host_ops.py``, issue 40): the counter tells a syncing
+copy, a read and a device op apart as a GPU would pay them, today's counts are the bounds a change may not exceed, and
+the issue's targets hold (no syncing copy and at most 40 eager ops per served step, at most 20 per generate step)."""
 
 import math
 
 import pytest
 import torch
 
-from benchmarks.host_count import Counter, counting_steps
+from benchmarks.speed.host_count import Counter, counting_steps
 
 
 def test_the_counter_tells_copies_reads_and_device_ops_apart():
@@ -90,7 +90,7 @@ TARGETS = {"generate_1": {"h2d_syncing": 0, "d2h_reads": 1, "eager_ops": 20},
 
 @pytest.fixture(scope="module")
 def found():
-    from benchmarks.host_ops import measure
+    from benchmarks.speed.host_ops import measure
 
     torch.set_num_threads(1)
     return measure(rows=(8, 16), steps=16, routings={"p = 0.1": 0.9})
@@ -106,7 +106,8 @@ def test_host_work_per_step_stays_within_the_counts_reached(found):
         # turned negative once (the suite beside a benchmark); the counts above are what this test holds.
         assert got["graph_replays"] >= 1 and math.isfinite(got["host_ms"]) and got["decide_ms"] >= 0
     reads = {site: n for site, n in found["server"]["8 rows, p = 0.1"]["sites"].items() if site.startswith("d2h ")}
-    assert list(reads.values()) == [1] and next(iter(reads)).startswith("d2h r2r_hf/core/step.py:"), \
+    site = next(iter(reads))
+    assert list(reads.values()) == [1] and site.startswith("d2h r2r_hf/core/batch.py:") and site.endswith(" sync"), \
         f"the one read-back, the step's synchronisation: {reads}"
 
 

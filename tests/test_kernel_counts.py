@@ -1,10 +1,10 @@
-"""The kernel counter of benchmarks/kernel_counts.py: it counts work, not views, and the server's slot read launches
-fewer kernels than generate's HF-static-cache read (one prepared mask for every layer, not one per layer)."""
+"""The kernel counter of benchmarks/speed/kernel_counts.py: it counts work, not views, and the server's slot read
+launches fewer kernels than generate's HF-static-cache read (one prepared mask for every layer, not one per layer)."""
 
 import torch
 
-from benchmarks.kernel_counts import Kernels, generate_read, slot_read
-from benchmarks.speed_parts import random_model
+from benchmarks.speed.kernel_counts import Kernels, generate_read, slot_read
+from benchmarks.synthetic import random_model
 
 
 def test_views_are_free_and_work_is_counted():
@@ -24,8 +24,8 @@ def test_the_slot_read_launches_fewer_kernels_than_generates_read():
 
 def test_fused_reads_launch_fewer_kernels_and_one_layer_serves_all():
     # tiny shapes (2 layers): one compiled layer is called for both, and the fused read launches fewer kernels
-    # than HF's forward on either cache (counted as benchmarks/kernel_counts.py counts the real shapes)
-    from benchmarks.kernel_counts import fused_read
+    # than HF's forward on either cache (counted as benchmarks/speed/kernel_counts.py counts the real shapes)
+    from benchmarks.speed.kernel_counts import fused_read
 
     model = random_model("tiny", torch.bfloat16, "meta", seed=0)
     model.config._attn_implementation = "sdpa"

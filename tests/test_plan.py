@@ -4,9 +4,9 @@
 step commits once the LLM has rejected a pending token (a slot's row alone is cut back; a rectangle's every row).
 """
 
-from r2r_hf.core.plan import Settlement, StepPlan, plan_step, settle
+from r2r_hf.core.ledger import Pending, RowState
+from r2r_hf.core.plan import Outcome, StepPlan, plan_step, settle
 from r2r_hf.core.policy import IMMEDIATE, WaitPolicy
-from r2r_hf.core.rows import Pending, RowState
 
 
 def _rows(*states):
@@ -20,7 +20,7 @@ def test_a_plan_is_a_plain_value_that_compares_and_prints():
     assert a == b and isinstance(a, StepPlan) and "llm_writers=(1,)" in repr(a)
     assert a.slm_writers == (0,) and a.llm_writers == (1,) and a.writers == (0, 1) and a.waited == (0,)
     assert a.llm_reads == (1,), "slots: the LLM reads the rows it writes for"
-    assert plan_step(rows, 3, [0, 1], [False, True], set(), IMMEDIATE, reads_every_row=True).llm_reads == (0, 1)
+    assert plan_step(rows, 3, [0, 1], [False, True], set(), IMMEDIATE, lockstep=True).llm_reads == (0, 1)
 
 
 def test_routed_rows_wait_until_the_policy_runs_the_llm():
@@ -57,7 +57,7 @@ def test_a_routed_row_speculates_until_it_holds_its_depth_then_waits():
 def test_a_rectangle_runs_the_llm_rather_than_let_a_row_wait():
     policy = WaitPolicy((3,), 32, speculate=1)
     rows = _rows({"pending": [Pending(0, 0)]}, {})
-    plan = plan_step(rows, 1, [0, 1], [True, False], set(), policy, reads_every_row=True, rows_wait=False)
+    plan = plan_step(rows, 1, [0, 1], [True, False], set(), policy, lockstep=True)
     assert plan.llm_writers == (0,) and plan.resolving == (0,) and plan.llm_reads == (0, 1)
     assert plan_step(rows, 1, [0, 1], [True, False], set(), policy).llm_writers == (), "slots: row 0 waits"
 
@@ -66,13 +66,17 @@ def test_settle_cuts_a_slot_back_alone_and_a_rectangle_together():
     rows = _rows({"written": 6, "max_new": 4, "pending": [Pending(2, 1), Pending(4, 3)]},
                  {"written": 6, "max_new": 4, "pending": [Pending(5, 4)]}, {"written": 6, "max_new": 4})
     plan = StepPlan(7, proposed=(0, 1, 2), slm_writers=(0, 1, 2), resolving=(0, 1), llm_reads=(0, 1))
-    slots = settle(rows, plan, {0: 1, 1: None}, cuts_together=False)
+    slots = settle(rows, plan, {0: 1, 1: None}, lockstep=False)
     assert slots.rollbacks == {0: 4} and slots.llm_writers == (0,) and slots.slm_writers == (1, 2)
     assert (slots.agreed, slots.rejected) == (2, 1), "row 0's first and row 1's only pending confirmed"
-    together = settle(rows, plan, {0: 1, 1: None}, cuts_together=True)
+    together = settle(rows, plan, {0: 1, 1: None}, lockstep=True)
     assert together.rollbacks == {0: 4, 1: 4, 2: 4} and together.llm_writers == (0,) and together.kept == (1, 2)
     assert together.writers == (0, 1, 2) and together.slm_writers == ()
-    assert Settlement.plain(plan).writers == plan.writers, "nothing rejected: the plan's commits"
+    assert (slots.thrown, together.thrown) == (2, 4), "tokens past each cut thrown away (a kept token stays)"
+    planned = settle(rows, plan, {0: None, 1: None})
+    assert planned == Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, 3)
+    assert planned.writers == plan.writers, "nothing rejected: the plan's commits"
+    assert settle(rows, plan, {}).writers == plan.writers, "nothing to resolve: the plan as planned"
 
 
 def test_a_row_the_router_is_sure_of_waits_rather_than_speculates():

@@ -1,4 +1,5 @@
-"""The README's own lines run as written, after what `make demo` leaves behind, on a tiny pair.
+"""The README's own lines run as written, after what `make demo` leaves behind, on a tiny pair; and the README stays
+a page a newcomer reads in minutes, with every docs/ page linked from it.
 
 `make demo` registers the shipped router's folder under the path the README writes and the converted
 pair under its Hub ids (``r2r_hf.model.sources``). Here the same registry points at a tiny router that
@@ -23,15 +24,16 @@ from conftest import SMALL_ROUTER
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = ROOT / "docs"
 ROUTER = "hub_cards/r2r-qwen2.5-coder-0.5b-1.5b"
 PAIR = ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
 
 
-def _section(title: str) -> str:
-    """From ``title`` to the next heading of any level."""
-    start = README.index(title)
-    found = re.search(r"\n#{2,4} ", README[start + len(title):])
-    return README[start : start + len(title) + found.start() if found else len(README)]
+def _section(title: str, text: str = README) -> str:
+    """From ``title`` to the next heading of any level (of the README, or of ``text``)."""
+    start = text.index(title)
+    found = re.search(r"\n#{2,4} ", text[start + len(title):])
+    return text[start : start + len(title) + found.start() if found else len(text)]
 
 
 def _blocks(text: str, language: str) -> list[str]:
@@ -65,10 +67,12 @@ def _run(command: list[str], env: dict, cwd: Path, stdin: str | None = None) -> 
     return result
 
 
-def test_the_quickstart_blocks_run_as_written(after_demo):
+def test_the_quickstart_and_the_other_ways_to_load_run_as_written(after_demo):
     env, work = after_demo
-    blocks = _blocks(_section("## Quickstart"), "python")
-    assert len(blocks) == 2 and f'router = "{ROUTER}"' in blocks[0]
+    generate_page = (DOCS / "generate.md").read_text(encoding="utf-8")
+    blocks = _blocks(_section("## Quickstart"), "python") + _blocks(_section("## Other ways to load", generate_page),
+                                                                   "python")
+    assert len(blocks) == 2 and f'router = "{ROUTER}"' in blocks[0] and "from_models(slm, llm)" in blocks[1]
     out = _run([sys.executable, "-c", "\n".join(blocks)], env, work)
     assert "def fibonacci(n):" in out.stdout
     assert "using the local copy" in out.stderr, "the use of a registered copy is said"
@@ -118,19 +122,44 @@ def test_training_a_router_runs_on_its_defaults_after_make_demo(after_demo):
     assert "threshold" in out.stdout and (work / "my-run" / "router" / "config.json").exists()
 
 
-def test_the_layout_section_names_every_module_in_its_folders_row():
-    """The README's Layout table is the map a newcomer reads: each package row names every module of that package
-    (a module added, moved or renamed without the map changing fails here)."""
-    layout = README[README.index("## Layout"):README.index("## Citation")]
+def test_the_layout_page_names_every_module_in_its_folders_row():
+    """docs/layout.md is the module-by-module map: each package row names every module of that package (a module
+    added, moved or renamed without the map changing fails here)."""
     rows = {}
-    for line in layout.splitlines():
-        match = re.match(r"\| `(r2r_hf/[\w/]+)/` \|(.*)\|$", line)
+    for line in (DOCS / "layout.md").read_text(encoding="utf-8").splitlines():
+        match = re.match(r"\| `((?:r2r_hf|benchmarks)/[\w/]*?)/?` \|(.*)\|$", line)
         if match:
             rows[match.group(1)] = match.group(2)
-    assert {"r2r_hf/core", "r2r_hf/core/layouts", "r2r_hf/core/fast", "r2r_hf/serve"} <= set(rows)
+    assert {"r2r_hf/core", "r2r_hf/core/layouts", "r2r_hf/core/fast", "r2r_hf/serve", "benchmarks/gpu"} <= set(rows)
     missing = []
     for folder, text in rows.items():
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted((ROOT / folder).glob("*.py")) + sorted((ROOT / folder).glob("*.sh")):
             if path.name != "__init__.py" and f"`{path.name}`" not in text:
                 missing.append(f"{folder}/{path.name}")
-    assert not missing, f"the README's Layout table does not name {missing}"
+    assert not missing, f"docs/layout.md does not name {missing}"
+
+
+def test_the_readme_is_short_and_links_every_docs_page():
+    lines = README.splitlines()
+    assert len(lines) <= 250, f"the README has {len(lines)} lines: move detail to a docs/ page (at most 250)"
+    long = [i + 1 for i, line in enumerate(lines) if len(line) > 300]
+    assert not long, f"README lines {long} are over 300 characters"
+    unlinked = [page.name for page in sorted(DOCS.glob("*.md")) if f"](docs/{page.name})" not in README]
+    assert not unlinked, f"the README does not link {unlinked}"
+
+
+def test_the_readme_layout_has_one_line_per_package():
+    tree = _blocks(_section("## Layout"), "")[0]
+    listed = {line.split()[0].rstrip("/") for line in tree.splitlines() if line.strip()}
+    packages = {str(init.parent.relative_to(ROOT)) for top in ("r2r_hf", "benchmarks")
+                for init in (ROOT / top).rglob("__init__.py")}
+    assert packages <= listed, f"the README's Layout has no line for {sorted(packages - listed)}"
+
+
+def test_every_relative_link_of_the_readme_and_docs_names_a_file_there():
+    broken = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" not in target and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, f"links to nothing: {broken}"

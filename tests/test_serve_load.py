@@ -1,6 +1,6 @@
-"""benchmarks/serve_load.py's configurations (the load itself needs the real pair: a benchmark, not a test)."""
+"""benchmarks/serving/load.py's configurations (the load itself needs the real pair: a benchmark, not a test)."""
 
-from benchmarks import serve_load
+from benchmarks.serving import load as serve_load
 
 
 def test_every_configuration_records_the_policy_its_flags_name():

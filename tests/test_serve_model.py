@@ -1,11 +1,11 @@
-"""The server's cost model (benchmarks/serve_model.py) replays recorded routing through the engine's own schedule
-(benchmarks/replay.py: the real turn and plan): the same steps and the same forwards, each of the same rows and
+"""The server's cost model (benchmarks/serving/cost_model.py) replays recorded routing through the engine's own schedule
+(benchmarks/serving/replay.py: the real turn and plan): the same steps and the same forwards, each of the same rows and
 tokens, as the real running batch, under every waiting policy."""
 
 import pytest
 
-from benchmarks.replay import replay
-from benchmarks.serve_model import Costs, llm_alone, simulate, synthetic
+from benchmarks.serving.replay import replay
+from benchmarks.serving.cost_model import Costs, llm_alone, simulate, synthetic
 from r2r_hf.core.policy import WaitPolicy
 from test_batching import POLICIES, PROMPTS, Driver, _threshold
 
@@ -58,15 +58,15 @@ def test_captured_shapes_price_a_read_as_the_graph_it_replays():
     """The first H200 run: at 16 users the replay priced R2R 1.4-1.7x above what the server measured, while the LLM
     alone matched; a captured read of slots 0 and 9 of 16 replays the 16-row graph (its rows bucket holds the
     highest slot). Priced so, the replay came within 16 % of every served configuration."""
-    from benchmarks.replay import Answer, ReplayBatch
+    from benchmarks.serving.replay import Answer, ReplayBatch
 
     def priced(**flags) -> float:
         costs = Costs(slm=(0.0, 0.0, 0.0), llm=(0.0, 1.0, 0.0), router=(0.0, 0.0), step=0.0, **flags)  # 1 s per row
         batch = ReplayBatch(16, costs)
         for _ in range(10):
             batch.join(Answer(4, [False] * 8))
-        batch._read("llm", [0, 9])
-        return batch.spent["llm"]
+        batch.clock.read("llm", [0, 9])
+        return batch.clock.spent["llm"]
 
     assert priced() == 2.0, "the rows it reads"
     assert priced(captured_shapes=True) == 16.0, "the rows bucket of slot 9"
@@ -74,9 +74,9 @@ def test_captured_shapes_price_a_read_as_the_graph_it_replays():
 
 
 def test_the_replay_with_the_h200s_measured_costs_stays_near_what_the_h200_served(tmp_path):
-    """benchmarks/gpu_calibrated.py on the committed device results: every served configuration of the serving
+    """benchmarks/serving/calibrated.py on the committed device results: every served configuration of the serving
     phase (R2R waiting and m = 1, the LLM alone, 8 and 16 users) replayed within 20 % of its measured tokens/s."""
-    from benchmarks import gpu_calibrated
+    from benchmarks.serving import calibrated as gpu_calibrated
 
     result = gpu_calibrated.main(["--out", str(tmp_path / "calibrated.json")])
     assert len(result["against_measured"]) == 6

@@ -1,4 +1,4 @@
-"""The cost model's replay of speculative routing (benchmarks/replay.py): the real plan, settle and advance over
+"""The cost model's replay of speculative routing (benchmarks/serving/replay.py): the real plan, settle and advance over
 priced forwards. Where the LLM confirms every pending position it takes exactly the running batch's steps and
 forwards; where it rejects one, the rollbacks throw away what a hand count says; and on the H200's estimated costs
 speculation beats every waiting policy where users share the GPU (the reason for the feature)."""
@@ -6,9 +6,9 @@ speculation beats every waiting policy where users share the GPU (the reason for
 import pytest
 import torch
 
-from benchmarks.replay import Routed, replay
-from benchmarks.serve_model import H200_CAPTURED, Costs, answers_of, simulate, synthetic
-from benchmarks.serve_speculative import RECOMMENDED_DEPTH, WAITING_GRID, shipped
+from benchmarks.serving.replay import Routed, replay
+from benchmarks.serving.cost_model import H200_CAPTURED, Costs, answers_of, simulate, synthetic
+from benchmarks.serving.speculative import RECOMMENDED_DEPTH, WAITING_GRID, shipped
 from r2r_hf import R2RForCausalLM
 from r2r_hf.core.policy import WaitPolicy
 from r2r_hf.testing import make_related_llm, make_tiny_slm
@@ -52,7 +52,7 @@ def test_where_the_llm_confirms_everything_the_replay_takes_the_batchs_steps_and
 
 def _one(routed: list[bool], agrees: list[bool], policy: WaitPolicy):
     batch, done = replay([(10, Routed(routed, agrees))], 1, policy, FLAT, trace=True)
-    return batch.counters, batch.clock, done
+    return batch.counters, batch.clock.now, done
 
 
 def test_a_rejected_pending_position_throws_away_the_tail_after_it():

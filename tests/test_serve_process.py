@@ -5,43 +5,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
+import pytest
 
-from serving import free_port
-
-
-def start_server(router_dir, pair_dir, *flags, env=None):
-    """``python -m r2r_hf.cli serve`` on a free loopback port; returns (process, base url) once it answers."""
-    port = free_port()
-    command = [sys.executable, "-m", "r2r_hf.cli", "--quiet", "serve", str(router_dir), "--slm", pair_dir[0],
-               "--llm", pair_dir[1], "--port", str(port), "--threads", "1", *flags]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"the server did not start:\n{process.stdout.read()}")
-        time.sleep(0.2)
-
-
-def stop(process) -> int:
-    """SIGTERM, then wait; anything left of its process group is killed (and the test fails)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
+from serving import start_tiny as start_server
+from r2r_hf.testing.server import free_port, launch, stop, wait_healthy
 
 
 def test_sigterm_lets_the_answer_in_flight_finish_then_exits(router_dir, pair_dir):
@@ -97,8 +66,6 @@ def test_the_readmes_curl_lines_work_against_the_server(router_dir, pair_dir):
     import shutil
     from pathlib import Path
 
-    import pytest
-
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed on this machine")
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -145,3 +112,20 @@ def test_when_the_drain_runs_out_a_stream_ends_with_an_error_event_and_done(rout
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_a_server_that_ends_before_it_answers_is_reported_with_what_it_said(router_dir):
+    process = launch(router_dir, "--no-such-flag")
+    with pytest.raises(RuntimeError, match="exited with 2") as raised:
+        wait_healthy(process, f"http://127.0.0.1:{free_port()}", timeout=120)
+    assert "--no-such-flag" in str(raised.value), "the server's own words are in the error"
+
+
+def test_stop_kills_a_server_that_outstays_sigterm_and_says_so():
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
+           "time.sleep(120)"
+    process = subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert process.stdout.readline() == "ready\n"  # SIGTERM is ignored from here on
+    with pytest.raises(RuntimeError, match="did not stop within 1 s of SIGTERM"):
+        stop(process, timeout=1)
+    assert process.returncode == -signal.SIGKILL

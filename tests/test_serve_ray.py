@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -20,10 +18,10 @@ import time
 import httpx
 import openai
 import pytest
-from serving import free_port
-from test_serve_process import start_server
+from serving import start_tiny, tiny_flags
 
 from r2r_hf.serve.settings import is_loopback
+from r2r_hf.testing.server import free_port, launch, wait_healthy
 
 pytestmark = pytest.mark.ray
 psutil = pytest.importorskip("psutil")  # Ray's own dependency: there wherever Ray is
@@ -75,10 +73,7 @@ def launched(router_dir, pair_dir, *flags):
     """(process, Ray folder, port) of ``r2r-hf serve --ray FLAGS`` on a free loopback port, not waited for; killed
     with all it started on exit."""
     ray_tmp, port = tempfile.mkdtemp(prefix="r2r-ray-", dir="/tmp"), free_port()
-    command = [sys.executable, "-m", "r2r_hf.cli", "--quiet", "serve", str(router_dir), "--slm", pair_dir[0],
-               "--llm", pair_dir[1], "--port", str(port), "--threads", "1", "--ray", *flags]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1", **_ray_env(ray_tmp)}, start_new_session=True)
+    process = launch(router_dir, *tiny_flags(pair_dir), "--port", str(port), "--ray", *flags, env=_ray_env(ray_tmp))
     try:
         yield process, ray_tmp, port
     finally:
@@ -114,7 +109,7 @@ def error_lines(output: str) -> list[str]:
 def server(router_dir, pair_dir):
     """(process, url, Ray folder) of a server with two replicas; whatever is left of it is killed at the end."""
     ray_tmp = tempfile.mkdtemp(prefix="r2r-ray-", dir="/tmp")
-    process, url = start_server(router_dir, pair_dir, "--ray", "--replicas", "2", "--cpus-per-replica", "0.5",
+    process, url = start_tiny(router_dir, pair_dir, "--ray", "--replicas", "2", "--cpus-per-replica", "0.5",
                                 "--drain-seconds", str(DRAIN_S), env=_ray_env(ray_tmp))
     try:
         yield process, url, ray_tmp
@@ -254,13 +249,8 @@ def test_sigterm_right_after_start_up_lets_a_long_stream_finish(router_dir, pair
     drain: the command now waits itself.)"""
     with launched(router_dir, pair_dir, "--replicas", "1", "--cpus-per-replica", "0.5", "--drain-seconds", "60") \
             as (process, ray_tmp, port):
-        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
-        while True:  # the stream starts as soon as the proxy answers, as a client polling /health would
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(process, url)  # the stream starts as soon as the proxy answers, as a client polling /health would
         body = {"model": os.path.basename(str(router_dir)), "prompt": "the old man said", "max_tokens": 1000,
                 "temperature": 0, "threshold": 0.0, "stream": True}
         got, cut = [], None

@@ -61,7 +61,7 @@ def test_served_rows_answer_as_generate_alone(request, tok, which, policy):
         run.join(name, rows[name][0], **rows[name][1])
     run.run(4)  # the others join while the first speculate
     run.join(order[4], rows[order[4]][0], **rows[order[4]][1])
-    while run.batch.free_slots() == 0:
+    while run.batch.ledger.free_slots() == 0:
         run.run(1)
     run.join(order[5], rows[order[5]][0], **rows[order[5]][1])  # into a slot a finished row left
     run.run()

@@ -8,17 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-from .options import device, fraction, non_negative, non_negative_int, positive_fraction, positive_int, seed, threads
-
-
-def add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--router", required=True, help="router folder or Hub id")
-    p.add_argument("--slm", help="SLM Hub id or folder (default: the one the router names)")
-    p.add_argument("--llm", help="LLM Hub id or folder (default: the one the router names)")
-    p.add_argument("--device", type=device(allow_auto=True), default="cpu",
-                   help="cpu, cuda, cuda:1, or auto (accelerate device map)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
-    p.add_argument("--threads", type=threads, help="torch CPU threads")
+from .options import (
+    add_model_flags,
+    fraction,
+    load_models,
+    non_negative,
+    non_negative_int,
+    positive_fraction,
+    positive_int,
+    seed,
+)
 
 
 def add_generation_options(p: argparse.ArgumentParser) -> None:
@@ -33,17 +32,6 @@ def add_generation_options(p: argparse.ArgumentParser) -> None:
                    help="the LLM writes at most this share of the answer's tokens (e.g. 0.1), where the router is surest")
     p.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     p.add_argument("--system", help="system message (chat template only)")
-
-
-def load(args: argparse.Namespace):
-    """The model and tokenizer an invocation asks for."""
-    from ..serve import load_for_serving
-
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    return load_for_serving(args.router, args.slm, args.llm, args.device, args.dtype)
 
 
 def encode(tokenizer, messages: list[dict], raw: bool, model, max_new_tokens: int) -> dict:
@@ -89,7 +77,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise ValueError("The prompt is empty; pass the text to answer as the last argument (or use `r2r-hf chat`).")
     from ..views import RoutingStreamer, to_html
 
-    model, tokenizer = load(args)
+    model, tokenizer = load_models(args)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}]
     inputs = encode(tokenizer, messages, args.no_chat_template, model, args.max_new_tokens)
@@ -124,7 +112,7 @@ def run_chat(args: argparse.Namespace) -> int:
 
     from ..views import RoutingStreamer
 
-    model, tokenizer = load(args)
+    model, tokenizer = load_models(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print("r2r chat: LLM-written tokens are coloured. Ctrl-C stops a turn; Ctrl-D or /exit quits.", file=sys.stderr)
     while True:
@@ -163,14 +151,14 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 def setup_generate(p: argparse.ArgumentParser) -> None:
-    add_model_options(p)
+    add_model_flags(p)
     add_generation_options(p)
     p.add_argument("--html", help="also write a standalone HTML view of the routing to this file")
     p.add_argument("prompt", help="the prompt (the chat template is applied unless --no-chat-template)")
 
 
 def setup_chat(p: argparse.ArgumentParser) -> None:
-    add_model_options(p)
+    add_model_flags(p)
     add_generation_options(p)
 
 

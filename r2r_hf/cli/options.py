@@ -1,4 +1,5 @@
-"""Argument types shared by every subcommand: each says what it expected in one sentence."""
+"""Argument types shared by every subcommand (each says what it expected in one sentence), and the flags every
+command that loads the models declares the same way."""
 
 from __future__ import annotations
 
@@ -102,9 +103,6 @@ dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
 positive_seconds = _bounded("a finite number of seconds > 0", lambda v: 0 < v < math.inf)
 
 
-non_negative_int = whole(0)
-
-
 CAPTURE_MODES = ("auto", "graphs", "compile", "off")
 
 
@@ -173,6 +171,38 @@ def device(allow_auto: bool = False):
 
     parse.__name__ = "device"
     return parse
+
+
+def add_threads_flag(p: argparse.ArgumentParser, help_text: str = "torch CPU threads") -> None:
+    """``--threads``: torch's CPU threads for the command (bounded by this machine's CPUs)."""
+    p.add_argument("--threads", type=threads, help=help_text)
+
+
+def add_model_flags(p: argparse.ArgumentParser, router_flag: bool = True,
+                    threads_help: str = "torch CPU threads") -> None:
+    """The flags of every command that loads the router and its pair: the router (``--router``, or a positional
+    argument where ``router_flag`` is False), the two models, where they run, their dtype and torch's threads."""
+    if router_flag:
+        p.add_argument("--router", required=True, help="router folder or Hub id")
+    else:
+        p.add_argument("router", help="router folder or Hub id")
+    p.add_argument("--slm", help="SLM Hub id or folder (default: the one the router names)")
+    p.add_argument("--llm", help="LLM Hub id or folder (default: the one the router names)")
+    p.add_argument("--device", type=device(allow_auto=True), default="cpu",
+                   help="cpu, cuda, cuda:1, or auto (accelerate device map)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
+    add_threads_flag(p, threads_help)
+
+
+def load_models(args: argparse.Namespace):
+    """The model and tokenizer ``add_model_flags``' flags name, with torch's threads set first."""
+    from ..serve import load_for_serving
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return load_for_serving(args.router, args.slm, args.llm, args.device, args.dtype)
 
 
 def require_dir(path: str, what: str) -> None:

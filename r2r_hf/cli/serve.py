@@ -1,7 +1,7 @@
 """``r2r-hf serve ROUTER``: an OpenAI-compatible server, one process or Ray Serve replicas.
 
-Every server flag comes from ``ServeSettings`` (its defaults and help text); only the model
-and scale-out flags are added here. Heavy modules are imported when the command runs.
+Every server flag comes from ``ServeSettings`` (its defaults and help text), the model flags from
+``options.add_model_flags``; only the scale-out flags are added here. Heavy modules are imported when the command runs.
 """
 
 from __future__ import annotations
@@ -11,19 +11,13 @@ import json
 import os
 
 from ..serve.settings import ServeSettings, key_problem
-from .options import add_settings_flags, device, positive_int, positive_seconds, settings_from, threads
+from .options import add_model_flags, add_settings_flags, load_models, positive_int, positive_seconds, settings_from
 
 KEY_VARIABLE = "R2R_API_KEY"
 
 
 def setup_serve(p: argparse.ArgumentParser) -> None:
-    p.add_argument("router", help="router folder or Hub id")
-    p.add_argument("--slm", help="SLM Hub id or folder (default: the one the router names)")
-    p.add_argument("--llm", help="LLM Hub id or folder (default: the one the router names)")
-    p.add_argument("--device", type=device(allow_auto=True), default="cpu",
-                   help="cpu, cuda, cuda:1, or auto (accelerate device map)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
-    p.add_argument("--threads", type=threads, help="torch CPU threads (per replica)")
+    add_model_flags(p, router_flag=False, threads_help="torch CPU threads (per replica)")
     add_settings_flags(p, ServeSettings)
     p.add_argument("--api-key-file", metavar="PATH",
                    help=f"read the API key from this file (preferred, with {KEY_VARIABLE}: a key given with --api-key "
@@ -67,7 +61,7 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from ..serve import load_for_serving, require_extra, run_server, served_name
+    from ..serve import require_extra, run_server, served_name
 
     if args.ray and not args.ray_address:
         from ..serve.ray_local import loopback_ray_environment
@@ -98,11 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 0
     sock = bind_listener(settings.host, settings.port)  # before loading: a port in use is said at once
     try:
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
-        model, tokenizer = load_for_serving(args.router, args.slm, args.llm, args.device, args.dtype)
+        model, tokenizer = load_models(args)
     except BaseException:
         sock.close()
         raise

@@ -15,6 +15,7 @@ from ..router_types import MLP, ROUTER_TYPES
 from ..training.settings import DEFAULT_RECALL, TrainSettings
 from .options import (
     add_settings_flags,
+    add_threads_flag,
     device,
     dropout,
     fraction,
@@ -23,7 +24,6 @@ from .options import (
     require_dir,
     seed,
     settings_from,
-    threads,
     widths,
 )
 
@@ -76,7 +76,7 @@ def _setup_label(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="run folder (an existing one with the same settings is resumed)")
     p.add_argument("--limit", type=positive_int, help="label only the first N prompts")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
-    p.add_argument("--threads", type=threads, help="torch CPU threads")
+    add_threads_flag(p)
 
 
 def _run_label(args: argparse.Namespace) -> int:

@@ -3,8 +3,8 @@
 ``generate`` builds one for its call (``for_call``: every row of its left-padded prompt on HF's caches, a
 ``RectangleLayout``; the server builds the same for an answer of a model that cannot use slots); the server keeps
 one for its lifetime (``for_slots``), in which requests ``join`` free slots and ``leave`` them (a ``SlotLayout``).
-Both advance it with ``turn.decode_step``: its device side (``propose``, ``sync``, ``execute``) is
-``step.DeviceStep``'s, its host side — a ``RowState`` per slot and the step counter — ``plan.BatchRows``'.
+Both advance it with ``turn.decode_step``: it is a ``turn.DeviceStep`` (``propose``, ``sync``, ``read_llm``,
+``commit``), and it has a ``ledger.Ledger``, each row's progress on the host.
 
 Per row: its committed tokens and both models' caches (the layout's, each model's read progress per row),
 the SLM's logits and hidden state after its last token (its next proposal comes from them), its threshold,
@@ -28,11 +28,14 @@ from .fast.router_copy import stateless
 from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
+from .ledger import Ledger, RowState
 from .pair import RoutedPair
-from .rows import RowState
+from .plan import Outcome, StepPlan
+from .policy import WaitPolicy
 from .routing import Routing
+from .speculation import resolve, roll_back
 from .staging import in_order, staged
-from .step import DeviceStep
+from .step import LLMRead, Proposal, Synced
 
 
 @dataclass
@@ -47,12 +50,18 @@ class Joiner:
     owner: Any = None
 
 
-class RunningBatch(DeviceStep):
-    """Every row one loop decodes (see the module docstring). Built by ``for_call`` or ``for_slots``."""
+class RunningBatch:
+    """Every row one loop decodes (see the module docstring). Built by ``for_call`` or ``for_slots``.
+
+    Args:
+        keeps_streams: the ledger keeps each written token's random stream (``generate``'s sampled calls: the call's
+            stream ends where its last answer token's draw left it, whatever a speculative tail drew past it).
+    """
 
     def __init__(self, pair: RoutedPair, layout: Layout, choice: Chooser, counters: Counters, slots: int,
-                 device: torch.device, budget: Budget | None) -> None:
-        super().__init__(slots, cuts_together=layout.reads_every_row)
+                 device: torch.device, budget: Budget | None, keeps_streams: bool = False) -> None:
+        self.ledger = Ledger(slots, lockstep=layout.lockstep)
+        self.lockstep, self.keeps_streams = layout.lockstep, keeps_streams
         self.pair, self.layout, self.choice, self.counters = pair, layout, choice, counters
         self.device = device
         self.slm_logits: torch.Tensor | None = None  # [S, V] the SLM after each row's last token
@@ -61,8 +70,6 @@ class RunningBatch(DeviceStep):
         self.running = torch.ones(slots, dtype=torch.bool, device=device)  # generate: rows not finished
         self.last_token = torch.full((slots,), -1, dtype=torch.long, device=device)  # committed at the last step
         self.budget = budget
-        self.budgeted: set[int] = set(range(slots)) if budget is not None else set()  # rows with a budget to keep
-        self.budget_log: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # step -> budget state (speculation)
 
     # ------------------------------------------------------------ building
     @classmethod
@@ -78,8 +85,8 @@ class RunningBatch(DeviceStep):
                             lambda index=None: layout.row_ids(0, index))
         rows, device = input_ids.shape[0], input_ids.device
         budget = None if routing.llm_budget is None else Budget.start(routing.llm_budget, rows, new_tokens, device)
-        batch = cls(routing.pair, layout, choice, counters, rows, device, budget)
-        batch.rows = [RowState(max_new=new_tokens) for _ in range(rows)]
+        batch = cls(routing.pair, layout, choice, counters, rows, device, budget, routing.sampler.do_sample)
+        batch.ledger.rows = [RowState(max_new=new_tokens) for _ in range(rows)]
         batch.thresholds.fill_(routing.threshold)
         batch.store_slm(list(range(rows)), *layout.slm_read(list(range(rows))))
         return batch
@@ -91,10 +98,9 @@ class RunningBatch(DeviceStep):
         counters = counters or Counters()
         layout = SlotLayout(pair, slots, capacity, counters)
         choice = RowChoice(pair.vocab_size, layout.row_ids, slots, device)
-        budget = Budget.start(math.inf, slots, 1, device)  # every row keeps a budget state (inf: none)
+        budget = Budget.start(math.inf, slots, 1, device, kept=set())  # every row has a budget state (inf: none)
         batch = cls(pair, layout, choice, counters, slots, device, budget)
         batch.running.fill_(False)
-        batch.budgeted = set()
         return batch
 
     # ------------------------------------------------------------ rows
@@ -106,21 +112,18 @@ class RunningBatch(DeviceStep):
         No running row's cache moves, unless a prompt needs more columns than the slots have (then every
         slot grows: the bytes copied are counted in ``counters.join_bytes``). Returns the slots taken.
         """
-        layout = self.layout
-        free = [r for r, row in enumerate(self.rows) if row is None][: len(joiners)]
+        layout, rows = self.layout, self.ledger.rows
+        free = [r for r, row in enumerate(rows) if row is None][: len(joiners)]
         if len(free) < len(joiners):
             raise ValueError(f"{len(joiners)} rows cannot join a batch with {len(free)} free slots")
         needed = max(len(j.prompt) + j.max_new for j in joiners) + 1
-        self.counters.join_bytes += layout.reserve(len(self.rows), needed)
+        self.counters.join_bytes += layout.reserve(len(rows), needed)
         for slot, joiner in zip(free, joiners):
             layout.place(slot, joiner.prompt)
-            self.rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new)
+            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new)
             self.choice.set(slot, joiner.rule)
             self.thresholds[slot] = joiner.threshold
-            share = math.inf if joiner.llm_budget is None else joiner.llm_budget
-            self.budget.place(slot, share, joiner.max_new)
-            if joiner.llm_budget is not None:
-                self.budgeted.add(slot)
+            self.budget.place(slot, math.inf if joiner.llm_budget is None else joiner.llm_budget, joiner.max_new)
             self.running[slot] = True
             self.last_token[slot] = -1
         self.counters.joins += len(joiners)
@@ -128,12 +131,12 @@ class RunningBatch(DeviceStep):
             self._ready(free, *layout.slm_read(free))
         else:
             for slot in free:
-                self.rows[slot].prefilling = True
+                rows[slot].prefilling = True
         return free
 
     def prefill(self, limit: int) -> list[int]:
         """Both models read at most ``limit`` more prompt tokens of each prefilling row; the rows now ready."""
-        rows = self.prefilling()
+        rows = self.ledger.prefilling()
         if not rows:
             return []
         done, logits, hidden = self.layout.prefill(rows, limit)
@@ -145,7 +148,7 @@ class RunningBatch(DeviceStep):
         """Rows whose prompt the SLM has read: their first proposal comes from ``logits`` and ``hidden``."""
         self.store_slm(rows, logits, hidden)
         for r in rows:
-            self.rows[r].prefilling = False
+            self.ledger.rows[r].prefilling = False
 
     def store_slm(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor) -> None:
         """The SLM's logits [k, V] and hidden states [k, H] after the last token of each of ``rows``.
@@ -157,41 +160,135 @@ class RunningBatch(DeviceStep):
             self.slm_logits, self.slm_hidden = logits, hidden
             return
         if self.slm_logits is None:
-            self.slm_logits = logits.new_zeros(len(self.rows), logits.shape[-1])
-            self.slm_hidden = hidden.new_zeros(len(self.rows), hidden.shape[-1])
+            self.slm_logits = logits.new_zeros(len(self.ledger.rows), logits.shape[-1])
+            self.slm_hidden = hidden.new_zeros(len(self.ledger.rows), hidden.shape[-1])
         self.slm_logits = self.slm_logits.index_put((at.to(self.slm_logits.device),), logits)
         self.slm_hidden = self.slm_hidden.index_put((at.to(self.slm_hidden.device),), hidden.to(self.slm_hidden.device))
 
     def leave(self, rows: list[int]) -> None:
         """Free the slots of ``rows`` (nothing is copied: a later row writes over them)."""
         for r in rows:
-            self.rows[r] = None
+            self.ledger.rows[r] = None
             self.layout.free(r)
             self.choice.set(r, None)
             self.running[r] = False
             self.last_token[r] = -1
             self.thresholds[r] = math.inf
-            self.budgeted.discard(r)
+            if self.budget is not None:
+                self.budget.kept.discard(r)
 
-    def log_budget(self, plan) -> None:
-        """While rows speculate, keep the budget state after each step (a rollback restores a row's from the step
-        that committed the token it is cut back to); forget what no rollback can reach."""
-        if not self.budgeted or not (plan.speculating or self.speculating()):
-            self.budget_log.clear()
-            return
-        self.budget_log[plan.step] = (self.budget.used.clone(), self.budget.seen.clone())
-        first = min((row.tail[0][0] for row in self.rows if row is not None and row.tail), default=plan.step)
-        self.budget_log = {step: state for step, state in self.budget_log.items() if step >= first}
+    # ------------------------------------------------------------ the step's device side (``turn.DeviceStep``)
+    def propose(self, policy: WaitPolicy) -> Proposal:
+        """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
+        may speculate, also each row's stream after its draw (a row that goes on past a routed position keeps it)
+        and, where ``policy.speculate_below`` bounds it, whether its score reaches the bound (it then waits)."""
+        rows, speculate = self.ledger.proposing(), policy.speculate > 0
+        if not rows:
+            nothing = torch.zeros(0, device=self.device)
+            return Proposal(rows, None, None, None, None, None, nothing, nothing.bool(), {}, {}, None)
+        index = self.proposal_index(rows)
+        logits, hidden = _taken(self.slm_logits, index), _taken(self.slm_hidden, index)
+        states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
+        scores, token, ok = self.choice.propose(logits, rows, rows if index is None else None)
+        after = self.choice.state(rows) if speculate else {}
+        self.pair.router.step()
+        router_scores = self.layout.route(logits, hidden, token).to(token.device)
+        routed = router_scores >= _taken(self.thresholds, index)
+        if self.lockstep:  # a rectangle's finished rows route nothing (a slot's proposers all run)
+            routed &= self.running
+        if not self._spends_none(rows):
+            live = _taken(self.running, index)
+            budget_rows = None if index is None else index.to(self.budget.share.device)
+            routed &= self.budget.allows(router_scores, budget_rows)
+            self.budget.spend(router_scores, routed, live, budget_rows)
+        below = policy.speculate_below
+        sure = router_scores >= below if speculate and below < math.inf else None
+        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after, sure)
 
-    def restore_budget(self, row: int, step: int) -> None:
-        """Row ``row``'s budget back to where it stood after step ``step`` (one without a budget keeps none)."""
-        if row in self.budgeted:
-            used, seen = self.budget_log[step]
-            self.budget.used[row], self.budget.seen[row] = used[row], seen[row]
+    def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
+        """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
+        n, s, device = len(proposal.routed), len(self.ledger.rows), proposal.routed.device
+        at = proposal.rows if proposal.index is None else range(n)  # each proposing row's entry
+        flags = self.choice.flags()
+        parts = [proposal.routed, self.last_token.to(device)]  # (cat promotes bool to long: no cast kernel)
+        parts += [part.reshape(-1).to(device) for part in (proposal.ok, flags, *extra) if part is not None]
+        if proposal.sure is not None:
+            parts.append(proposal.sure)  # last: n entries, like routed
+        flat = torch.cat(parts).tolist()
+        self.counters.host_syncs += 1
+        end = n + s
+        failed = set()
+        if proposal.ok is not None:
+            failed = {r for r, i in zip(proposal.rows, at) if not flat[end + i]}
+            end += n
+        if flags is not None:
+            failed |= {r for r, v in enumerate(flat[end : end + s]) if v}
+            end += s
+        delivered = self.ledger.arrive(flat[n : n + s])
+        stop = len(flat) - (n if proposal.sure is not None else 0)
+        sure = [bool(flat[stop + i]) for i in at] if proposal.sure is not None else []
+        return Synced([bool(flat[i]) for i in at], delivered, failed, flat[end:stop], sure)
 
+    def read_llm(self, plan: StepPlan, proposal: Proposal) -> LLMRead:
+        """The LLM's read ``plan`` asks for: a resolution (``speculation.resolve``), or its catch-up, in which it
+        reads what it has not read of ``plan.llm_reads`` and draws in the SLM's place for ``plan.llm_writers``."""
+        if plan.resolving:
+            return resolve(self, plan, proposal)
+        if not plan.llm_writers:
+            return LLMRead()
+        logits = self.layout.llm_read(list(plan.llm_reads))
+        states = {r: self.ledger.stream_before(r, proposal.states) for r in plan.llm_writers}
+        scores, token, ok = self.choice.redraw(logits, list(plan.llm_reads), list(plan.llm_writers), states)
+        at = self.index(list(plan.llm_writers))
+        self.choice.flag(at, ok)  # read in the next step's synchronisation
+        return LLMRead(plan.llm_writers, token, at, scores=scores, logits=logits)
+
+    def commit(self, proposal: Proposal, plan: StepPlan, outcome: Outcome,
+               read: LLMRead) -> tuple[torch.Tensor, dict[int, Any]]:
+        """Roll back where ``outcome`` says, commit each writer's token (the LLM's where it wrote, the SLM's
+        proposal elsewhere) and let the SLM read the committed tokens of the rows that propose again."""
+        roll_back(self, outcome, read.streams)
+        committed, holding = self._proposed(proposal)
+        if outcome.llm_writers:
+            same = outcome.llm_writers == read.rows
+            at = read.index if same else self.index(list(outcome.llm_writers))
+            tokens = read.tokens_of(outcome.llm_writers)
+            committed = tokens if at is None else committed.index_put((at,), tokens)
+        if outcome.kept:  # (lockstep: rows cut back with a rejected one keep their token at the cut)
+            kept = torch.stack([self.layout.tokens_at(r, [outcome.rollbacks[r]])[0] for r in outcome.kept])
+            committed = committed.index_put((staged(list(outcome.kept), self.device),), kept.to(committed.device))
+        writers = outcome.writers
+        if holding - set(writers):  # a routed row that waits, one that ended, a slot that did not propose: nothing
+            committed = torch.where(self.mask(writers), committed, -1)
+        if writers:  # (a rectangle commits the pad for its finished rows)
+            committed = self.layout.append(list(writers), committed, self.running)
+        self.last_token = committed
+        if outcome.slm_reads:
+            self.store_slm(list(outcome.slm_reads), *self.layout.slm_read(list(outcome.slm_reads)))
+        if self.budget is not None:
+            self.budget.remember(plan.step, bool(plan.speculating) or self.ledger.speculating(),
+                                 self.ledger.oldest_tail_step(plan.step))
+        return committed, self.choice.state(list(writers)) if self.keeps_streams else {}
+
+    def _proposed(self, proposal: Proposal) -> tuple[torch.Tensor, set[int]]:
+        """[S] this step's proposals at their slots, and the slots whose entry holds a token (a proposal, or what a
+        slot that did not propose holds where the proposals cover every slot: ``Proposal.index``)."""
+        slots = len(self.ledger.rows)
+        if not proposal.rows:
+            return torch.full((slots,), -1, dtype=torch.long, device=self.device), set()
+        if proposal.index is None:
+            return proposal.token, set(range(slots))
+        empty = torch.full((slots,), -1, dtype=torch.long, device=self.device)
+        return empty.index_put((proposal.index,), proposal.token), set(proposal.rows)
+
+    def _spends_none(self, rows: list[int]) -> bool:
+        """Whether none of ``rows`` keeps a budget (their step spends none)."""
+        return self.budget is None or self.budget.kept.isdisjoint(rows)
+
+    # ------------------------------------------------------------ indexing
     def index(self, rows: list[int]) -> torch.Tensor | None:
         """Rows as an index tensor (staged: the host does not wait), or None when they are every slot in order."""
-        if len(rows) == len(self.rows) and in_order(rows):
+        if len(rows) == len(self.ledger.rows) and in_order(rows):
             return None
         return staged(rows, self.device)
 
@@ -202,14 +299,18 @@ class RunningBatch(DeviceStep):
         slots too)."""
         router = self.pair.router
         pure = stateless(router) and getattr(router, "capturable", True)
-        if not self.layout.reads_every_row and self.budgeted.isdisjoint(rows) and pure:
+        if not self.lockstep and self._spends_none(rows) and pure:
             return None
         return self.index(rows)
 
     def mask(self, rows) -> torch.Tensor:
         """[S] bool, True at ``rows`` (staged)."""
         chosen = set(rows)
-        return staged([r in chosen for r in range(len(self.rows))], self.device, torch.bool)
+        return staged([r in chosen for r in range(len(self.ledger.rows))], self.device, torch.bool)
 
     def close(self) -> None:
         self.layout.close()
+
+
+def _taken(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    return values if index is None else values[index.to(values.device)]

@@ -21,7 +21,7 @@ carry b = inf (always allowed). The state is per row, so rows of a batch keep th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -56,19 +56,27 @@ class Budget:
         seen: [B] the row's tokens generated so far.
         history: [B, N] the router scores of those tokens (NaN past ``seen``), sized at the start for the
             longest answer (no host sync per step to grow it).
+        kept: rows that keep a budget (the others spend none; the server's rows without one carry b = inf).
+        log: step -> (used, seen) after that step, while rows speculate (a rollback restores a row's from the step
+            that committed the token it is cut back to).
     """
 
     share: torch.Tensor
     used: torch.Tensor
     seen: torch.Tensor
     history: torch.Tensor
+    kept: set[int] = field(default_factory=set)
+    log: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, share: torch.Tensor | float, rows: int, columns: int, device: torch.device) -> Budget:
-        """A fresh state for ``rows`` rows (``share`` one value or one per row) with room for ``columns`` tokens."""
+    def start(cls, share: torch.Tensor | float, rows: int, columns: int, device: torch.device,
+              kept: set[int] | None = None) -> Budget:
+        """A fresh state for ``rows`` rows (``share`` one value or one per row) with room for ``columns`` tokens;
+        ``kept``: the rows that keep it (None: every row)."""
+        kept = set(range(rows)) if kept is None else kept
         share = torch.as_tensor(share, dtype=torch.float64, device=device).expand(rows).clone()
         zeros = torch.zeros(rows, dtype=torch.long, device=device)
-        return cls(share, zeros, zeros.clone(), torch.full((rows, max(columns, 1)), math.nan, device=device))
+        return cls(share, zeros, zeros.clone(), torch.full((rows, max(columns, 1)), math.nan, device=device), kept)
 
     def allows(self, scores: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[k] bool: where the LLM may write the next token of rows ``rows`` (all when None) whose router scores
@@ -98,6 +106,21 @@ class Budget:
         else:
             self.history[rows], self.used[rows], self.seen[rows] = history, used, seen
 
+    def remember(self, step: int, speculating: bool, oldest: int) -> None:
+        """While rows that keep a budget may be cut back (``speculating``), keep the state after ``step``; forget the
+        states of steps before ``oldest`` (no rollback reaches them)."""
+        if not self.kept or not speculating:
+            self.log.clear()
+            return
+        self.log[step] = (self.used.clone(), self.seen.clone())
+        self.log = {s: state for s, state in self.log.items() if s >= oldest}
+
+    def restore(self, row: int, step: int) -> None:
+        """Row ``row``'s state back to where it stood after step ``step`` (a row that keeps no budget has none)."""
+        if row in self.kept:
+            used, seen = self.log[step]
+            self.used[row], self.seen[row] = used[row], seen[row]
+
     def _of(self, rows: torch.Tensor | None):
         if rows is None:
             return self.share, self.used, self.seen, self.history
@@ -111,6 +134,10 @@ class Budget:
             self.history = torch.nn.functional.pad(self.history, (0, pad), value=math.nan)
         self.share[row], self.used[row], self.seen[row] = share, 0, 0
         self.history[row] = math.nan
+        if math.isfinite(share):
+            self.kept.add(row)
+        else:
+            self.kept.discard(row)
 
     def grow(self, rows: int) -> None:
         """Room for ``rows`` slots (new ones hold no answer)."""

@@ -116,28 +116,25 @@ class Counters:
         if self.shapes is not None:
             self.shapes.append((role, rows, tokens))
 
-    def step(self, plan, settled=None) -> None:
-        """Count one step that ran ``plan`` (a ``plan.StepPlan``)."""
+    def step(self, plan, outcome) -> None:
+        """Count one step that ran ``plan`` (a ``plan.StepPlan``) and committed ``outcome`` (a ``plan.Outcome``)."""
         self.steps += 1
         served = set(plan.llm_writers) | set(plan.resolving)
         if served:
             self.llm_calls += 1
             self.llm_rows += len(served)
             self.waits.extend(plan.waited)
+        if plan.resolving:  # the LLM judged pending positions: confirmed some, rejected some, threw tokens away
+            self.resolutions += 1
+            self.agreed += outcome.agreed
+            self.rejected += outcome.rejected
+            self.thrown += outcome.thrown
 
     def delivered(self, tokens: int, llm_tokens: int) -> None:
         """Answer tokens handed to the caller (confirmed ones only), and how many of them count as the LLM's; an
         answer that ended before some of them gives those back (a speculative tail past its EOS)."""
         self.generated += tokens
         self.llm_tokens += llm_tokens
-
-    def resolved(self, agreed: int, rejected: int, thrown: int) -> None:
-        """One LLM forward resolved pending positions: confirmed ``agreed``, rejected ``rejected``, and the rollbacks
-        threw ``thrown`` committed tokens away."""
-        self.resolutions += 1
-        self.agreed += agreed
-        self.rejected += rejected
-        self.thrown += thrown
 
     def summary(self) -> dict[str, float | int | None]:
         """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet); the wait quantiles

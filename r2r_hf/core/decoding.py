@@ -7,12 +7,14 @@ row commits a token at every step, and the LLM runs in the step a row routes (``
 contracts — ``sequences``, streamers and stopping criteria all see one token per row per step — leave no room
 for a row that waits, so waiting for a shared LLM forward is the server's (``r2r_hf/serve``).
 
-Nothing is rolled back: the SLM's cache only ever holds committed tokens and the LLM's cache only grows, so
-both can be static and the fixed-shape calls captured. Sampling keeps HF's random stream: it advances once
-per committed token, because the LLM redraws from the state the SLM's draw started from (``choice.py``).
-Hence never-route equals ``slm.generate`` and always-route equals ``llm.generate``, token for token, under
-the same seed. The host waits on the device once per step: for the routing decision (which also tells
-whether every row finished at the previous step).
+Without speculation nothing is rolled back: the SLM's cache only ever holds committed tokens and the LLM's cache
+only grows, so both can be static and the fixed-shape calls captured. With it (``routing.policy.speculate``) a
+resolution may cut the whole rectangle back (``speculation.py``); HF's records, streamer and stopping criteria see
+a column only once it is confirmed (``ledger.Applied.confirmed``). Sampling keeps HF's random stream: it advances
+once per committed token, because the LLM redraws from the state the SLM's draw started from (``choice.py``), and
+the call's stream ends where its last answer token's draw left it. Hence never-route equals ``slm.generate`` and
+always-route equals ``llm.generate``, token for token, under the same seed. The host waits on the device once per
+step: for the routing decision (which also tells whether every row finished at the previous step).
 
 Where a call gives an LLM budget, a token routes only where the row's budget allows too (``budget.py``:
 never more than ceil(b * t) of t tokens, spent where the router is surest).
@@ -25,10 +27,11 @@ from transformers import GenerationConfig, MaxLengthCriteria, StoppingCriteriaLi
 from transformers.generation.streamers import BaseStreamer
 
 from .batch import RunningBatch
+from .ledger import Written
 from .outputs import R2RGenerateOutput, RoutingAwareStreamer
 from .routing import Routing, call_length
-from .step import StepResult, Synced
-from .turn import decode_step
+from .step import Synced
+from .turn import StepResult, decode_step
 
 
 class Finished:
@@ -42,76 +45,55 @@ class Finished:
         return (self.batch.running.any(),)
 
     def ended(self, synced: Synced) -> dict[int, int]:
-        return {r: len(synced.delivered[r]) for r in range(len(self.batch.rows))} if not synced.extra[0] else {}
+        return {r: len(synced.delivered[r]) for r in range(len(self.batch.ledger.rows))} if not synced.extra[0] else {}
 
 
-def r2r_decode(
-    routing: Routing,
-    input_ids: torch.Tensor,
-    stopping_criteria: StoppingCriteriaList,
-    generation_config: GenerationConfig,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    streamer: BaseStreamer | None = None,
-) -> R2RGenerateOutput | torch.Tensor:
-    """Generate with token-level routing, once HF ``generate`` has prepared everything.
-
-    Args:
-        routing: the call's router, threshold, processors, sampler and model calls.
-        input_ids: [B, P] left-padded prompts.
-        stopping_criteria, generation_config: as prepared by HF ``generate``.
-        attention_mask: [B, P], or None when nothing is padded.
-        position_ids: [B, P] positions of the prompt tokens.
-        streamer: an HF streamer (it already received the prompt); a ``RoutingAwareStreamer``
-            is also told which rows the LLM wrote.
-    """
+def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: StoppingCriteriaList,
+               generation_config: GenerationConfig, attention_mask: torch.Tensor | None = None,
+               position_ids: torch.Tensor | None = None,
+               streamer: BaseStreamer | None = None) -> R2RGenerateOutput | torch.Tensor:
+    """Generate with token-level routing, once HF ``generate`` has prepared everything: ``routing`` (the call's
+    router, threshold, processors, sampler and model calls), the left-padded prompts ``input_ids`` [B, P] with their
+    ``attention_mask`` (None: nothing padded) and ``position_ids``, HF's stopping criteria and config, and its
+    streamer (it already received the prompt; a ``RoutingAwareStreamer`` is also told which rows the LLM wrote)."""
     rows, prompt_len = input_ids.shape
-    return_dict = bool(generation_config.return_dict_in_generate)
-    keep_scores = return_dict and bool(generation_config.output_scores)
-    keep_logits = return_dict and bool(generation_config.output_logits)
-    pad = generation_config._pad_token_tensor
-    pad_finished = pad is not None and any(hasattr(c, "eos_token_id") for c in stopping_criteria)
     new_max = call_length(generation_config, prompt_len) - prompt_len
     batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
-                                  pad if pad_finished else None)
-    records = _Records(keep_scores, keep_logits)
-    criteria = _needed(stopping_criteria, prompt_len + new_max)
-    seq, stops, streams = batch.layout.seq, Finished(batch), {}
-    sampled = routing.policy.speculate > 0 and routing.sampler.do_sample  # streams to restore past a tail
+                                  _finished_pad(generation_config, stopping_criteria))
+    records = _Records.of(generation_config, routing.sampler.state())
+    criteria, stops = _needed(stopping_criteria, prompt_len + new_max), Finished(batch)
     while True:
-        before = routing.sampler.state()
         out = decode_step(batch, routing.policy, stops)
-        if len(out.plan.ended) == rows:  # every row had finished at the previous step: this step's draw is not committed
-            routing.sampler.restore(before)
+        if len(out.plan.ended) == rows:  # every row had finished at the previous step: nothing is committed
             break
-        if out.writers:
-            column = records.write(out, batch, routing.vocab_size)
-            if sampled:
-                streams[column] = routing.sampler.state()
-        _confirm(batch, records, criteria, streamer, prompt_len)
-        if all(row.draining for row in batch.rows) and not batch.speculating():  # every row wrote its last token
+        records.write(out, batch.running, routing.vocab_size)
+        if not _confirm(batch, records, out.applied.confirmed.get(0, []), criteria, streamer, prompt_len):
+            break  # every row ended inside a burst of confirmed columns
+        if batch.ledger.finished():  # every row wrote its last token
             break
-        if records.step < batch.rows[0].confirmed:  # every row ended inside a burst of confirmed columns
-            break
-    if streams and records.step:
-        routing.sampler.restore(streams[records.step - 1])  # as after the last committed draw, not a discarded one
+    routing.sampler.restore(records.stream)  # where the last answer token's draw left it, not a discarded draw's
     if streamer is not None:
         streamer.end()
-    sequences = seq.ids[:, : prompt_len + records.step].clone()
-    if not return_dict:
-        return sequences
-    return records.output(sequences, routing, batch.counters)
+    sequences = batch.layout.seq.ids[:, : prompt_len + records.step].clone()
+    return records.output(sequences, routing, batch.counters) if records.return_dict else sequences
 
 
-def _confirm(batch: RunningBatch, records: _Records, criteria: StoppingCriteriaList, streamer: BaseStreamer | None,
-             prompt_len: int) -> None:
-    """The columns no rollback can change now are confirmed: recorded, streamed, and HF's stopping criteria mark
-    the rows they end finished."""
-    first, seq = records.step, batch.layout.seq
-    for column in range(first, batch.rows[0].confirmed):
-        if column > first and not batch.running.any():  # (a burst, after a resolution: it synced)
-            break  # every row ended inside the burst: what follows is no answer's
-        records.confirm(column, batch.running)
+def _finished_pad(config: GenerationConfig, criteria: StoppingCriteriaList) -> torch.Tensor | None:
+    """The pad HF writes after a row's end, where an EOS criterion can end rows before the others (else None)."""
+    pad = config._pad_token_tensor
+    return pad if pad is not None and any(hasattr(c, "eos_token_id") for c in criteria) else None
+
+
+def _confirm(batch: RunningBatch, records: _Records, confirmed: list[Written], criteria: StoppingCriteriaList,
+             streamer: BaseStreamer | None, prompt_len: int) -> bool:
+    """The columns the step confirmed (no rollback can change them now) are recorded, streamed, and HF's stopping
+    criteria mark the rows they end finished; False where every row ended before the last of them."""
+    seq = batch.layout.seq
+    for n, written in enumerate(confirmed):
+        if n and not batch.running.any():  # (a burst, after a resolution: it synced)
+            return False  # every row ended inside the burst: what follows is no answer's
+        column = written.index
+        records.confirm(written, batch.running)
         if streamer is not None:
             if isinstance(streamer, RoutingAwareStreamer):
                 streamer.put_routing(*(value.cpu() for value in records.column(column)))
@@ -119,6 +101,7 @@ def _confirm(batch: RunningBatch, records: _Records, criteria: StoppingCriteriaL
         if criteria:
             end = prompt_len + column + 1
             _finish(batch, criteria(seq.ids[:, :end], records.scores_out), end)
+    return True
 
 
 def _needed(criteria: StoppingCriteriaList, length: int) -> StoppingCriteriaList:
@@ -152,27 +135,39 @@ class _Records:
     step's own tensors, kept by reference and stacked once at the end: no kernel per step (a rectangle's
     ``running`` is replaced, never written in place, so a reference keeps its value)."""
 
-    def __init__(self, keep_scores: bool, keep_logits: bool) -> None:
+    def __init__(self, return_dict: bool, keep_scores: bool, keep_logits: bool, stream=None) -> None:
+        self.return_dict = return_dict
         self.written: dict[int, tuple[torch.Tensor, ...]] = {}  # column -> routed, scores, running
         self.columns: list[tuple[torch.Tensor, ...]] = []  # confirmed, in order: those and ``running`` at confirming
         self.scores_out: tuple[torch.Tensor, ...] | None = () if keep_scores else None
         self.logits_out: tuple[torch.Tensor, ...] | None = () if keep_logits else None
         self.chosen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # column -> what its tokens were chosen from
         self.step = 0  # columns confirmed
+        self.stream = stream  # the call's random stream after the last confirmed column (None: greedy)
 
-    def write(self, out: StepResult, batch: RunningBatch, vocab: int) -> int:
-        """The column the step wrote (a rollback rewrites a column whose records stay); its index."""
-        column = batch.rows[0].written - 1
-        if out.settled is None or not out.settled.rollbacks:
-            self.written[column] = (out.routed, out.router_scores, batch.running)
+    @classmethod
+    def of(cls, config: GenerationConfig, stream) -> _Records:
+        """What HF's ``config`` asks to return; ``stream``: where the call's random stream starts."""
+        kept = bool(config.return_dict_in_generate)
+        return cls(kept, kept and bool(config.output_scores), kept and bool(config.output_logits), stream)
+
+    def write(self, out: StepResult, running: torch.Tensor, vocab: int) -> None:
+        """The column the step wrote, if any (a rollback rewrites a column whose records stay); ``running``: the
+        rows not finished when it was written."""
+        if out.applied.written and not out.outcome.rollbacks:
+            column = next(iter(out.applied.written.values()))  # (lockstep: every writer wrote the same column)
+            self.written[column] = (out.routed, out.router_scores, running)
             if self.scores_out is not None or self.logits_out is not None:
                 self.chosen[column] = chosen_from(out, vocab)
-        return column
 
-    def confirm(self, column: int, running: torch.Tensor) -> None:
-        """Column ``column`` can no longer change; ``running``: its rows not finished before it. A row finished when
-        the column was written routed nothing and scores NaN there; with speculation a row may have written the
-        column before the host knew it had finished: ``running`` masks it too (without, it is the same mask)."""
+    def confirm(self, written: Written, running: torch.Tensor) -> None:
+        """Column ``written.index`` can no longer change; ``running``: its rows not finished before it. A row
+        finished when the column was written routed nothing and scores NaN there; with speculation a row may have
+        written the column before the host knew it had finished: ``running`` masks it too (without, it is the same
+        mask)."""
+        column = written.index
+        if written.stream is not None:
+            self.stream = written.stream
         self.columns.append((*self.written.pop(column), running))
         if column in self.chosen:
             scores, logits = self.chosen.pop(column)
@@ -217,8 +212,8 @@ def chosen_from(out: StepResult, vocab: int) -> tuple[torch.Tensor, torch.Tensor
         return scores, logits
     where = torch.zeros(len(scores), dtype=torch.bool, device=scores.device)
     where[writers] = True
-    scores = torch.where(where[:, None], _placed(out.llm_scores, writers, scores), scores)
-    llm_logits = out.llm_logits[:, :vocab].to(logits.device).float()
+    scores = torch.where(where[:, None], _placed(out.read.scores, writers, scores), scores)
+    llm_logits = out.read.logits[:, :vocab].to(logits.device).float()
     return scores, torch.where(where[:, None], _placed(llm_logits, list(out.plan.llm_reads), logits), logits)
 
 

@@ -1,21 +1,20 @@
-"""The step's decisions as plain values: ``plan_step`` decides, over host values only, what one step does, and
-``settle`` what it commits once the LLM has resolved speculative tokens.
+"""The step's two decisions as plain values: ``plan_step`` decides what a step does, ``settle`` what it commits.
 
-A step of the running batch (``turn.py``) proposes on the device, reads what the host needs in one
-synchronisation, then *plans* here — which rows write a token (the SLM's, or the LLM's), which go on past a routed
-position with the SLM's token (speculation), which wait for the LLM, whether the LLM runs and which rows it reads,
-which rows the SLM reads next — and only then executes the plan on the device (``step.py``). Where the LLM resolves
-speculative tokens, the first position of each row it does not confirm comes back from the device and ``settle``
-says what the step commits instead: that row cut back there with the LLM's token (in a rectangle, every row cut
-back to the earliest such position). Planning knows nothing of models, tensors or devices: the same functions
-decide ``generate``'s steps, the server's and the cost model's replay of recorded routing (``benchmarks/replay.py``),
-and a ``StepPlan`` can be printed, compared and replayed. The rows' host state it reads is ``rows.py``'s.
+A step (``turn.decode_step``) proposes on the device and reads what the host needs in one synchronisation; then
+``plan_step`` decides, over host values only, which rows write a token (the SLM's, or the LLM's), which go on past a
+routed position with the SLM's token (speculation), which wait for the LLM, whether the LLM runs and which rows it
+reads, which rows the SLM reads next. The LLM's read follows; where it resolved pending tokens, the first position
+of each row it did not confirm comes back from the device, and ``settle`` says what the step commits: the plan as
+planned where nothing was rejected, else the rejected rows cut back there with the LLM's token (in lockstep, every
+row cut back to the earliest such position). Both are pure: the same functions decide ``generate``'s steps, the
+server's and the cost model's replay of recorded routing, and a ``StepPlan`` or ``Outcome`` can be printed,
+compared and replayed. The rows' host state they read is the ledger's (``ledger.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .policy import WaitPolicy
 
@@ -33,10 +32,10 @@ class StepPlan:
             llm_writers: rows the LLM writes a token for (empty: the LLM does not run).
         speculating: routed rows that go on with the SLM's token, held pending until the LLM resolves it.
         resolving: rows whose pending positions the LLM resolves in this step.
-        llm_reads: rows the LLM reads its unread tokens of (writers and resolving rows; every row in a rectangle).
+        llm_reads: rows the LLM reads its unread tokens of (writers and resolving rows; every row in lockstep).
         waiting: rows that wait for the LLM after this step.
         slm_reads: rows the SLM reads the committed token of (writers that will propose again), unless a
-            resolution cuts rows back (``Settlement.slm_reads``).
+            resolution cuts rows back (``Outcome.slm_reads``).
         waited: steps each LLM writer waited (0: routed in this step).
     """
 
@@ -55,13 +54,12 @@ class StepPlan:
 
     @property
     def writers(self) -> tuple[int, ...]:
-        """Rows that commit a token this step (before any resolution cuts rows back)."""
+        """Rows that plan to commit a token this step (``Outcome.writers``: those that do)."""
         return tuple(sorted(self.slm_writers + self.llm_writers))
 
 
 def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequence[bool], ended: set[int],
-              policy: WaitPolicy, reads_every_row: bool = False, rows_wait: bool = True,
-              sure: Sequence[bool] = ()) -> StepPlan:
+              policy: WaitPolicy, lockstep: bool = False, sure: Sequence[bool] = ()) -> StepPlan:
     """Decide one step from host values (see the module docstring).
 
     Args:
@@ -70,8 +68,8 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
         proposed: rows that proposed; routed: the router's decision for each of them.
         ended: rows whose answer ended before this step.
         policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``).
-        reads_every_row: the layout's LLM reads every row whenever it runs (HF's rectangle).
-        rows_wait: a routed row may wait with no token (not in a rectangle: there the LLM runs instead).
+        lockstep: the rows move together (HF's rectangle): the LLM reads every row whenever it runs, and a routed
+            row cannot wait with no token (the LLM runs instead).
         sure: for each proposing row, whether the router is surer than ``policy.speculate_below`` (it then waits).
     """
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
@@ -86,7 +84,7 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     holders = set(since) | set(held)
     oldest = max((step - s for s in (*since.values(), *held.values())), default=0)
     runs = bool(holders) and (policy.runs(len(holders), len(occupied), oldest, stalled=not slm_writers)
-                              or (bool(since) and not rows_wait))
+                              or (bool(since) and lockstep))
     if not runs:
         slm_reads = tuple(r for r in sorted(slm_writers) if rows[r].max_new > 1)
         return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, (), speculating,
@@ -94,56 +92,54 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     llm_writers = tuple(sorted(set(since) | set(speculating)))  # a row routed now is written now
     slm_writers = tuple(r for r in slm_writers if r not in speculating)
     resolving = tuple(r for r in occupied if rows[r].pending)
-    reads = tuple(occupied) if reads_every_row else tuple(sorted(set(llm_writers) | set(resolving)))
+    reads = tuple(occupied) if lockstep else tuple(sorted(set(llm_writers) | set(resolving)))
     slm_reads = tuple(r for r in sorted(slm_writers + llm_writers) if rows[r].max_new > 1)
     return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, llm_writers, (),
                     resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
 
 
 @dataclass(frozen=True)
-class Settlement:
-    """What a step commits once the LLM resolved its rows' pending positions (``settle``).
+class Outcome:
+    """What a step commits (``settle``): the plan as planned, or, where the LLM rejected a pending token, the rows
+    cut back there.
 
     Args:
-        rollbacks: row -> the answer index it is cut back to; its token there is committed anew.
-        llm_writers: rows whose token this step is the LLM's (at their rollback index, or where they wait).
+        llm_writers: rows whose token this step is the LLM's (at their rollback index, or where they waited).
         slm_writers: rows whose token is the SLM's proposal.
-        kept: rows cut back with the others in a rectangle whose token at the cut stays what it was.
+        rollbacks: row -> the answer index it is cut back to; its token there is committed anew.
+        kept: rows cut back with the others in lockstep whose token at the cut stays what it was.
         resolved: rows whose pending positions are settled (confirmed, or cut away).
         slm_reads: rows the SLM reads the committed token of (those that will propose again).
         agreed: pending positions the LLM confirmed; rejected: those it did not (at most one per row).
+        thrown: committed tokens the rollbacks throw away.
     """
 
-    rollbacks: Mapping[int, int]
-    llm_writers: tuple[int, ...]
-    slm_writers: tuple[int, ...]
+    llm_writers: tuple[int, ...] = ()
+    slm_writers: tuple[int, ...] = ()
+    rollbacks: Mapping[int, int] = field(default_factory=dict)
     kept: tuple[int, ...] = ()
     resolved: tuple[int, ...] = ()
     slm_reads: tuple[int, ...] = ()
     agreed: int = 0
     rejected: int = 0
+    thrown: int = 0
 
     @property
     def writers(self) -> tuple[int, ...]:
+        """Rows that commit a token this step."""
         return tuple(sorted(self.slm_writers + self.llm_writers + self.kept))
 
-    @classmethod
-    def plain(cls, plan: StepPlan) -> Settlement:
-        """A step with nothing to resolve commits what it planned."""
-        return cls({}, plan.llm_writers, plan.slm_writers, resolved=plan.resolving, slm_reads=plan.slm_reads,
-                   agreed=0)
 
-
-def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], cuts_together: bool) -> Settlement:
-    """The step's commits given, per resolving row, the position in its pending list of the first token the LLM did
-    not confirm (None: it confirmed all). A rejected row is cut back there and the LLM's token committed; in a
-    rectangle every row is cut back to the earliest such position, where the rejected rows get the LLM's token and
-    the others keep theirs."""
+def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], lockstep: bool = False) -> Outcome:
+    """What the step commits given, per resolving row, the position in its pending list of the first token the LLM
+    did not confirm (None: it confirmed all; no entry: nothing to resolve). With nothing rejected it is the plan as
+    planned; a rejected row is cut back there and the LLM's token committed; in lockstep every row is cut back to
+    the earliest such position, where the rejected rows get the LLM's token and the others keep theirs."""
     cut = {r: rows[r].pending[j].index for r, j in rejected.items() if j is not None}
     agreed = sum(len(rows[r].pending) if j is None else j for r, j in rejected.items())
     if not cut:
-        return Settlement({}, plan.llm_writers, plan.slm_writers, (), plan.resolving, plan.slm_reads, agreed, 0)
-    if cuts_together:
+        return Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, agreed)
+    if lockstep:
         index = min(cut.values())
         occupied = [r for r, row in enumerate(rows) if row is not None and r not in plan.ended]
         llm = tuple(r for r in occupied if cut.get(r) == index)
@@ -155,5 +151,6 @@ def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], c
         slm = tuple(r for r in plan.slm_writers if r not in cut)
     writers = sorted(llm + slm + kept)
     left = {r: rows[r].max_new + (rows[r].written - rollbacks[r] if r in rollbacks else 0) for r in writers}
-    return Settlement(rollbacks, llm, slm, kept, plan.resolving, tuple(r for r in writers if left[r] > 1), agreed,
-                      len(cut))
+    thrown = sum(rows[r].written - i - (r in kept) for r, i in rollbacks.items())
+    return Outcome(llm, slm, rollbacks, kept, plan.resolving, tuple(r for r in writers if left[r] > 1), agreed,
+                   len(cut), thrown)

@@ -106,10 +106,10 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
     """The server's policy when its flags name none, by where the models run (chosen from measurements).
 
     On a GPU a forward reads the weights whatever its rows, so one LLM forward for several routed rows saves
-    whole forwards: the cost-model replay of served answers (``benchmarks/serve_model.py``, H200 component
+    whole forwards: the cost-model replay of served answers (``benchmarks/serving/cost_model.py``, H200 component
     costs) is best near m = running rows / 3 with a wait of at most 16 steps (at p = 0.1 and 8 rows: 2.2x the
     LLM alone where m = 1 gives 1.4x; at 16 rows 1.7x against 1.1x). On a CPU a forward's cost grows with its
-    rows x tokens (this machine's grid: ``benchmarks/forward_costs.py``) and an SLM step costs a third of an LLM
+    rows x tokens (this machine's grid: ``benchmarks/serving/forward_costs.py``) and an SLM step costs a third of an LLM
     forward, so a waiting row loses more than the shared forward saves: m = 1 (the LLM runs at once).
     """
     if device_type == "cpu":
@@ -135,7 +135,7 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitP
     """Where rows speculate: the LLM resolves once every running row (and at least two: one row alone never
     resolves at once, which would be m = 1) holds a pending position or waits, once the oldest pending position is
     ``SERVE_SPECULATE_WAIT`` steps old, or when no row can go on without it (a row that holds ``speculate`` pending
-    positions and routes again waits meanwhile). Chosen with the cost model (``benchmarks/serve_speculative.py``,
+    positions and routes again waits meanwhile). Chosen with the cost model (``benchmarks/serving/speculative.py``,
     H200 estimates, docs/performance.md): at 8 and 16 users, p = 0.05-0.2, 3 % below the best of its grid in each
     case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
     LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99."""

@@ -13,25 +13,33 @@ either differs, the LLM's token is committed there, everything after it is throw
 back, the budget and the stream restored to that position) and the row goes on from the LLM's token. Every
 token past a confirmed prefix is then exactly what R2R writes. A row's rollback touches no other row, except in
 HF's rectangle, whose rows share one length: there every row is cut back to the earliest rejected position and
-writes again what it wrote (greedy: the same tokens). Clients see confirmed tokens only (``rows.BatchRows.arrive``).
+writes again what it wrote (greedy: the same tokens). Clients see confirmed tokens only (``ledger.Ledger.arrive``).
 
-``resolve`` is the device side of a step in which the LLM resolves pending positions; ``plan.settle`` decides
-what the step commits from what it found.
+Words: a token is *pending* where its row went past a routed position with the SLM's token, *confirmed* once no
+rollback can take it back (before a row's first pending position), *settled* once the LLM has judged it; a
+*rollback* cuts a row back to a rejected position: both caches, its budget and its random stream.
+
+``resolve`` is the LLM's read of a step in which it judges pending positions; ``plan.settle`` decides what the step
+commits from what it found; ``roll_back`` is the device side of the rollbacks it decided.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
-from .plan import Settlement, StepPlan, settle
+from .plan import Outcome, StepPlan
 from .staging import staged
+from .step import LLMRead, Proposal
 
 
-def resolve(batch, plan: StepPlan, committed: torch.Tensor) -> tuple[Settlement, torch.Tensor]:
-    """The LLM reads what resolving ``plan.resolving`` and writing ``plan.llm_writers`` needs, confirms or rejects
-    each pending position, and the batch is cut back where it rejected one; the settlement, and ``committed`` [S]
-    with this step's LLM tokens (and a rectangle's kept ones) in place."""
-    rows, layout, choice = batch.rows, batch.layout, batch.choice
+def resolve(batch, plan: StepPlan, proposal: Proposal) -> LLMRead:
+    """The LLM reads what judging ``plan.resolving``'s pending positions and writing ``plan.llm_writers`` needs, in
+    one read; per resolving row the first position it rejects (read back in one host synchronisation), and the
+    tokens it draws: at each row's rejected position, and for each writer that waited."""
+    rows, layout = batch.ledger.rows, batch.layout
     pending = {r: list(rows[r].pending) for r in plan.resolving}
     needs = {r: [p.index for p in ps] for r, ps in pending.items()}
     for r in plan.llm_writers:
@@ -39,34 +47,39 @@ def resolve(batch, plan: StepPlan, committed: torch.Tensor) -> tuple[Settlement,
     predicted = layout.predict(needs)
     indices = {r: found[0] for r, found in predicted.items()}
     logits = {r: found[1] for r, found in predicted.items()}
-    verified = choice.verify(logits, indices, pending)
-    drawn = _written(batch, plan, indices, logits)
+    verified = batch.choice.verify(logits, indices, pending)
+    drawn = _written(batch, plan, proposal, indices, logits)
     rejected = _first_rejections(layout, pending, verified, batch.device)
     batch.counters.host_syncs += 1  # (the resolution's own: which rows to cut back decides what the step commits)
-    settled = settle(rows, plan, rejected, cuts_together=layout.reads_every_row)
-    for r, index in settled.rollbacks.items():
-        batch.restore_budget(r, rows[r].tail[index - rows[r].confirmed][0])
-        layout.cut(r, index)
-    for r, j in rejected.items():
-        if j is not None:
-            choice.restore(r, verified[r][2][j])  # the stream after the LLM's draw at the rejected position
-    for r in settled.llm_writers:
-        committed[r] = verified[r][0][rejected[r]] if rejected.get(r) is not None else drawn[r]
-    for r in settled.kept:
-        committed[r] = layout.tokens_at(r, [settled.rollbacks[r]])[0]
-    thrown = sum(rows[r].written - i - (r in settled.kept) for r, i in settled.rollbacks.items())
-    batch.counters.resolved(settled.agreed, settled.rejected, thrown)
-    return settled, committed
+    at = {r: j for r, j in rejected.items() if j is not None}
+    drawn.update({r: verified[r][0][j] for r, j in at.items()})
+    streams = {r: verified[r][2][j] for r, j in at.items()}  # each stream after the LLM's draw where it rejected
+    order = tuple(sorted(drawn))
+    tokens = torch.stack([drawn[r] for r in order]) if order else None
+    return LLMRead(order, tokens, batch.index(list(order)) if order else None, rejected, streams)
 
 
-def _written(batch, plan: StepPlan, indices: dict, logits: dict) -> dict[int, torch.Tensor]:
+def roll_back(batch, outcome: Outcome, streams: Mapping[int, Any]) -> None:
+    """The device side of ``outcome``'s rollbacks, in one place: each row's caches cut back to its rollback index,
+    its budget restored to where it stood after the step that committed the token there, and each rejected row's
+    random stream to after the LLM's draw at its rejected position (``streams``)."""
+    for r, index in outcome.rollbacks.items():
+        if batch.budget is not None:
+            batch.budget.restore(r, batch.ledger.step_of(r, index))
+        batch.layout.cut(r, index)
+    for r, state in streams.items():
+        batch.choice.restore(r, state)
+
+
+def _written(batch, plan: StepPlan, proposal: Proposal, indices: dict, logits: dict) -> dict[int, torch.Tensor]:
     """The LLM's token for each row it writes where the row waits (drawn as without speculation)."""
-    rows, writers = batch.rows, list(plan.llm_writers)
+    ledger, writers = batch.ledger, list(plan.llm_writers)
     if not writers:
         return {}
-    drawing = list(range(len(rows))) if batch.layout.reads_every_row else writers
+    rows = ledger.rows
+    drawing = list(range(len(rows))) if batch.lockstep else writers
     last = torch.stack([logits[r][indices[r].index(rows[r].written)] for r in drawing])
-    states = {r: rows[r].rng for r in writers}
+    states = {r: ledger.stream_before(r, proposal.states) for r in writers}
     _, tokens, ok = batch.choice.redraw(last, drawing, writers, states)
     batch.choice.flag(staged(writers, tokens.device), ok)
     return dict(zip(writers, tokens))

@@ -1,10 +1,14 @@
 """The schedule: one step of a running batch, and one turn of a loop that serves it.
 
-A **step** proposes on the device, reads what the host needs in one synchronisation, plans over host values and
-executes the plan (``step.py``, ``plan.py``). A **turn** is what a serving loop does between two looks at its
-queue: read one piece of every prompt still being read (chunked prefill), take one step if any row decodes, and
+A **step** (``decode_step``) reads top to bottom: the batch proposes on the device and reads what the host needs in
+one synchronisation; ``plan.plan_step`` decides (the first decision); the LLM reads what the plan asks for;
+``plan.settle`` decides what the step commits (the second: the plan as planned, unless the LLM rejected a pending
+token); the batch commits it on the device; the ledger applies it on the host. The batch is a ``DeviceStep``: a
+``RunningBatch``, or the cost model's replay, which prices each forward instead of running it (``step.py`` has the
+values its stages hand each other). A **turn** is what a serving loop does between two looks at its queue: read one
+piece of every prompt still being read (chunked prefill), take one step if any row decodes, and
 free the slots of the rows whose answer ended. ``generate`` takes steps; the server's engine, the tests' driver and
-the cost model's replay (``benchmarks/serve_model.py``) take turns, the same function over the same plan.
+the cost model's replay (``benchmarks/serving/cost_model.py``) take turns, the same function over the same plan.
 
 A caller says when an answer ends through ``Stops``: the tokens the previous step committed reach the host in
 this step's synchronisation, and the rows whose answer they end commit nothing more (no step computes a token
@@ -14,13 +18,87 @@ clients it tells after the turn, from what its ``Stops`` recorded and the ``Step
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
-from .plan import plan_step
+from .counters import Counters
+from .ledger import Applied, Ledger
+from .plan import Outcome, StepPlan, plan_step, settle
 from .policy import WaitPolicy
-from .step import StepResult, Synced
+from .staging import staged
+from .step import LLMRead, Proposal, Synced
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step did.
+
+    Args:
+        plan: what it decided first; outcome: what it committed (``plan.settle``); synced: what the host read.
+        token: [S] the token each slot committed (-1 where none; the pad for finished rows of a rectangle).
+        proposal: the proposals (their scores and logits: ``generate``'s output_scores/output_logits; ``routed`` and
+            ``router_scores`` below place its routing at the slots, when asked).
+        read: what the LLM's read found; applied: what the ledger changed (``ledger.Applied``).
+    """
+
+    plan: StepPlan
+    outcome: Outcome
+    synced: Synced
+    token: torch.Tensor | None
+    proposal: Proposal
+    read: LLMRead
+    applied: Applied
+
+    @property
+    def writers(self) -> tuple[int, ...]:
+        """Rows that committed a token in this step."""
+        return self.outcome.writers
+
+    @property
+    def routed(self) -> torch.Tensor:
+        """[S] bool, the router's decision on this step's proposals (False where nothing was proposed)."""
+        return self._placed(self.proposal.routed, False)
+
+    @property
+    def router_scores(self) -> torch.Tensor:
+        """[S] the router's scores of this step's proposals (NaN where nothing was proposed)."""
+        return self._placed(self.proposal.router_scores.float(), float("nan"))
+
+    def _placed(self, values: torch.Tensor, empty) -> torch.Tensor:
+        """The proposers' ``values`` at their slots, ``empty`` elsewhere (computed when asked: the server does not)."""
+        p, slots = self.proposal, len(self.token)
+        if p.index is None and len(p.rows) == slots:  # every slot proposed (a rectangle's rows always do)
+            return values
+        out = torch.full((slots,), empty, dtype=values.dtype, device=self.token.device)
+        if p.index is not None:
+            return out.index_put((p.index.to(out.device),), values.to(out.device))
+        at = staged(p.rows, out.device)
+        return out.index_put((at,), values.to(out.device).index_select(0, at))
+
+
+class DeviceStep(Protocol):
+    """The device side of a step (see the module docstring): a ``RunningBatch``, or the cost model's replay."""
+
+    ledger: Ledger
+    counters: Counters
+    lockstep: bool  # the rows move together (HF's rectangle): ``plan.plan_step``'s and ``plan.settle``'s
+
+    def propose(self, policy: WaitPolicy) -> Proposal:
+        """Every proposing row's token, router score and routing decision (device values; nothing waits)."""
+
+    def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
+        """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""
+
+    def read_llm(self, plan: StepPlan, proposal: Proposal) -> LLMRead:
+        """The LLM's read the plan asks for (a catch-up, or a resolution and its read-back), or ``LLMRead()``."""
+
+    def commit(self, proposal: Proposal, plan: StepPlan, outcome: Outcome,
+               read: LLMRead) -> tuple[torch.Tensor | None, Mapping[int, Any]]:
+        """Roll back, commit and let the SLM read (see the module docstring); the token each slot committed [S],
+        and each writer's random stream after it where the batch keeps streams (``Ledger.apply``)."""
 
 
 class Stops(Protocol):
@@ -44,27 +122,37 @@ class NoStops:
         return {}
 
 
-def decode_step(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult:
-    """Advance ``batch`` (a ``RunningBatch``, or anything with its step interface) by one step."""
-    proposal = batch.propose(policy.speculate > 0, policy.speculate_below)  # device: choices, router, budget
-    synced = batch.sync(proposal, stops.reads())  # the one host synchronisation (more where the LLM resolves)
-    taken = stops.ended(synced)
-    for r, kept in taken.items():  # tokens handed over past an answer's end are not the answer's
-        surplus = synced.delivered[r][kept:]
-        batch.counters.delivered(-len(surplus), -sum(by_llm for _, by_llm, _ in surplus))
-    ended = set(taken) | synced.failed
-    rectangle = batch.layout.reads_every_row  # HF's rectangle: its rows cannot wait, its LLM reads every row
-    plan = plan_step(batch.rows, batch.step_no, proposal.rows, synced.routed, ended, policy, rectangle, not rectangle,
-                     synced.sure)
-    return batch.execute(proposal, synced, plan)  # device: catch-up, commit, SLM read; then the rows' host state
+def decode_step(batch: DeviceStep, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult:
+    """Advance ``batch`` (a ``RunningBatch``, or the cost model's replay) by one step (see the module docstring)."""
+    ledger, lockstep = batch.ledger, batch.lockstep
+    proposal = batch.propose(policy)  # device: choices, router, budget
+    synced = batch.sync(proposal, stops.reads())  # the one host synchronisation
+    ended = _delivered(batch.counters, stops.ended(synced), synced) | synced.failed
+    plan = plan_step(ledger.rows, ledger.step_no, proposal.rows, synced.routed, ended, policy, lockstep, synced.sure)
+    read = batch.read_llm(plan, proposal)  # device: the catch-up, or a resolution and its read-back
+    outcome = settle(ledger.rows, plan, read.rejected, lockstep)  # what the step commits
+    token, streams = batch.commit(proposal, plan, outcome, read)  # device: rollbacks, commits, the SLM's read
+    applied = ledger.apply(plan, outcome, proposal.states, proposal.after, streams)
+    batch.counters.step(plan, outcome)
+    return StepResult(plan, outcome, synced, token, proposal, read, applied)
+
+
+def _delivered(counters: Counters, taken: dict[int, int], synced: Synced) -> set[int]:
+    """Count the tokens handed over (those past an answer's end, ``taken``, are not the answer's); the rows whose
+    answer ended."""
+    for r, tokens in enumerate(synced.delivered):
+        if tokens:
+            own = tokens[: taken.get(r, len(tokens))]
+            counters.delivered(len(own), sum(by_llm for _, by_llm, _ in own))
+    return set(taken)
 
 
 def turn(batch, policy: WaitPolicy, stops: Stops = NoStops(), prefill: int | None = None) -> StepResult | None:
     """One turn of a serving loop over ``batch``: a piece of at most ``prefill`` tokens of every prompt still being
     read, one step if any row decodes, then the rows whose answer ended leave. The step's result, or None."""
-    if batch.prefilling():
+    if batch.ledger.prefilling():
         batch.prefill(prefill)
-    if not batch.decoding():
+    if not batch.ledger.decoding():
         return None
     result = decode_step(batch, policy, stops)
     batch.leave(list(result.plan.ended))

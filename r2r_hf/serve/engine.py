@@ -138,7 +138,7 @@ class Engine:
     @property
     def rows(self) -> list[Row]:
         """The answers in the running batch."""
-        return [] if self.batch is None else [self.batch.rows[r].owner for r in self.batch.occupied()]
+        return [] if self.batch is None else [self.batch.ledger.rows[r].owner for r in self.batch.ledger.occupied()]
 
     @property
     def steps_run(self) -> int:
@@ -212,19 +212,21 @@ class Engine:
         s = self.settings
         batch = self.batch
         with self.cond:
-            while not self.queue and not (batch is not None and batch.occupied()):
+            while not self.queue and not (batch is not None and batch.ledger.occupied()):
                 if self.stopping:
                     return None
                 self.cond.wait()
                 batch = self.batch
-            running = (batch is not None and bool(batch.occupied())) or bool(self.later)
+            running = (batch is not None and bool(batch.ledger.occupied())) or bool(self.later)
             if not running and s.batch_wait_ms > 0:  # idle: let requests arriving together start together
                 deadline = time.monotonic() + s.batch_wait_ms / 1e3
                 while sum(r.rows for r in self.queue) < s.max_batch_size and time.monotonic() < deadline:
                     self.cond.wait(deadline - time.monotonic())
-            leaving = [] if batch is None else [r for r in batch.occupied() if batch.rows[r].owner.owner.cancelled]
+            ledger = None if batch is None else batch.ledger
+            leaving = [] if ledger is None else [r for r in ledger.occupied() if ledger.rows[r].owner.owner.cancelled]
             # Without slots an idle engine takes one request, whatever its rows (they run one after another).
-            room = (batch.free_slots() + len(leaving)) if self.slotted else (0 if running else self.settings.max_batch_size)
+            room = ((ledger.free_slots() + len(leaving)) if self.slotted
+                    else (0 if running else self.settings.max_batch_size))
             joining = []
             while self.queue and self.queue[0].rows <= room:
                 request = self.queue.popleft()
@@ -244,7 +246,7 @@ class Engine:
                 s = choice.settings
                 joiners.append(Joiner(prompt, s.max_new_tokens, s.threshold, s.rule(self.device, _fresh_seed()),
                                       s.llm_budget, owner=Row(request, i, choice, self.tokenizer)))
-        if self.batch.occupied():
+        if self.batch.ledger.occupied():
             self.joins_running += 1
         self.batch.join(joiners, prefill=self.settings.prefill_chunk)
 
@@ -266,12 +268,12 @@ class Engine:
                                 s.llm_budget, rollback=self.policy.speculate > 0)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         self.batch = RunningBatch.for_call(routing, ids, s.max_new_tokens, counters=self.counters)
-        self.batch.rows[0].owner = Row(request, index, choice, self.tokenizer)
+        self.batch.ledger.rows[0].owner = Row(request, index, choice, self.tokenizer)
         self.counters.joins += 1
 
     def _turn(self, admission: Admission) -> None:
         """Do what ``_schedule`` decided (leave, join), then one turn of the batch (``core.turn.turn``) and what the
-        clients are to be told (``benchmarks/host_ops.py`` drives it too)."""
+        clients are to be told (``benchmarks/speed/host_ops.py`` drives it too)."""
         self._leave(admission.leaving)
         if admission.joining:
             self._join(admission.joining)
@@ -280,7 +282,7 @@ class Engine:
         batch, delivery = self.batch, Delivery(self.batch)
         result = turn(batch, self.policy, delivery, self.settings.prefill_chunk)
         if result is not None:
-            self.peak_rows = max(self.peak_rows, len(batch.occupied()) + len(result.plan.ended))
+            self.peak_rows = max(self.peak_rows, len(batch.ledger.occupied()) + len(result.plan.ended))
         self._deliver(delivery)
         self._leave([])
 
@@ -306,7 +308,7 @@ class Engine:
     def _leave(self, rows: list[int]) -> None:
         if rows:
             self.batch.leave(rows)
-        if not self.slotted and self.batch is not None and not self.batch.occupied():
+        if not self.slotted and self.batch is not None and not self.batch.ledger.occupied():
             self._next_answer()
 
     def _emit(self, request: Request, event: tuple) -> None:
@@ -342,7 +344,7 @@ class Engine:
         for request in owners.values():
             self._fail(request, error)
         if self.slotted:  # every slot freed (a captured batch keeps its static slots and graphs)
-            self.batch.leave(self.batch.occupied())
+            self.batch.leave(self.batch.ledger.occupied())
         elif self.batch is not None:
             self.batch.close()
             self.batch = None

@@ -87,7 +87,7 @@ class _EngineCollector:
         running = GaugeMetricFamily("r2r_running_rows", "Answers in the running batch")
         running.add_metric([], len(engine.rows))
         waiting = GaugeMetricFamily("r2r_waiting_rows", "Answers of the batch waiting for the LLM")
-        waiting.add_metric([], 0 if engine.batch is None else len(engine.batch.waiting()))
+        waiting.add_metric([], 0 if engine.batch is None else len(engine.batch.ledger.waiting()))
         yield from (queue, running, waiting)
         totals = {
             "r2r_generated_tokens": ("Tokens generated", counters.generated),

@@ -17,7 +17,7 @@ dead GCS (measured: 60-80 s). ``start_watchdog`` sweeps them: a small process of
 process's descendants each second and, once this process is gone, kills those still alive (and any process
 carrying this run's mark in its environment).
 
-A cluster (``--ray-address``, or ``serve run``) is left as its operator configured it (README: the ports to
+A cluster (``--ray-address``, or ``serve run``) is left as its operator configured it (docs/serving.md: the ports to
 firewall).
 """
 

@@ -9,7 +9,7 @@ over the replicas, restarts a replica whose process dies, and scales their numbe
     ray start --head; r2r-hf serve ROUTER --ray --ray-address auto --gpus-per-replica 1
 
 or, on a cluster, ``serve run`` with a config file whose application imports ``r2r_hf.serve.ray_serve:app_builder``
-(README: "Serve", scale-out).
+(docs/serving.md, "Scale out on Ray Serve").
 
 ``run_on_ray`` owns the command's life: a signal during start-up stops it at once (once a replica runs, it drains); a deployment that cannot fit
 on the Ray started here is refused before it is placed, and start-up gives up after ``start_timeout``; on

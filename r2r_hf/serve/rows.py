@@ -136,7 +136,7 @@ class Delivery:
 
     def ended(self, synced) -> dict[int, int]:
         now, ended = time.monotonic(), {}
-        for r, state in enumerate(self.batch.rows):
+        for r, state in enumerate(self.batch.ledger.rows):
             for taken, (token, by_llm, last) in enumerate([] if state is None else synced.delivered[r], 1):
                 row: Row = state.owner
                 row.take(token, by_llm, last=last)
@@ -144,5 +144,5 @@ class Delivery:
                 if row.finish is not None:
                     ended[r] = taken
                     break
-        self.failed = [self.batch.rows[r].owner for r in sorted(synced.failed - set(ended))]
+        self.failed = [self.batch.ledger.rows[r].owner for r in sorted(synced.failed - set(ended))]
         return ended

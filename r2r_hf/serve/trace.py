@@ -1,4 +1,4 @@
-"""A trace of what the decoding thread did, for the benchmarks' cost-model replay (``benchmarks/serve_model.py``).
+"""A trace of what the decoding thread did, for the cost model's replay (``benchmarks/serving/cost_model.py``).
 
 When ``R2R_SERVE_TRACE`` names a file, the engine appends one JSON line per turn of its loop (when it started
 and ended, and the shape of every model forward it ran: model, rows, tokens per row) and one per finished

@@ -1,7 +1,7 @@
 """CUDA-graph capture emulated on the CPU, as strictly as the real thing behaves.
 
 ``EmulatedGraphStep`` is ``core.graphs.CudaGraphStep`` with only the CUDA primitives replaced, for
-tests and for the dry run of the GPU check (``benchmarks/gpu_check.sh --dry-run``):
+tests and for the dry run of the GPU check (``benchmarks/gpu/check.sh --dry-run``):
 
 * **Host synchronisation fails.** Inside the captured function, an op that copies device data to
   the host or needs it to size its output raises ``HostSyncError``, as a real capture fails on it:

@@ -9,7 +9,7 @@
                       independently, and the LLM reads only the rows asked for, each from where it last stopped.
 * ``slot_cache.py``   the slots' KV cache, and one forward over a piece of several rows' new tokens.
 
-The step (``core/step.py``) sees either through ``Layout``.
+The running batch (``core/batch.py``) sees either through ``Layout``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 class Layout(Protocol):
     """What the step asks of a layout (see the module docstring)."""
 
-    # The LLM reads every row whenever it runs (HF's rectangle, whose rows also share one length: none can wait for
-    # the LLM, and a rollback cuts every row back), or only the rows asked for (slots).
-    reads_every_row: bool
+    # The rows move in lockstep (HF's rectangle: one length for every row, so the LLM reads every row whenever it
+    # runs, no row can wait for it, and a rollback cuts every row back), or each at its own pace (slots).
+    lockstep: bool
 
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
         """Commit ``token[r]`` [S] to each row of ``rows``; what was committed (a rectangle pads finished rows)."""
@@ -38,6 +38,16 @@ class Layout(Protocol):
 
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         """The router's scores [k] for the SLM's proposals ``token`` [k]."""
+
+    def predict(self, needs: dict[int, list[int]]) -> dict[int, tuple[list[int], torch.Tensor]]:
+        """The LLM reads each row through the token before the last answer index ``needs[row]`` names; per row, the
+        indices it predicts and its logits [n, V] there (a resolution: ``core/speculation.py``)."""
+
+    def tokens_at(self, row: int, indices: list[int]) -> torch.Tensor:
+        """[n] the row's committed answer tokens at ``indices``."""
+
+    def cut(self, row: int, index: int) -> None:
+        """The row back to its first ``index`` answer tokens, both models' caches with it (a rollback)."""
 
     def free(self, row: int) -> None:
         """Slot ``row`` holds no answer any more (a later one writes over it)."""

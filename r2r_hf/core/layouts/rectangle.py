@@ -108,7 +108,7 @@ class RectangleLayout:
         pad: the token a finished row commits (HF pads finished rows), or None.
     """
 
-    reads_every_row = True
+    lockstep = True
 
     def __init__(self, calls: ModelCalls, seq: Committed, counters: Counters, pad: torch.Tensor | None = None) -> None:
         self.calls, self.seq, self.counters, self.pad = calls, seq, counters, pad

@@ -2,7 +2,7 @@
 forwards a read of several rows takes.
 
 ``SlotLayout`` keeps one beside its device buffers and runs the forwards it plans; the cost model's replay
-(``benchmarks/serve_model.py``) keeps one and prices the same forwards, so both read the same shapes.
+(``benchmarks/serving/cost_model.py``) keeps one and prices the same forwards, so both read the same shapes.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class SlotLayout:
         counters: where forwards, joins and copies are counted.
     """
 
-    reads_every_row = False
+    lockstep = False
 
     def __init__(self, pair: RoutedPair, slots: int, capacity: int, counters: Counters) -> None:
         self.pair, self.counters = pair, counters

@@ -5,7 +5,7 @@ A small judge writes "1" for almost anything when asked to answer with a digit (
 2,613 of 2,616 mismatches divergent that way). So the judge here is not asked to write: one
 forward gives its probabilities for "0" and "1" as the next token, the score is
 P(1) / (P(0) + P(1)), and a mismatch is divergent where the score reaches a threshold chosen on
-a hand-checked set (``benchmarks/calibrate_judge.py``). Worked examples in the instructions show
+a hand-checked set (``benchmarks/router/calibrate_judge.py``). Worked examples in the instructions show
 the judge what neutral means. The instructions' KV cache is computed once and shared by every
 batch. The judge need not share the pair's tokenizer: it reads text.
 """

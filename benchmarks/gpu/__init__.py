@@ -1,0 +1,1 @@
+"""The device check: one unattended run on a lent GPU (``check.sh``), its phases, their guard and their numbers."""

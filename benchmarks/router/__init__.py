@@ -1,0 +1,1 @@
+"""The shipped router, built: its training prompts, its labels' judge, its training and its card."""

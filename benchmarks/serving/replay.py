@@ -1,0 +1,218 @@
+"""Recorded routing replayed through the real schedule, with a cost per forward in place of the models.
+
+An answer's routing belongs to the answer (a row answers what it answers alone, whatever the policy or its
+neighbours), so the answers a run served, with which of their tokens the LLM wrote, can be served again under
+another policy, concurrency or machine. ``ReplayBatch`` is a running batch without models: the real
+``core.turn.turn`` drives it, the real ``core.plan.plan_step`` and ``settle`` decide each step and the real ledger
+applies it; a ``core.layouts.slot_book.SlotBook`` plans each read's forwards as the server's slots do, and each
+forward adds what ``Costs`` says to the ``Clock`` (``benchmarks/serving/cost_model.py``). Only the device work is
+replaced: which rows propose, who routes (the
+recording), what the LLM and SLM read, and when each token reaches the host are the server's own decisions.
+
+Speculative routing (``core/speculation.py``) replays through the same ``plan_step``, ``plan.settle`` and
+``Ledger.apply``: each recorded token also says whether the LLM's token there equals the SLM's proposal
+(``Routed.agrees``, read at routed positions), so a resolution rejects a row's first pending position the LLM
+does not confirm and cuts the row back there, as the device does. One approximation: after a rollback the row
+goes on with the recorded routing from the rejected index, which is exact for the answer it ends with (R2R's own),
+but the thrown-away tail was written after the SLM's token, not the LLM's, and its own routing was never recorded:
+the recorded continuation stands in for it (how many pending positions the tail gathered, hence when the LLM ran).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Protocol
+
+from r2r_hf.core.counters import Counters
+from r2r_hf.core.fast.slot_reads import row_buckets
+from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
+from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
+from r2r_hf.core.ledger import Ledger, RowState
+from r2r_hf.core.plan import Outcome, StepPlan
+from r2r_hf.core.policy import WaitPolicy
+from r2r_hf.core.step import LLMRead, Synced
+from r2r_hf.core.turn import turn
+
+
+class Costs(Protocol):
+    def forward(self, role: str, rows: int, tokens: int) -> float: ...
+
+    router: tuple[float, float]
+    step: float
+    packed: bool  # a forward of ragged rows priced by its mean tokens per row, not its longest (a what-if)
+    captured_shapes: bool  # priced at the captured read's shape: the rows bucket of its highest slot, tokens bucket
+    gathered_rows: bool  # with captured_shapes: an LLM read at the smaller of that and its rows' own bucket (the
+    # server's LLM reads gather their rows since the first device run; the SLM's read the first slots)
+
+
+class Routed(list):
+    """An answer's routing: who wrote each token (True: the LLM), as a list, and ``agrees``: at each token, whether
+    the LLM's token there equals the SLM's proposal (read at routed positions only; None: recorded nowhere, taken
+    as agreeing everywhere)."""
+
+    def __init__(self, flags=(), agrees: list[bool] | None = None) -> None:
+        super().__init__(flags)
+        self.agrees = None if agrees is None else list(agrees)
+        if self.agrees is not None and len(self.agrees) != len(self):
+            raise ValueError(f"{len(self.agrees)} agreement flags for {len(self)} tokens")
+
+
+@dataclass
+class Answer:
+    """One recorded answer: its prompt's length, who wrote each token (True: the LLM), whether the LLM agrees with
+    the SLM's proposal at each (``Routed.agrees``; speculation reads it at pending positions), and when each token
+    reached the host in the replay."""
+
+    prompt: int
+    routed: list[bool]
+    agrees: list[bool] | None = None
+    times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.agrees is None:  # no disagreement recorded
+            self.agrees = [True] * len(self.routed)
+
+
+class Clock:
+    """The replay's time: each forward, router call and host step adds what ``Costs`` says, by what it was spent on.
+    A read is planned into forwards as the server's slots plan it (``SlotBook.read``) and priced at the shape the
+    server runs it at (``Costs``' switches)."""
+
+    def __init__(self, costs: Costs, book: SlotBook, counters: Counters) -> None:
+        self.costs, self.book, self.counters = costs, book, counters
+        self.now = 0.0
+        self.spent = dict.fromkeys(("slm", "llm", "router", "host"), 0.0)
+
+    def spend(self, what: str, seconds: float) -> None:
+        self.now += seconds
+        self.spent[what] += seconds
+
+    def read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
+             upto: dict[int, int] | None = None) -> None:
+        if not rows:
+            return
+        costs, slots = self.costs, len(self.book.length)
+        for forward in self.book.read(role, rows, limit, short, PIECE, upto):
+            longest = max(n for _, _, n in forward)  # the slots' read is a padded rectangle: rows x the longest
+            priced = sum(n for _, _, n in forward) / len(forward) if getattr(costs, "packed", False) else longest
+            if getattr(costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
+                buckets = row_buckets(slots)
+                k = next(b for b in buckets if b > max(r for r, _, _ in forward))
+                if role == "llm" and getattr(costs, "gathered_rows", False):  # the server's LLM reads gather
+                    k = min(k, next(b for b in buckets if b >= len(forward)))
+                for start in range(0, longest, BUCKETS[-1]):  # replays of at most the widest bucket
+                    self.spend(role, costs.forward(role, k, bucket_for(min(longest - start, BUCKETS[-1]))))
+            else:
+                self.spend(role, costs.forward(role, len(forward), priced))
+            self.counters.forward(role, len(forward), longest)
+
+
+class ReplayBatch:
+    """A running batch of slots without models (see the module docstring): a ``core.turn.DeviceStep`` whose
+    forwards the ``clock`` prices; the ledger, the plans and the outcomes are the server's own."""
+
+    lockstep = False  # the server's slots: the LLM reads the rows it writes, a rollback cuts one row
+
+    def __init__(self, slots: int, costs: Costs) -> None:
+        self.ledger, self.book, self.counters = Ledger(slots), SlotBook(slots), Counters()
+        self.clock = Clock(costs, self.book, self.counters)
+        self.last = [-1] * slots  # whether each slot committed a token at the last step (0) or not (-1)
+
+    def join(self, answer: Answer) -> None:
+        slot = self.ledger.rows.index(None)
+        self.book.place(slot, answer.prompt)
+        self.ledger.rows[slot] = RowState(owner=answer, max_new=len(answer.routed), prefilling=True)
+
+    def leave(self, rows: list[int]) -> None:
+        for r in rows:
+            self.ledger.rows[r], self.last[r] = None, -1
+            self.book.free(r)
+
+    def prefill(self, limit: int | None) -> None:
+        """As ``SlotLayout.prefill``: the LLM reads all but the last prompt token, the SLM the whole prompt."""
+        rows = self.ledger.prefilling()
+        self.clock.read("llm", [r for r in rows if self.book.unread("llm", r) > 1], limit, short=1)
+        self.clock.read("slm", rows, limit)
+        for r in rows:
+            self.ledger.rows[r].prefilling = self.book.unread("slm", r) > 0
+
+    def propose(self, policy: WaitPolicy) -> SimpleNamespace:
+        """The recorded routing of each proposing row's next token (a stream's states are not modelled)."""
+        rows = [(r, self.ledger.rows[r]) for r in self.ledger.proposing()]
+        if rows:
+            self.clock.spend("router", self.clock.costs.router[0] + self.clock.costs.router[1] * len(rows))
+        routed = [row.owner.routed[len(row.owner.routed) - row.max_new] for _, row in rows]
+        return SimpleNamespace(rows=[r for r, _ in rows], routed=routed, states={}, after={})
+
+    def sync(self, proposal: SimpleNamespace, extra: tuple = ()) -> Synced:
+        self.counters.host_syncs += 1
+        return Synced(list(proposal.routed), self.ledger.arrive(self.last), set(), [])
+
+    def read_llm(self, plan: StepPlan, proposal: SimpleNamespace) -> LLMRead:
+        """As the running batch's: a catch-up, or a resolution reading each resolving row through the token before
+        its last pending position (each writer through its last token), which rejects a row's first pending
+        position the recording says the LLM does not confirm (read back: one host synchronisation)."""
+        rows = self.ledger.rows
+        if not plan.resolving:
+            self.clock.read("llm", list(plan.llm_reads))
+            return LLMRead()
+        needs = {r: [p.index for p in rows[r].pending] for r in plan.resolving}
+        for r in plan.llm_writers:
+            needs.setdefault(r, []).append(rows[r].written)
+        self.clock.read("llm", sorted(needs), upto={r: self.book.prompt[r] + max(n) for r, n in needs.items()})
+        self.counters.host_syncs += 1
+        agrees = {r: rows[r].owner.agrees for r in plan.resolving}
+        return LLMRead(rejected={r: next((j for j, p in enumerate(rows[r].pending) if not agrees[r][p.index]), None)
+                                 for r in plan.resolving})
+
+    def commit(self, proposal: SimpleNamespace, plan: StepPlan, outcome: Outcome, read: LLMRead) -> tuple:
+        """As the running batch's: rollbacks, one token more for each writer, the SLM's read, the host's step."""
+        for r, index in outcome.rollbacks.items():
+            self.book.cut(r, index)
+        self.last = [0 if r in outcome.writers else -1 for r in range(len(self.ledger.rows))]
+        for r in outcome.writers:
+            self.book.length[r] += 1
+        self.clock.read("slm", list(outcome.slm_reads))
+        self.clock.spend("host", self.clock.costs.step)  # (a resolution's read-back: in the serial step's time)
+        return None, {}
+
+
+class Arrivals:
+    """The replay's stop rule (``core.turn.Stops``): a token reaches its answer at the synchronisation after it
+    was committed, as in the server; an answer ends with its last recorded token."""
+
+    def __init__(self, batch: ReplayBatch) -> None:
+        self.batch, self.done = batch, []
+
+    def reads(self) -> tuple:
+        return ()
+
+    def ended(self, synced: Synced) -> dict[int, int]:
+        ended = {}
+        for r in self.batch.ledger.occupied():
+            answer = self.batch.ledger.rows[r].owner
+            answer.times += [self.batch.clock.now] * len(synced.delivered[r])
+            if synced.delivered[r] and len(answer.times) == len(answer.routed):
+                ended[r] = len(synced.delivered[r])
+                self.done.append(answer)
+        return ended
+
+
+def replay(answers: list[tuple[int, list[bool]]], concurrency: int, policy: WaitPolicy, costs: Costs,
+           slots: int = 16, chunk: int = 256, trace: bool = False) -> tuple[ReplayBatch, list[Answer]]:
+    """Serve ``answers`` (prompt length, routed flag per token; a ``Routed`` carries the LLM's agreement) in order,
+    ``concurrency`` at a time (closed loop: a request is sent when an earlier one ends), each turn the engine's; the
+    batch (clock, counters; with ``trace`` the shape of every forward in ``counters.shapes``) and the answers
+    served, in the order they ended."""
+    batch = ReplayBatch(slots, costs)
+    batch.counters.shapes = [] if trace else None
+    queue = collections.deque(Answer(prompt, list(routed), getattr(routed, "agrees", None))
+                              for prompt, routed in answers)
+    arrivals = Arrivals(batch)
+    while queue or batch.ledger.occupied():
+        while queue and len(batch.ledger.occupied()) < min(concurrency, slots):
+            batch.join(queue.popleft())
+        turn(batch, policy, arrivals, chunk)
+    return batch, arrivals.done

@@ -1,0 +1,130 @@
+"""The shape of the code, held: the core's import graph (no cycle, few layers, nothing above it imported), module
+and function sizes, and where the step's decisions and its rollback live. Each check reads the source (``ast``);
+none imports a model."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "r2r_hf" / "core"
+WINGS = ("layouts", "fast")  # the core's subpackages, each one node of its graph (their modules import each other)
+BELOW_CORE = {"r2r_hf.compat", "r2r_hf.router"}  # what the core may import from outside it
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names; ``from x import y`` also names ``x.y``)."""
+    package = _module(path) if path.name == "__init__.py" else _module(path).rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found |= {module} | {f"{module}.{a.name}" for a in node.names}
+    return found
+
+
+def _node(module: str) -> str:
+    """A core module's node in the graph: its wing where it lives in one."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if len(parts) > 3 and parts[2] in WINGS else module
+
+
+def core_graph() -> dict[str, set[str]]:
+    """The core's import graph, each wing one node (the package's own ``__init__`` left out: it only documents)."""
+    modules = {_module(p): p for p in CORE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if name == "r2r_hf.core":
+            continue
+        targets = {_node(m) for m in _imports(path) if m in modules and m != "r2r_hf.core"}
+        graph.setdefault(_node(name), set()).update(targets - {_node(name)})
+    return graph
+
+
+def layers(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each node's layer: 1 + the deepest layer it imports (a cycle raises)."""
+    depth: dict[str, int] = {}
+
+    def visit(node: str, path: tuple[str, ...]) -> int:
+        if node in path:
+            raise AssertionError(f"an import cycle: {' -> '.join(path[path.index(node):] + (node,))}")
+        if node not in depth:
+            depth[node] = 1 + max((visit(t, path + (node,)) for t in graph[node]), default=0)
+        return depth[node]
+
+    for node in graph:
+        visit(node, ())
+    return depth
+
+
+def _function(path: Path, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _class(path: Path, name: str) -> ast.ClassDef:
+    return next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _calls(node: ast.AST) -> list[str]:
+    """The names of the functions and methods ``node`` calls, in order."""
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            out.append(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
+    return out
+
+
+def test_the_core_has_no_cycle_at_most_six_layers_and_imports_nothing_above_it():
+    depth = layers(core_graph())
+    assert max(depth.values()) <= 6, sorted(depth.items(), key=lambda kv: kv[1])
+    for path in CORE.rglob("*.py"):
+        outside = {m for m in _imports(path) if m.startswith("r2r_hf.") and not m.startswith("r2r_hf.core")}
+        assert outside <= BELOW_CORE | {f"{m}.{n}" for m in BELOW_CORE for n in _names(m)}, (path, outside)
+
+
+def _names(module: str) -> set[str]:
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+        t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+
+
+def test_the_step_shows_both_decisions_and_the_ledger_is_its_one_writer():
+    step = _function(CORE / "turn.py", "decode_step")
+    calls = _calls(step)
+    order = [c for c in calls if c in {"propose", "sync", "plan_step", "read_llm", "settle", "commit", "apply"}]
+    assert order == ["propose", "sync", "plan_step", "read_llm", "settle", "commit", "apply"], order
+    progress = re.compile(r"(\brow|\brows\[[^\]]+\])\.(written|confirmed|pending|tail|waiting_since|max_new)\s*[-+]?=")
+    for path in [*(ROOT / "r2r_hf").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]:
+        text = path.read_text()
+        assert "settled is None" not in text, path
+        if path.name != "ledger.py":  # a row's progress is written by ``Ledger.apply`` (and its helpers) only
+            assert not progress.search(text), (path, progress.search(text))
+
+
+def test_the_device_side_of_a_rollback_is_one_function_called_from_one_place():
+    cutters = [p for p in (ROOT / "r2r_hf").rglob("*.py") if "layout.cut(" in p.read_text()]
+    assert [p.name for p in cutters] == ["speculation.py"], cutters
+    roll_back = _function(CORE / "speculation.py", "roll_back")
+    assert {"restore", "cut"} <= set(_calls(roll_back))
+    callers = [p for p in (ROOT / "r2r_hf").rglob("*.py") if "roll_back(" in p.read_text().replace("def roll_back(", "")]
+    assert [p.name for p in callers] == ["batch.py"], callers
+    assert "def restore(" in (CORE / "budget.py").read_text() and "budget_log" not in (CORE / "batch.py").read_text()
+
+
+def test_the_loops_and_the_batch_stay_small():
+    decode = _function(CORE / "decoding.py", "r2r_decode")
+    assert decode.end_lineno - decode.lineno + 1 <= 35
+    replay = _class(ROOT / "benchmarks" / "serving" / "replay.py", "ReplayBatch")
+    assert replay.end_lineno - replay.lineno + 1 <= 70
+    batch = _class(CORE / "batch.py", "RunningBatch")
+    methods = [n.name for n in batch.body if isinstance(n, ast.FunctionDef)]
+    assert len(methods) <= 20 and batch.bases == [], methods
