@@ -1,7 +1,9 @@
 """The rectangle's model calls (``rectangle.ModelCalls``) as plain forwards over HF's caches, dynamic or static.
 
 ``fast/static_reads.CapturedCalls`` replays the same calls captured, and ``fast/store.choose_calls`` decides which
-a generate call gets.
+a generate call gets. What differs by family is read off the model here, once: how its layers read the mask
+(``read_mask``), where a long-RoPE model reads everything again (``read_start``), whether its cache can be cut back
+for speculation (``rollback_problem``). docs/model_families.md shows what each family gets on each path.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ def static_cache(config, length: int) -> StaticCache:
         if type(layer) is not StaticLayer and isinstance(layer, StaticLayer) and getattr(layer, "is_sliding", False):
             cache.layers[i] = StaticLayer(max_cache_len=length)
     return cache
-
 
 
 def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:

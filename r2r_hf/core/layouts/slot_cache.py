@@ -137,7 +137,7 @@ def piece_layout(starts: torch.Tensor, counts: torch.Tensor, width: int, trash: 
 
 def piece_masks(model: torch.nn.Module, real: torch.Tensor, position: torch.Tensor, used: int):
     """The forward's attention mask: a real token sees its row's columns up to its position (within its window, or
-    its chunk, where the layer has one: ``local_kind``).
+    its chunk, where the layer has one: ``LOCAL``).
 
     One 4-D mask; for a model whose layers differ (``layer_types``), a mapping per layer type (what HF's decoders
     take in place of the masks they would build; a decoder whose layers are all alike takes the tensor only).
