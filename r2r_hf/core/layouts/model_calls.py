@@ -44,7 +44,8 @@ def static_cache(config, length: int) -> StaticCache:
     layer rolls its columns and counts on the host: it can neither be cut back past its window nor captured)."""
     cache = StaticCache(config=config, max_cache_len=length)
     for i, layer in enumerate(cache.layers):
-        if type(layer) is not StaticLayer and isinstance(layer, StaticLayer) and getattr(layer, "is_sliding", False):
+        windowed = isinstance(layer, StaticLayer) and getattr(layer, "is_sliding", False)
+        if windowed and not isinstance(layer, LINEAR):  # (a hybrid layer keeps its recurrent half: not captured)
             cache.layers[i] = StaticLayer(max_cache_len=length)
     return cache
 
