@@ -53,7 +53,7 @@ class R2RConfig(PreTrainedConfig):
         normalize_input: apply LayerNorm to hidden/embedding and softmax to the
             logits before projecting (off in every published router).
         threshold: route to the LLM when ``score >= threshold`` (the default of every call).
-        random_seed: seed of the random baseline's private generator.
+        random_seed: the random baseline's seed: keys the draws of rows without a seed of their own (``RandomRouter``).
     """
 
     model_type = "r2r"

@@ -155,29 +155,64 @@ class EntropyRouter(Router):
 
 
 class RandomRouter(Router):
-    """Baseline: a uniform score from a private, seeded generator (routes about ``1 - threshold``).
+    """Baseline: a uniform score (routes about ``1 - threshold``), never from the global random stream.
 
-    It never touches the global random stream, so sampling stays reproducible. Every generate call
-    draws from its own generator seeded with ``seed`` (``for_call``), so a call routes the same
-    whether or not others run beside it. Its draws come from a CPU generator, so it is never captured.
+    In a decoding loop the score of a row's answer token ``i`` is ``uniform(key, i)``, ``key`` the row's seed: its
+    owner's ``seed`` where it has one (a served request's; choice i: seed + i), else the call's
+    (``generate(seed=...)``), else ``seed``. So each row has its own stream: it routes as it routes alone whatever
+    its neighbours, a position proposed again after a speculative rollback draws what was drawn there, and a served
+    answer is ``generate`` alone's, the same every time it is sent. (Rows with one key route at the same
+    positions.) The decoding step tells it which rows it scores (``per_row``: ``rows_scored``). Outside a loop
+    (``scores`` on teacher-forced features) it draws from a private generator seeded with ``seed``. Its keys are
+    host values: never captured.
     """
 
     capturable = False
+    per_row = True  # the step calls ``rows_scored`` before ``scores``
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, call_seed: int | None = None) -> None:
         super().__init__()
-        self.seed = seed
+        self.seed, self.call_seed = seed, call_seed
         self.generator = torch.Generator().manual_seed(seed)
+        self._keys: list[tuple[int, int]] | None = None
 
     def reset(self) -> None:
         self.generator.manual_seed(self.seed)
 
-    def for_call(self) -> RandomRouter:
-        return RandomRouter(self.seed)
+    def for_call(self, seed: int | None = None) -> RandomRouter:
+        """A fresh router for one call; ``seed``: the call's, which keys every row without a seed of its own."""
+        return RandomRouter(self.seed, seed)
+
+    def rows_scored(self, rows: list) -> None:
+        """The host state (``core.rows.RowState``) of the rows the next ``scores`` scores, in its order."""
+        default = self.seed if self.call_seed is None else self.call_seed
+        keys = [getattr(row.owner, "seed", None) for row in rows]
+        self._keys = [(default if key is None else key, row.written) for key, row in zip(keys, rows)]
 
     def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        draw = torch.rand(topk_logits.shape[0], generator=self.generator)
+        keys, self._keys = self._keys, None
+        if keys is None:
+            draw = torch.rand(topk_logits.shape[0], generator=self.generator)
+        elif len(keys) != topk_logits.shape[0]:
+            raise RuntimeError(f"RandomRouter was told of {len(keys)} rows and asked to score {topk_logits.shape[0]}.")
+        else:
+            draw = torch.tensor([uniform(key, i) for key, i in keys], dtype=torch.float32)
         return draw.to(topk_logits.device)
+
+
+_MASK = 2**64 - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: 64 well-mixed bits from any 64."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+    return x ^ (x >> 31)
+
+
+def uniform(key: int, position: int) -> float:
+    """A uniform number in [0, 1) that is a fixed function of (``key``, ``position``): 24 bits, exact in float32."""
+    return (_mix(_mix((key + 0x9E3779B97F4A7C15) & _MASK) ^ position) >> 40) / 2**24
 
 
 def build_router(config: R2RConfig) -> Router:

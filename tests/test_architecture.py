@@ -97,6 +97,12 @@ def _names(module: str) -> set[str]:
         t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
 
 
+def test_no_module_of_the_library_is_over_350_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "r2r_hf").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 350}
+    assert not long, long
+
+
 def test_the_step_shows_both_decisions_and_the_ledger_is_its_one_writer():
     step = _function(CORE / "turn.py", "decode_step")
     calls = _calls(step)

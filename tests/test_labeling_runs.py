@@ -90,7 +90,8 @@ def test_a_larger_limit_extends_the_run_and_keeps_its_shards(grown_run):
 def test_a_limit_inside_a_shard_the_run_holds_is_refused_in_terms_of_limit(grown_run, models):
     work, prompts, _, _ = grown_run
     with pytest.raises(ValueError, match=r"Labelling 4 prompts would end inside shard 1 of .*, which holds prompts "
-                                         r"4 to 5; pass --limit 3 or a --limit of at least 5"):
+                                         r"4 to 5; pass limit=3 or a limit of at least 5 \(--limit on the command "
+                                         r"line"):
         label(fast_settings(*models), prompts, work, limit=4, progress=False)
 
 
@@ -104,5 +105,6 @@ def test_run_files_of_the_wrong_shape_are_named_as_corrupt(small_run, models, tm
     copy = tmp_path / "work"
     shutil.copytree(work, copy)
     (copy / file).write_text(json.dumps(content))
-    with pytest.raises(ValueError, match=f"{copy / file} is corrupt .*; delete it and rerun `r2r-hf label`"):
+    python_first = r"delete it and label the run again \(pipeline.label; `r2r-hf label`"
+    with pytest.raises(ValueError, match=f"{copy / file} is corrupt .*; {python_first}"):
         label(fast_settings(*models), prompts, copy, limit=5, progress=False)

@@ -245,3 +245,33 @@ def test_the_check_reads_the_row_with_tokens_and_keeps_fp32_when_there_are_none(
         seq = Committed.from_prompt(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), 16)
         state.check_router(seq)  # row 0 is all padding: its features come from row 1, or from none
         assert state.scorer.checked and (state.scorer.cast is not None) == kept
+
+
+def _replace_router(model, how):
+    """Moves the router's weights to new memory as ``how`` does (none written in place)."""
+    router = model.router
+    if how == "to":
+        model.to(torch.bfloat16)  # the router only: the models are not submodules
+    elif how == "assign":
+        moved = {name: value.clone() * 1.5 for name, value in router.state_dict().items()}
+        router.load_state_dict(moved, assign=True)
+    else:
+        _, last = list(router.named_parameters())[-1]  # the output's bias: shifts every logit
+        last.data = last.data + 2.0
+
+
+@pytest.mark.parametrize("how", ["to", "assign", "data"])
+def test_a_router_whose_weights_were_replaced_is_read_as_it_is_now(tok, how):
+    """``model.to(dtype)``, ``load_state_dict(assign=True)`` and ``param.data = ...`` put the router's weights in
+    new memory: graphs captured over the old memory would score with freed weights (the emulation's replay sees
+    the other addresses), so the store captures again, and captured generate scores as eager generate does."""
+    model, _, _ = _pair()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    threshold = _mixed(model, enc)
+    _run(model, enc, threshold)  # captured over the router as it was
+    before = model.generate(**enc, **GREEDY, threshold=INF).router_scores
+    _replace_router(model, how)
+    eager, fast = _run(model, enc, threshold)
+    assert not torch.equal(eager.router_scores, before), "the new weights score otherwise"
+    assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
+    torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, rtol=0, atol=1e-6)

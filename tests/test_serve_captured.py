@@ -222,3 +222,72 @@ def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(mod
                 torch.testing.assert_close(k_static[r, :, :47], k_eager[r, :, :47], rtol=1e-4, atol=1e-4)
             else:
                 assert torch.equal(k_static[r, :, :47], k_before[r, :, :47]), f"slot {r} was written"
+
+
+@pytest.mark.parametrize("policy", [{"llm_min_rows": (1,), "llm_max_wait": 0}, {"llm_min_rows": (2,), "llm_max_wait": 4},
+                                    {"llm_min_rows": (3,), "llm_max_wait": 8, "speculate": 4}],
+                         ids=["m1", "m2-w4", "speculating"])
+def test_served_answers_through_packed_llm_reads_equal_generate_alone(model, tok, monkeypatch, policy):
+    """The LLM's packed reads (``layouts/packed.py``: one flat forward per catch-up, resolution or prompt piece, each
+    token attending its own slot, logits only where needed), its fused regions run plain (no compile), captured on
+    emulated graphs."""
+    monkeypatch.setattr(model, "capture_store", emulated_store(fuse="plain"))
+    report, counters = _serve_and_compare(model, tok, max_context=96, **policy)
+    assert report["packed"] and report["fused"] == {"slm": True, "llm": True}
+    assert not policy.get("speculate") or counters.agreed + counters.rejected > 0, "it speculated"
+    assert counters.llm_rows_real <= counters.llm_rows_read < 2 * counters.llm_rows_real + 8 * counters.llm_forwards
+
+
+def _gathering_reads(model, capture, reads: int, strict: bool = False) -> tuple:
+    """``reads`` captured reads by the LLM of slot 1 alone of 2 (a gathering read: 1 row, not the 2-row graph), with
+    ``strict`` the ones after the first failing where dynamo would compile again; the cache and what one read
+    gathers: every layer's keys and values of 1 row x the span it attends."""
+    import torch._dynamo.config as dynamo_config
+
+    from r2r_hf.core.fast.slot_reads import CapturedReads
+    from r2r_hf.core.layouts.slot_cache import SlotCache, read_piece
+
+    llm, config = model.llm, model.llm.config
+    tokens = torch.randint(3, 400, (2, 40), generator=torch.Generator().manual_seed(0))
+    cache = SlotCache(config.num_hidden_layers, 2, 39)
+    with torch.inference_mode():
+        read_piece(llm, cache, tokens, [0, 1], [0, 0], [9, 12])
+        cache.gathered_bytes = 0
+        captured = CapturedReads(llm, cache, capture, hidden=False, gather=True)
+        for i in range(reads):
+            with dynamo_config.patch(error_on_recompile=strict and i > 0):
+                captured.read(tokens, [1], [12 + i], [1])
+    assert [key[4] for key in captured.steps] == [True], "one gathering read"
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return cache, 2 * config.num_hidden_layers * config.num_key_value_heads * 39 * dim * 4
+
+
+@pytest.mark.compile
+def test_a_compiled_read_runs_again_without_compiling_again():
+    """Issue 52, item 5: ``--capture compile`` hit dynamo's recompile limit while serving, on some runs. The cause:
+    a gathering read added its bytes to a Python counter of the slot cache inside the compiled read, so dynamo
+    guarded on the counter's value, and the next gathering read (whenever the rows the LLM read happened to be a
+    subset of the slots: timing) compiled again, past the limit (the startup's compiles hold the one code object's
+    entries), and ran uncompiled. Here the second read fails where it would compile again."""
+    from transformers import CompileConfig
+
+    from r2r_hf.serve.capture import compile_now
+    from r2r_hf.testing import make_tiny_llm, make_tiny_slm
+    from r2r_hf import R2RForCausalLM
+
+    model = R2RForCausalLM.from_models(make_tiny_slm(), make_tiny_llm(), router_hidden_dims=[8], router_expansion=1)
+    # (a limit past what other tests' reads of the same code object compiled in this process)
+    compiled = compile_now(CompileConfig(fullgraph=False, dynamic=False, backend="aot_eager"), 256)
+    cache, each = _gathering_reads(model, compiled, 3, strict=True)
+    assert cache.gathered_bytes == 3 * each
+
+
+def test_gathered_bytes_count_every_replay(model):
+    """Issue 52, item 6: under captured graphs ``gathered_bytes`` read 0 whatever happened (the Python counter ran at
+    capture only, as a CUDA graph's replay runs no Python; the emulation now keeps a replay from changing the numbers
+    of the objects a step closes over, as a real one does). Counted on the host from the read's shapes."""
+    from r2r_hf.testing.graphs import EmulatedGraphStep
+
+    pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
+    cache, each = _gathering_reads(model, lambda fn, example: EmulatedGraphStep(fn, example, pool), 3)
+    assert cache.gathered_bytes == 3 * each

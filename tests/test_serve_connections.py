@@ -110,3 +110,27 @@ def test_a_dropped_connection_counts_until_its_descriptor_is_closed(model, tok):
         finally:
             for client in clients:
                 client.close()
+
+
+@pytest.mark.parametrize("write_timeout, read_timeout", [(3.0, 30.0), (30.0, 1.0)], ids=["stalled", "dropped"])
+def test_an_answer_decoded_to_its_end_and_never_read_is_not_counted_completed(model, tok, monkeypatch, write_timeout,
+                                                                            read_timeout):
+    """Issue 52, item 8: an answer counted ``completed`` when its last token was decoded, whether or not its client
+    ever read it. Counted once it has left the server: a connection aborted with the answer unsent (its client left it
+    unread past --write-timeout, or past --read-timeout once the answer was in the buffers) counts it cancelled."""
+    slow_decoding(monkeypatch, model, 0.0)  # no EOS: every answer runs to max_tokens
+    tokens = 300 if write_timeout < 30 else 60  # fills the buffers (they stall), or ends with unsent bytes
+    body = {"model": "tiny", "prompt": "the old man said", "max_tokens": tokens, "temperature": 0}
+    limits = {"read_timeout": read_timeout, "max_connections": 8, "write_timeout": write_timeout}
+    with serving(model, tok, protocol=_small_buffers(**limits), **limits) as (url, service):
+        port, engine = int(url.rsplit(":", 1)[1]), service.engine
+        client = _never_reading(port, body)
+        try:
+            _until(lambda: engine.counters.generated == tokens and not engine.rows, 20.0, "decoded to its end")
+            _until(lambda: not _server_side(port), 40.0, "the connection was not aborted")
+            outcomes = _outcomes(url)
+            assert (outcomes["completed"], outcomes["cancelled"]) == (0, 1), outcomes
+            reply = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 2}, timeout=30)
+            assert reply.status_code == 200 and _outcomes(url)["completed"] == 1, "a read answer is completed"
+        finally:
+            client.close()

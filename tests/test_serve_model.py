@@ -2,7 +2,10 @@
 (benchmarks/serving/replay.py: the real turn and plan): the same steps and the same forwards, each of the same rows and
 tokens, as the real running batch, under every waiting policy."""
 
+from dataclasses import replace
+
 import pytest
+import torch
 
 from benchmarks.serving.replay import replay
 from benchmarks.serving.cost_model import Costs, llm_alone, simulate, synthetic
@@ -82,3 +85,35 @@ def test_the_replay_with_the_h200s_measured_costs_stays_near_what_the_h200_serve
     assert len(result["against_measured"]) == 6
     for row in result["against_measured"]:
         assert 0.8 <= row["replayed_over_measured"] <= 1.2, row
+
+
+@pytest.mark.parametrize("policy", [WaitPolicy((1,), 1), WaitPolicy((2,), 4), WaitPolicy((4,), 64)],
+                         ids=["m1", "m2-w4", "m4-w64"])
+def test_the_replay_packs_the_llms_reads_as_the_running_batch_does(model, tok, policy):
+    """With the LLM's reads packed (``core/layouts/packed.py``: the fused regions run plain here), the batch's
+    forwards and the token-rows they compute, real and padded, are the replay's, the prompts' pieces riding in the
+    LLM's reads in both; each answer is ``generate``'s alone. (Speculative policies replay a rejected tail with the
+    recorded continuation: not forward for forward, ``replay.py`` says why.)"""
+    from r2r_hf.core.fast.slot_reads import capture_slots
+    from r2r_hf.testing.graphs import EmulatedGraphStep
+    from test_batching import _alone
+
+    tau = _threshold(model, tok, 0.7)
+    run = Driver(model, tok, slots=6, policy=policy, capacity=96, prefill=8)
+    pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
+    report = capture_slots(run.batch.layout, lambda fn, example: EmulatedGraphStep(fn, example, pool), warm=False,
+                           fuse="plain", speculate=policy.speculate)
+    assert report["packed"]
+    run.batch.counters.shapes = []
+    for i in range(6):
+        run.join(i, i, max_new_tokens=12, do_sample=False, threshold=tau)
+    run.run()
+    counters = run.batch.counters
+    for i in range(6):
+        assert run.out[i] == _alone(model, tok, i, max_new_tokens=12, do_sample=False, threshold=tau), i
+    answers = [(len(tok(PROMPTS[i])["input_ids"]), [by_llm for _, by_llm in run.out[i]]) for i in range(6)]
+    batch, _ = replay(answers, 6, policy, replace(FLAT, packed=True), slots=6, chunk=8, trace=True)
+    got, want = batch.counters, counters
+    assert got.shapes == want.shapes, "every forward of the same model, rows and tokens, in order"
+    assert (got.llm_rows_real, got.llm_rows_read) == (want.llm_rows_real, want.llm_rows_read)
+    assert want.llm_rows_real <= want.llm_rows_read < 2 * want.llm_rows_real

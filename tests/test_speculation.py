@@ -10,6 +10,7 @@ pending positions resolved in one LLM forward).
 """
 
 import logging
+import re
 
 import pytest
 import torch
@@ -254,3 +255,27 @@ def test_the_server_speculates_streams_confirmed_tokens_and_counts_what_it_did(r
     value = {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.samples}
     assert value["r2r_generated_tokens"] == sum(n for _, n in answers), "confirmed tokens only, none past an end"
     assert value["r2r_speculative_agreed"] > 0 and "r2r_speculative_thrown_tokens" in value
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("llm_max_wait", -1, "llm_max_wait must be a whole number"),
+    ("speculate_below", float("nan"), "speculate_below must be a router"),
+])
+def test_speculations_options_are_checked_with_speculation_off(model, tok, option, value, words):
+    """Issue 52, item 8: with speculation off they were accepted whatever they were."""
+    with pytest.raises(ValueError, match=words):
+        model.generate(**tok(SHORT[:1], return_tensors="pt"), max_new_tokens=2, **{option: value})
+
+
+@pytest.mark.parametrize("settings, words", [
+    (dict(speculate_below=0.9), "speculate_below=0.9 has no effect without speculate"),
+    (dict(speculate=4, llm_max_wait=0), "never speculates: with llm_max_wait=0"),
+    (dict(speculate=4, llm_min_rows=(1,)), "never speculates: with llm_min_rows=(1,)"),
+])
+def test_server_settings_under_which_speculation_cannot_happen_are_refused(settings, words):
+    """Issue 52, item 8: such a server started without a word (and never speculated)."""
+    from r2r_hf.serve.settings import ServeSettings
+
+    with pytest.raises(ValueError, match=re.escape(words)):
+        ServeSettings(**settings)
+    ServeSettings(speculate=4, llm_min_rows=(1, 2), llm_max_wait=1)  # a count that waits: it can speculate

@@ -105,7 +105,8 @@ def test_relabeling_reuses_the_run_and_never_overwrites_labels(models, tmp_path)
 def test_a_second_run_on_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
     work = WorkDir(tmp_path / "work")
     with work.lock():
-        with pytest.raises(ValueError, match="Another `r2r-hf label` run is writing"):
+        with pytest.raises(ValueError, match=r"Another labeling run \(pipeline.label; `r2r-hf label` on the command "
+                                             r"line\) is writing"):
             with WorkDir(tmp_path / "work").lock():
                 pass
     with work.lock():  # released: a resume goes ahead

@@ -101,7 +101,7 @@ def calibrate(checked: Path, judge: str | None, batch_size: int = 8) -> dict:
         "judge_on_all": {"roc_auc": roc_auc(scores, [r["label"] for r in rows])},
         "scores": [{"id": r["id"], "label": r["label"], "code": r["code"], "score": round(s, 4)}
                    for r, s in zip(rows, scores)],
-        "judge": str(name),
+        "judge": Path(name).name if Path(name).is_dir() else str(name),  # a local copy by its folder's name
     }
 
 

@@ -14,6 +14,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import random
 import re
 import sys
@@ -70,12 +71,35 @@ def _stdlib_modules() -> list[str]:
     return out
 
 
+class _Named:
+    """A default argument written as the name it was given in code."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+# Defaults whose repr is the generating machine's state (os.environ's is its whole environment): written by name.
+NAMED_DEFAULTS = {"os.environ": os.environ, "os.environb": getattr(os, "environb", None)}
+
+
+def _signature(fn) -> str:
+    """``fn``'s signature as code, the ``NAMED_DEFAULTS`` written by name."""
+    signature = inspect.signature(fn)
+    names = {id(value): name for name, value in NAMED_DEFAULTS.items() if value is not None}
+    parameters = [p.replace(default=_Named(names[id(p.default)])) if id(p.default) in names else p
+                  for p in signature.parameters.values()]
+    return str(signature.replace(parameters=parameters))
+
+
 def _code(name: str, fn) -> str | None:
     doc = inspect.getdoc(fn)
     if not doc or len(doc) < 80 or len(doc) > 1500:
         return None
     try:
-        signature = str(inspect.signature(fn))
+        signature = _signature(fn)
     except (TypeError, ValueError):
         return None
     body = "\n".join("    " + line if line else "" for line in doc.splitlines())

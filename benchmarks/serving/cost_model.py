@@ -49,7 +49,8 @@ class Costs:
     router: tuple[float, float]  # a + b k
     step: float
     name: str = ""
-    packed: bool = False  # price a read of ragged rows by its mean tokens per row (a what-if: the slots' pads)
+    packed: bool = False  # the LLM's reads packed (one flat forward at a bucket of its total tokens, the joining
+    # prompts' pieces riding in them: core/layouts/packed.py), as the server runs them on a fused captured path
     # price a read at the captured graph's shape, as the server runs it on a GPU: the rows bucket holding its
     # highest slot (a read of slots 3 and 12 of 16 is a 16-row read) and the tokens bucket of its longest row
     captured_shapes: bool = False

@@ -28,6 +28,7 @@ from typing import Protocol
 from r2r_hf.core.counters import Counters
 from r2r_hf.core.fast.slot_reads import row_buckets
 from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
+from r2r_hf.core.layouts.packed import TOKENS, bucket
 from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
 from r2r_hf.core.ledger import Ledger, RowState
 from r2r_hf.core.plan import Outcome, StepPlan
@@ -91,22 +92,48 @@ class Clock:
 
     def read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
              upto: dict[int, int] | None = None) -> None:
+        """``role`` reads ``rows`` as the server would (the LLM's reads packed where ``Costs.packed``, the prompt
+        pieces riding in them: ``SlotBook.packed``), each forward priced."""
         if not rows:
             return
+        if self.packs(role):
+            forwards = self.book.packed(rows, limit, short, upto)
+        else:
+            forwards = self.book.read(role, rows, limit, short, PIECE, upto)
+        for forward in forwards:
+            self.price(role, forward)
+
+    def prompt(self, rows: list[int], limit: int | None) -> None:
+        """The LLM's share of a prefill turn: all but the last prompt token, read now, or riding in its next read."""
+        rows = [r for r in rows if self.book.unread("llm", r) > 1]
+        if not self.packs("llm"):
+            self.read("llm", rows, limit, short=1)
+            return
+        for forward in self.book.ride(rows, limit):
+            self.price("llm", forward)
+
+    def packs(self, role: str) -> bool:
+        return role == "llm" and getattr(self.costs, "packed", False)
+
+    def price(self, role: str, forward: list[tuple[int, int, int]]) -> None:
+        """One forward of (row, first column, tokens), at the shape the server runs it: a packed read at its tokens
+        bucket; a captured padded read at its rows bucket (of its highest slot, or of its rows where the LLM's reads
+        gather them) x tokens bucket, in replays of at most the widest; else rows x its longest row."""
         costs, slots = self.costs, len(self.book.length)
-        for forward in self.book.read(role, rows, limit, short, PIECE, upto):
-            longest = max(n for _, _, n in forward)  # the slots' read is a padded rectangle: rows x the longest
-            priced = sum(n for _, _, n in forward) / len(forward) if getattr(costs, "packed", False) else longest
-            if getattr(costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
-                buckets = row_buckets(slots)
-                k = next(b for b in buckets if b > max(r for r, _, _ in forward))
-                if role == "llm" and getattr(costs, "gathered_rows", False):  # the server's LLM reads gather
-                    k = min(k, next(b for b in buckets if b >= len(forward)))
-                for start in range(0, longest, BUCKETS[-1]):  # replays of at most the widest bucket
-                    self.spend(role, costs.forward(role, k, bucket_for(min(longest - start, BUCKETS[-1]))))
-            else:
-                self.spend(role, costs.forward(role, len(forward), priced))
-            self.counters.forward(role, len(forward), longest)
+        real, longest = sum(n for _, _, n in forward), max(n for _, _, n in forward)
+        if self.packs(role):
+            shapes = [(1, bucket(real, TOKENS))]
+        elif getattr(costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
+            buckets = row_buckets(slots)
+            k = next(b for b in buckets if b > max(r for r, _, _ in forward))
+            if role == "llm" and getattr(costs, "gathered_rows", False):
+                k = min(k, next(b for b in buckets if b >= len(forward)))
+            shapes = [(k, bucket_for(min(longest - start, BUCKETS[-1]))) for start in range(0, longest, BUCKETS[-1])]
+        else:
+            shapes = [(len(forward), longest)]
+        for k, width in shapes:
+            self.spend(role, costs.forward(role, k, width))
+        self.counters.forward(role, len(forward), longest, real, sum(k * width for k, width in shapes))
 
 
 class ReplayBatch:
@@ -133,7 +160,7 @@ class ReplayBatch:
     def prefill(self, limit: int | None) -> None:
         """As ``SlotLayout.prefill``: the LLM reads all but the last prompt token, the SLM the whole prompt."""
         rows = self.ledger.prefilling()
-        self.clock.read("llm", [r for r in rows if self.book.unread("llm", r) > 1], limit, short=1)
+        self.clock.prompt(rows, limit)
         self.clock.read("slm", rows, limit)
         for r in rows:
             self.ledger.rows[r].prefilling = self.book.unread("slm", r) > 0

@@ -192,6 +192,8 @@ class RunningBatch:
         scores, token, ok = self.choice.propose(logits, rows, rows if index is None else None)
         after = self.choice.state(rows) if speculate else {}
         self.pair.router.step()
+        if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
+            self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
         router_scores = self.layout.route(logits, hidden, token).to(token.device)
         routed = router_scores >= _taken(self.thresholds, index)
         if self.lockstep:  # a rectangle's finished rows route nothing (a slot's proposers all run)

@@ -85,6 +85,9 @@ class Counters:
             buckets (``WaitHistogram``: constant memory however long a server runs).
         joins: rows that joined the batch; join_bytes: KV bytes copied to make room for them.
         gathered_bytes: KV bytes gathered for forwards over a subset of the rows.
+        slm_rows_read, llm_rows_read: token-rows each model's forwards computed (padding included: a padded read
+            counts rows x width, a packed one its tokens bucket), from the shapes the host chose (so they count
+            under captured graphs too); slm_rows_real, llm_rows_real: of those, real tokens.
         resolutions: LLM forwards that resolved speculative (pending) positions (``speculation.py``); agreed: pending
             positions the LLM confirmed; rejected: those it did not; thrown: committed tokens thrown away by rollbacks.
     """
@@ -101,18 +104,27 @@ class Counters:
     joins: int = 0
     join_bytes: int = 0
     gathered_bytes: int = 0
+    slm_rows_read: int = 0
+    slm_rows_real: int = 0
+    llm_rows_read: int = 0
+    llm_rows_real: int = 0
     resolutions: int = 0
     agreed: int = 0
     rejected: int = 0
     thrown: int = 0
     shapes: list[tuple[str, int, int]] | None = None  # when traced: (model, rows, tokens per row) of each forward
 
-    def forward(self, role: str, rows: int, tokens: int) -> None:
-        """Count one forward of ``role`` ("slm" or "llm") over ``rows`` rows of ``tokens`` tokens."""
+    def forward(self, role: str, rows: int, tokens: int, real: int | None = None, read: int | None = None) -> None:
+        """Count one forward of ``role`` ("slm" or "llm") over ``rows`` rows of at most ``tokens`` tokens: ``real``
+        tokens in all (default rows x tokens), ``read`` token-rows computed (default rows x tokens)."""
+        real = rows * tokens if real is None else real
+        read = rows * tokens if read is None else read
         if role == "slm":
             self.slm_forwards += 1
+            self.slm_rows_real, self.slm_rows_read = self.slm_rows_real + real, self.slm_rows_read + read
         else:
             self.llm_forwards += 1
+            self.llm_rows_real, self.llm_rows_read = self.llm_rows_real + real, self.llm_rows_read + read
         if self.shapes is not None:
             self.shapes.append((role, rows, tokens))
 
@@ -155,6 +167,9 @@ class Counters:
             "joins": self.joins,
             "join_bytes_per_join": self.join_bytes / self.joins if self.joins else None,
             "gathered_bytes": self.gathered_bytes,
+            "llm_rows_read": self.llm_rows_read,
+            "llm_rows_useful": self.llm_rows_real / self.llm_rows_read if self.llm_rows_read else None,
+            "slm_rows_useful": self.slm_rows_real / self.slm_rows_read if self.slm_rows_read else None,
             "llm_forwards": self.llm_forwards,
             "speculative_agreed": self.agreed,
             "speculative_rejected": self.rejected,

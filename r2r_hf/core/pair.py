@@ -33,6 +33,8 @@ class RoutedPair:
     num_topk: int
     vocab_size: int
 
-    def for_call(self) -> RoutedPair:
-        """The same pair with the router's per-call form (``Router.for_call``: a fresh generator for random)."""
-        return dataclasses.replace(self, router=self.router.for_call())
+    def for_call(self, seed: int | None = None) -> RoutedPair:
+        """The same pair with the router's per-call form (``Router.for_call``); ``seed``, the call's, keys the draws
+        of a router that draws per row (``RandomRouter``)."""
+        per_row = getattr(self.router, "per_row", False)
+        return dataclasses.replace(self, router=self.router.for_call(seed) if per_row else self.router.for_call())

@@ -162,6 +162,9 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     (pending positions a row may hold), once the oldest pending position is ``llm_max_wait`` steps old. Where
     speculation could not give the answers R2R gives without it, it is off for the call, said once."""
     speculate = check_speculate(getattr(generation_config, "speculate", None) or 0)
+    wait = getattr(generation_config, "llm_max_wait", None)
+    wait = None if wait is None else check_max_wait(wait)  # (checked with speculation off too: never a silent value)
+    below = check_speculate_below(getattr(generation_config, "speculate_below", None))
     if not speculate:
         return IMMEDIATE
     why = None
@@ -173,6 +176,4 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     if why is not None:
         say_once(f"speculation is off for this call: {why}.")
         return IMMEDIATE
-    wait = getattr(generation_config, "llm_max_wait", None)
-    below = check_speculate_below(getattr(generation_config, "speculate_below", None))
-    return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else check_max_wait(wait), speculate, below)
+    return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else wait, speculate, below)

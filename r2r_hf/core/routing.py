@@ -88,7 +88,7 @@ class Routing:
         seed = getattr(generation_config, "seed", None)
         generator = None if seed is None else seeded_generator(seed, input_ids.device)
         sampler = Sampler(bool(generation_config.do_sample), input_ids.device, generator)
-        pair = pair.for_call()
+        pair = pair.for_call(seed)
         needed = call_length(generation_config, input_ids.shape[1])
         fold = proposal_is_argmax(sampler.do_sample, processors)
         policy = speculation_for(call_policy(generation_config, input_ids.shape[0]), pair)

@@ -48,8 +48,8 @@ def plan_shards(work: WorkDir, prompts: list[Prompt], batch_size: int) -> list[l
 
 
 def _cut(work: WorkDir, k: int, start: int, end: int, given: int) -> ValueError:
-    fits = f"--limit {start} or a --limit of at least {end}" if start else f"a --limit of at least {end}"
+    fits = f"limit={start} or a limit of at least {end}" if start else f"a limit of at least {end}"
     return ValueError(
         f"Labelling {given} prompts would end inside shard {k} of {work.root}, which holds prompts {start + 1} to "
-        f"{end}; pass {fits} (limit= in Python; a larger limit extends the run), or use a new out= folder."
+        f"{end}; pass {fits} (--limit on the command line; a larger limit extends the run), or use a new out= folder."
     )

@@ -73,7 +73,8 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def _corrupt(path: str | os.PathLike, err: BaseException) -> ValueError:
     reason = " ".join(str(err).split())[:200] or type(err).__name__
-    return ValueError(f"{path} is corrupt ({reason}); delete it and rerun `r2r-hf label` on the run to write it again.")
+    return ValueError(f"{path} is corrupt ({reason}); delete it and label the run again (pipeline.label; "
+                      "`r2r-hf label` on the command line) to write it again.")
 
 
 # What the readers of a run's JSON files rely on: an object with these fields (a list holds objects). The steps'
@@ -230,8 +231,9 @@ class WorkDir:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ValueError(f"Another `r2r-hf label` run is writing {self.root}; wait for it to finish, "
-                                 "or label into another out= folder.") from None
+                raise ValueError(f"Another labeling run (pipeline.label; `r2r-hf label` on the command line) is "
+                                 f"writing {self.root}; wait for it to finish, or label into another out= "
+                                 "folder.") from None
             try:
                 yield
             finally:

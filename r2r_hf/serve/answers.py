@@ -1,7 +1,8 @@
 """From an OpenAI request body to the answers (``rows.Choice``) it asks for, resolved as ``generate`` resolves.
 
-A choice is one ``generate`` call: its options are the request's fields as ``generate``'s keyword arguments,
-with the server's own defaults (``--threshold``, ``--llm-budget``) where the request names none, and
+A choice is one ``generate`` call: its options are the request's fields as ``generate``'s keyword arguments
+(vLLM's sampling fields as HF's: ``sampling_fields``), with the server's own defaults (``--threshold``,
+``--llm-budget``) where the request names none, and
 ``model/row_settings.resolve_row`` resolves them (``model.generation_config`` and the router's config below
 them, the LLM's processors, the core's checks). Choice ``i`` of a seeded request draws from ``seed + i``.
 Everything is checked here, on the request's own thread: a bad option is this request's 400, and never reaches
@@ -19,7 +20,31 @@ from .rows import Choice
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # The request fields a resolver complaint may be about, in the order they are looked for in its message.
-FIELDS = ("threshold", "llm_budget", "seed", "temperature", "top_p", "top_k", "max_tokens")
+FIELDS = ("threshold", "llm_budget", "seed", "temperature", "top_p", "top_k", "max_tokens", "repetition_penalty",
+          "min_p", "min_tokens", "stop_token_ids")
+
+
+def sampling_fields(body: CompletionRequest | ChatRequest, default_eos, vocab: int) -> dict[str, Any]:
+    """generate's options for vLLM's sampling fields, as its OpenAI server means them: ``min_tokens`` is HF's
+    ``min_new_tokens`` (no EOS, and no stop token id, before it), ``stop_token_ids`` end the answer as an EOS does
+    (its text left out), ``ignore_eos`` writes on past the model's EOS (``default_eos``: the ids ``generate`` would
+    stop at)."""
+    options: dict[str, Any] = {}
+    for name in ("repetition_penalty", "min_p"):
+        if getattr(body, name) is not None:
+            options[name] = getattr(body, name)
+    if body.min_tokens:
+        options["min_new_tokens"] = body.min_tokens
+    stops = body.stop_token_ids or []
+    if any(not 0 <= t < vocab for t in stops):
+        raise APIError(400, f"stop_token_ids holds ids outside the vocabulary [0, {vocab}); send ids of the model's "
+                            "tokens.", param="stop_token_ids")
+    if stops or body.ignore_eos:
+        eos = [] if body.ignore_eos or default_eos is None else [default_eos] if isinstance(default_eos, int) \
+            else list(default_eos)
+        eos += [t for t in stops if t not in eos]
+        options["eos_token_id"] = eos or None
+    return options
 
 
 def max_tokens(body: CompletionRequest | ChatRequest, prompt_tokens: int, context: int | None,
@@ -49,6 +74,7 @@ def choices(service, body: CompletionRequest | ChatRequest, prompt: list[int]) -
                             "lower seed or n.", param="seed")
     options: dict[str, Any] = sampling_options(body.temperature, body.top_p, body.top_k)
     options["max_new_tokens"] = max_tokens(body, len(prompt), service.context, service.settings.default_max_tokens)
+    options |= sampling_fields(body, service.model.generation_config.eos_token_id, service.vocab)
     for name, default in (("threshold", service.settings.threshold), ("llm_budget", service.settings.llm_budget)):
         value = getattr(body, name)
         if value is not None or default is not None:

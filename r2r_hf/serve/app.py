@@ -31,6 +31,7 @@ from .protocol import APIError, ChatRequest, CompletionRequest, answer, chunk, n
     validation_error
 from .answers import choices
 from .limits import BodyLimit
+from .listen import DELIVERY
 from .metrics import CONTENT_TYPE
 from .settings import ServeSettings
 
@@ -120,7 +121,7 @@ class Service:
         prompt_tokens = sum(len(p) for p in prompts)
         routing = {"threshold": asked[0].settings.threshold, "budget": asked[0].settings.llm_budget}
         if body.stream:
-            stream = self._stream(chat, rid, work, events, prompt_tokens, routing, body.include_usage)
+            stream = self._stream(chat, rid, work, events, prompt_tokens, routing, body.include_usage, request)
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         texts, reasons = [""] * work.rows, [""] * work.rows
         generated = llm = 0
@@ -132,8 +133,18 @@ class Service:
                     reasons[event[1]], generated, llm = event[2], generated + event[3], llm + event[4]
         finally:
             self.engine.cancel(work)  # a no-op once every row ended
+        self._settle_when_sent(work, request)
         return answer(chat, rid, self.name, texts, reasons, usage(prompt_tokens, generated),
                       routing_stats(llm, generated, **routing))
+
+    def _settle_when_sent(self, work: Work, request: Request) -> None:
+        """``work`` is completed once its answer has left the server (``listen.Delivery``), cancelled where its
+        connection closes first; where the server cannot tell (no ``Delivery``: a Ray proxy's), completed now."""
+        delivery, metrics = request.scope.get(DELIVERY), self.engine.metrics
+        if delivery is None:
+            metrics.settle(work, "completed")
+        else:
+            delivery.then(lambda sent: metrics.settle(work, "completed" if sent else "cancelled"))
 
     async def _collect(self, work: Work, events: asyncio.Queue, request: Request) -> list[tuple]:
         """Every event of a whole answer; a client that goes away meanwhile ends it at once (``respond`` cancels its
@@ -154,7 +165,7 @@ class Service:
             watcher.cancel()
 
     async def _stream(self, chat: bool, rid: str, work: Work, events: asyncio.Queue, prompt_tokens: int,
-                      routing: dict, include_usage: bool) -> AsyncIterator[str]:
+                      routing: dict, include_usage: bool, request: Request) -> AsyncIterator[str]:
         open_rows, generated, llm, done = work.rows, 0, 0, False
         started = [False] * work.rows
         try:
@@ -181,9 +192,11 @@ class Service:
                                      r2r=routing_stats(llm, generated, **routing)))
             yield "data: [DONE]\n\n"
             done = True
+            self._settle_when_sent(work, request)
         finally:
             if not done:  # the client went away mid-stream: its rows stop at the next step
                 self.engine.cancel(work)
+                self.engine.metrics.settle(work, "cancelled")  # (where its rows had all ended)
 
 
 async def _report_disconnect(request: Request, events: asyncio.Queue) -> None:

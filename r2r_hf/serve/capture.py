@@ -9,7 +9,9 @@ Every step is captured at start-up, before the server listens (``capture_batch``
 too, which compiles each step on its example inputs then rather than on the decoding thread at first use (where
 every answer waited for it). The reads of both models and every bucket share one code object, so dynamo's
 recompile limit (8 per code object) is raised to cover them while they compile, and a hit is an error: past it,
-later shapes would run uncompiled while ``/health`` said ``compile``.
+later shapes would run uncompiled while ``/health`` said ``compile``. For the same reason nothing inside a read
+writes Python state (``slot_cache.count_gathered`` counts on the host): dynamo would guard on its value and compile
+the read again while serving, past the limit.
 """
 
 from __future__ import annotations

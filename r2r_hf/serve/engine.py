@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -46,37 +43,10 @@ from .metrics import ServeMetrics
 from .rows import Choice, Delivery, Row
 from .settings import ServeSettings
 from .trace import Trace
+from .work import Admission, Request, fresh_seed
 
 logger = logging.getLogger(__name__)
 START_COLUMNS = 256  # slot columns allocated at first (they grow, doubling, when an answer needs more)
-
-
-class Request:
-    """One HTTP request's work: a prompt and a ``Choice`` per row (answer), and where its events go.
-
-    Args:
-        prompts: token ids per row.
-        choices: what each row asks for (resolved settings and stops).
-        emit: called from the engine thread with each event (see the module docstring).
-    """
-
-    def __init__(self, prompts: list[list[int]], choices: list[Choice], emit: Callable[[tuple], None]) -> None:
-        self.prompts, self.choices, self.emit = prompts, choices, emit
-        self.cancelled = False
-        self.submitted = time.monotonic()
-        self.open = len(prompts)  # rows not ended yet
-
-    @property
-    def rows(self) -> int:
-        return len(self.prompts)
-
-
-@dataclass
-class Admission:
-    """What one turn does before its step: the requests that join, the slots whose rows leave."""
-
-    joining: list[Request] = field(default_factory=list)
-    leaving: list[int] = field(default_factory=list)
 
 
 class Engine:
@@ -184,7 +154,7 @@ class Engine:
             if request.cancelled or not request.open:  # already answered (or failed): nothing to do
                 return
             request.cancelled = True
-            self.metrics.finished("cancelled")
+            self.metrics.settle(request, "cancelled")
             if request in self.queue:
                 self.queue.remove(request)
 
@@ -244,7 +214,7 @@ class Engine:
         for request in requests:
             for i, (prompt, choice) in enumerate(zip(request.prompts, request.choices)):
                 s = choice.settings
-                joiners.append(Joiner(prompt, s.max_new_tokens, s.threshold, s.rule(self.device, _fresh_seed()),
+                joiners.append(Joiner(prompt, s.max_new_tokens, s.threshold, s.rule(self.device, fresh_seed()),
                                       s.llm_budget, owner=Row(request, i, choice, self.tokenizer)))
         if self.batch.ledger.occupied():
             self.joins_running += 1
@@ -263,7 +233,7 @@ class Engine:
         request, index = self.later.popleft()
         prompt, choice = request.prompts[index], request.choices[index]
         s = choice.settings
-        sampler = Sampler(s.do_sample, self.device, s.rule(self.device, _fresh_seed()).generator)
+        sampler = Sampler(s.do_sample, self.device, s.rule(self.device, fresh_seed()).generator)
         routing = Routing.eager(self.pair, s.threshold, s.processors, sampler, len(prompt) + s.max_new_tokens + 1,
                                 s.llm_budget, rollback=self.policy.speculate > 0)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
@@ -287,19 +257,17 @@ class Engine:
         self._leave([])
 
     def _deliver(self, delivery: Delivery) -> None:
-        """Each token's text, each ended answer's end event (counted before the client hears of it: it may scrape
-        /metrics next), and an error for a row whose draw failed (its request ends, no other)."""
+        """Each token's text, each ended answer's end event (the request counts as completed once its answer has left
+        the server: ``work.py``), and an error for a row whose draw failed (its request ends, no other)."""
         for row, now, finished in delivery.texts:
             self.metrics.token(row, now)
             if piece := row.piece():  # decoded here, once the step's device work is queued (``rows.py``)
-                self._emit(row.owner, ("text", row.index, piece))
+                row.owner.tell(("text", row.index, piece))
             if finished:
                 if self.trace is not None:
                     self.trace.answer(row)
                 row.owner.open -= 1
-                if not row.owner.open and not row.owner.cancelled:
-                    self.metrics.finished("completed")
-                self._emit(row.owner, ("end", row.index, row.finish, row.generated, row.llm_tokens))
+                row.owner.tell(("end", row.index, row.finish, row.generated, row.llm_tokens))
         for row in delivery.failed:
             self._fail(row.owner, APIError(
                 500, "Sampling failed for this answer: its scores held no finite probability (a temperature or "
@@ -311,16 +279,10 @@ class Engine:
         if not self.slotted and self.batch is not None and not self.batch.ledger.occupied():
             self._next_answer()
 
-    def _emit(self, request: Request, event: tuple) -> None:
-        try:
-            request.emit(event)
-        except RuntimeError:  # the request's event loop is gone: nobody listens any more
-            request.cancelled = True
-
     def _fail(self, request: Request, error: APIError) -> None:
         if not request.cancelled:
-            self._emit(request, ("error", error))
-            self.metrics.finished("error")
+            request.tell(("error", error))
+            self.metrics.settle(request, "error")
         request.cancelled = True  # its other rows leave at the next step
 
     def _shut(self, newcomers: list[Request]) -> None:
@@ -348,8 +310,4 @@ class Engine:
         elif self.batch is not None:
             self.batch.close()
             self.batch = None
-
-
-def _fresh_seed() -> int:
-    return int.from_bytes(os.urandom(8), "little") >> 1
 

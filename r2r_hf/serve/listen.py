@@ -7,7 +7,8 @@ finishes its headers is held for ever), a deadline for the client to read its an
 buffer to drain for ever, and so does a closing transport), and a cap on open connections checked when a
 connection opens and counting each until its descriptor is closed (uvicorn's ``limit_concurrency`` counts a
 connection only once its headers are complete, and answers 503 to requests the engine's queue would take: the
-queue's own 429 is the right answer there).
+queue's own 429 is the right answer there). It also tells the app whether each answer left the server
+(``Delivery``, in the request's scope), so one its client never read is not counted completed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,30 @@ logger = logging.getLogger(__name__)
 # Descriptors the process keeps for itself beside its connections (the idle CPU server holds ~16; CUDA, its
 # libraries and Ray's pipes add tens more).
 RESERVED_DESCRIPTORS = 128
+DELIVERY = "r2r.delivery"  # the scope key of a request's ``Delivery``
+
+
+class Delivery:
+    """Whether a response left the server, told once to whoever watches: True once its last byte left the server's
+    buffers (or its client, reading, drained them, or sent its next request), False where the connection closed
+    with some of it unsent (aborted unread, reset, or cut before the response was complete)."""
+
+    def __init__(self) -> None:
+        self.result: bool | None = None
+        self._watchers: list[Callable[[bool], None]] = []
+
+    def then(self, watcher: Callable[[bool], None]) -> None:
+        """Call ``watcher(result)`` once it is known (now, if it is)."""
+        if self.result is None:
+            self._watchers.append(watcher)
+        else:
+            watcher(self.result)
+
+    def settle(self, delivered: bool) -> None:
+        if self.result is None:
+            self.result, watchers, self._watchers = delivered, self._watchers, []
+            for watcher in watchers:
+                watcher(delivered)
 
 
 def url_of(host: str, port: int) -> str:
@@ -99,6 +124,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.refused, self.waiting_since, self.deadline, self.stall = False, None, None, None
+        self.delivery: Delivery | None = None  # the current request's
         if len(self.connections) >= self.max_connections and not self._evict_one():
             self.refused, self.transport = True, transport
             transport.write(BUSY)
@@ -133,6 +159,7 @@ class GuardedH11Protocol(H11Protocol):
         if it never does."""
         self._stop_deadline()
         if self.transport.get_write_buffer_size():
+            self._delivered(False)
             self.transport.abort()
         elif not self.transport.is_closing():
             self.transport.close()
@@ -144,6 +171,8 @@ class GuardedH11Protocol(H11Protocol):
     def resume_writing(self) -> None:
         super().resume_writing()
         self._disarm_stall()
+        if self.cycle is not None and self.cycle.response_complete:
+            self._delivered(True)  # its client reads the rest
 
     def _arm_stall(self) -> None:
         if self.stall is None:
@@ -159,10 +188,18 @@ class GuardedH11Protocol(H11Protocol):
         self.stall = None
         logger.warning("a client left its answer unread for %g s (--write-timeout): its connection is aborted",
                        self.write_timeout)
+        self._delivered(False)
         self.transport.abort()
+
+    def _delivered(self, delivered: bool) -> None:
+        if self.delivery is not None:
+            self.delivery.settle(delivered)
 
     def handle_events(self) -> None:
         super().handle_events()
+        if self.cycle is not None and DELIVERY not in self.cycle.scope:  # a new request (before its app runs)
+            self._delivered(True)  # its client read the previous answer
+            self.delivery = self.cycle.scope[DELIVERY] = Delivery()
         state = self.conn.their_state
         if state is not h11.IDLE:
             self.waiting_since = None  # its headers are in: no longer the first to go
@@ -175,6 +212,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if not self.transport.get_write_buffer_size():
+            self._delivered(True)
         if self.transport.is_closing():
             if self.transport.get_write_buffer_size():
                 self._arm_stall()  # the close waits until the client has read the rest: write_timeout to do it
@@ -186,6 +225,8 @@ class GuardedH11Protocol(H11Protocol):
             return
         self._stop_deadline()
         self._disarm_stall()
+        # (a close that waited for the client to read the rest ends here with exc None: the answer left)
+        self._delivered(exc is None and self.cycle is not None and self.cycle.response_complete)
         super().connection_lost(exc)  # counted out here: the descriptor is closed
 
 

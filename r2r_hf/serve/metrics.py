@@ -11,6 +11,7 @@ says what to install.
 from __future__ import annotations
 
 import math
+import threading
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -32,6 +33,7 @@ class ServeMetrics:
 
     def __init__(self, engine) -> None:
         self.engine = engine
+        self._lock = threading.Lock()  # (the decoding thread and the event loop both settle requests)
         self.registry = None
         if CollectorRegistry is None:
             return
@@ -48,6 +50,14 @@ class ServeMetrics:
     def finished(self, outcome: str) -> None:
         if self.registry is not None:
             self.requests.labels(outcome).inc()
+
+    def settle(self, request, outcome: str) -> None:
+        """Count how ``request`` (a ``work.Request``) ended, once: the first outcome told stands."""
+        with self._lock:
+            if request.outcome is not None:
+                return
+            request.outcome = outcome
+        self.finished(outcome)
 
     def rejected(self, error: Exception) -> Exception:
         """Count a request refused at submission (429 queue full, 503 draining); returns ``error`` to raise."""

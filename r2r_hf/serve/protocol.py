@@ -3,8 +3,11 @@
 Requests are checked field by field with pydantic: a wrong type or value is a 400 naming the
 field. OpenAI options R2R cannot honour (log-probabilities, penalties, logit bias, tools, echo...)
 are refused by name when set to anything but their neutral value; fields OpenAI clients send that
-change nothing here (``user``, ``metadata``...) are ignored. R2R's own options arrive as top-level
-fields (what the openai client sends through ``extra_body``): ``threshold``, ``llm_budget``, ``top_k``.
+change no answer (``user``, ``metadata``...: ``IGNORED``) are taken and ignored; any other field is refused by
+name. R2R's own options arrive as top-level fields (what the openai client sends through ``extra_body``):
+``threshold``, ``llm_budget``; so do the sampling fields of vLLM's OpenAI server (``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``), honoured as ``generate`` honours
+its HF options (``answers.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from difflib import get_close_matches
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -23,10 +27,16 @@ UNSUPPORTED = {
     "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "tools": (None, []), "functions": (None, []), "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),  # with no tools, no choice
 }
+# Fields OpenAI's API defines that no answer depends on: taken and ignored.
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier")
+# A field of the other endpoint, with what this one takes instead.
+OTHER_ENDPOINT = {"max_completion_tokens": "max_tokens"}
 MAX_N = 16  # choices per request (each is a row of the batch)
 MAX_STOPS = 4  # OpenAI's limit
-RANGES = {"temperature": "between 0 and 2", "top_p": "above 0 and at most 1"}
+RANGES = {"temperature": "between 0 and 2", "top_p": "above 0 and at most 1", "repetition_penalty": "above 0",
+          "min_p": "between 0 and 1"}
 
 
 class _Common(BaseModel):
@@ -46,8 +56,14 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     threshold: float | None = None
     llm_budget: float | None = None
+    # vLLM's sampling fields (``answers.sampling_fields`` turns them into generate's options).
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
 
-    @field_validator("temperature", "top_p", mode="before")
+    @field_validator("temperature", "top_p", "repetition_penalty", "min_p", mode="before")
     @classmethod
     def _not_nan(cls, value: Any, info: ValidationInfo) -> Any:
         # NaN fails every range check, so pydantic's own message ("less than or equal to 2") would mislead.
@@ -71,11 +87,25 @@ class _Common(BaseModel):
         return value
 
     def refuse_unsupported(self) -> None:
+        """A 400 naming the first field this server cannot honour (``UNSUPPORTED`` set to anything but neutral) or
+        does not know at all."""
         for name, neutral in UNSUPPORTED.items():
             value = (self.model_extra or {}).get(name, getattr(self, name, None))
             if value not in neutral:
                 raise APIError(400, f"{name}={value!r} is not supported by this R2R server; remove it.", param=name,
                                code="unsupported_parameter")
+        for name in self.model_extra or {}:
+            if name not in UNSUPPORTED and name not in IGNORED:
+                raise APIError(400, self._unknown(name), param=name, code="unknown_parameter")
+
+    def _unknown(self, name: str) -> str:
+        """One sentence on a field this endpoint does not take."""
+        if name in OTHER_ENDPOINT and OTHER_ENDPOINT[name] in type(self).model_fields:
+            return f"{name} is a chat completions field: /v1/completions takes {OTHER_ENDPOINT[name]}; rename it."
+        known = [*type(self).model_fields, *IGNORED]
+        close = get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{name!r} is not a field this server takes{hint}; remove it."
 
     @property
     def include_usage(self) -> bool:

@@ -38,6 +38,12 @@ class Choice:
     def max_tokens(self) -> int:
         return self.settings.max_new_tokens
 
+    @property
+    def min_tokens(self) -> int:
+        """Tokens written before anything may end the answer: HF's ``min_new_tokens`` holds the EOS back, and (as in
+        vLLM) a stop string counts only where it ends in text written from that token on."""
+        return int(self.settings.generation_config.min_new_tokens or 0)
+
 
 class Row:
     """One answer being written: its text as it grows, what may be sent yet, and why it ended.
@@ -55,10 +61,16 @@ class Row:
         self.eos_ids = choice.settings.eos_ids
         self.text = IncrementalText(tokenizer)
         self.sent = 0  # characters of text already handed out
+        self.floor = 0  # characters written before the first token that may end the answer (``Choice.min_tokens``)
         self.generated = self.llm_tokens = 0
         self.routed: list[bool] = []  # who wrote each token (the LLM: True), for traces
         self.finish: str | None = None
         self.due: list[str | tuple[int, bool]] = []  # per token taken, its text or (token, last) to decode later
+
+    @property
+    def seed(self) -> int | None:
+        """The answer's seed (None: none given): a router that draws per row keys its draws with it."""
+        return self.choice.settings.seed
 
     def add(self, token: int, routed: bool, last: bool = False) -> str:
         """Take the row's next token (``last``: the length limit allows no more); returns the text that may be sent
@@ -87,9 +99,11 @@ class Row:
         if token in self.eos_ids:
             self.finish = "stop"
             return self._release(len(self.text.text))
+        if self.generated == self.choice.min_tokens:
+            self.floor = len(self.text.text)
         self.text.add(token)
         full = self.text.text
-        stop_at = self._stop_position(full)
+        stop_at = self._stop_position(full) if self.generated >= self.choice.min_tokens else None
         if stop_at is not None:
             self.finish = "stop"
             return self._release(stop_at)
@@ -100,7 +114,7 @@ class Row:
 
     def _stop_position(self, full: str) -> int | None:
         longest = max((len(s) for s in self.choice.stops), default=0)
-        found = [full.find(s, max(0, self.sent - longest)) for s in self.choice.stops]
+        found = [full.find(s, max(0, self.sent - longest, self.floor - len(s) + 1)) for s in self.choice.stops]
         found = [i for i in found if i >= 0]
         return min(found) if found else None
 

@@ -173,8 +173,21 @@ class ServeSettings:
             check_max_wait(self.llm_max_wait)
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
+        self._check_speculation()
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")
+
+    def _check_speculation(self) -> None:
+        """Refuse settings under which speculation cannot happen: it needs routed answers that wait for the LLM."""
+        if self.speculate_below is not None and not self.speculate:
+            raise ValueError(f"speculate_below={self.speculate_below} has no effect without speculate; set speculate "
+                             "(--speculate N) or remove it.")
+        never = ("llm_max_wait=0" if self.llm_max_wait == 0 else
+                 f"llm_min_rows={self.llm_min_rows}" if self.llm_min_rows and max(self.llm_min_rows) == 1 else None)
+        if self.speculate and never:
+            raise ValueError(f"speculate={self.speculate} never speculates: with {never} the LLM runs in the step an "
+                             "answer routes; let routed answers wait (llm_max_wait > 0, llm_min_rows > 1) or remove "
+                             "speculate.")
 
     def _check_access(self) -> None:
         """Refuse a key no client can send, and an open server on a network unless asked for."""

@@ -16,7 +16,9 @@ tests and for the dry run of the GPU check (``benchmarks/gpu/check.sh --dry-run`
   (by address for tensors made before the step, by the op that made them otherwise) and its
   non-tensor arguments, and raises ``ReplayMismatch`` where that differs from the capture: a
   decision taken in Python on changing state (a length counted on the host, say) would have been
-  frozen by the real graph.
+  frozen by the real graph. Nor does a replay keep what Python wrote: the numbers a step writes into
+  the objects it closes over (a counter kept in Python) are put back after each replay, as after a real
+  one, which never ran the Python that wrote them.
 * **Outputs are overwritten.** Each replay writes its results into the same output tensors, so a
   reference kept from an earlier replay sees them change, and every replay poisons (NaN, or -1 for
   integers) the outputs of the other graphs of its memory pool, which a real replay may overwrite.
@@ -173,6 +175,30 @@ def as_if_capturing(trace: _Trace | None = None) -> Iterator[_Trace]:
         yield trace
 
 
+def _python_numbers(fn, depth: int = 4) -> list[tuple[Any, str, Any]]:
+    """(object, attribute, value) of every number attribute of the objects ``fn`` closes over (through the functions
+    it closes over, ``depth`` deep)."""
+    found, seen, todo = [], set(), [(fn, depth)]
+    while todo:
+        value, left = todo.pop()
+        if id(value) in seen or left < 0:
+            continue
+        seen.add(id(value))
+        if callable(value) and getattr(value, "__closure__", None):
+            todo += [(cell.cell_contents, left - 1) for cell in value.__closure__ if _filled(cell)]
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            found += [(value, k, v) for k, v in vars(value).items() if isinstance(v, (int, float))]
+    return found
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        return False
+    return True
+
+
 class EmulatedPool:
     """The graphs sharing one memory pool: a replay (or a capture) may overwrite the others' outputs."""
 
@@ -212,8 +238,11 @@ class EmulatedGraphStep(CudaGraphStep):
         return EmulatedPool()
 
     def replay(self) -> None:
+        kept = _python_numbers(self.fn)
         with as_if_capturing() as trace:
             fresh = self.fn(**self.inputs)
+        for owner, name, value in kept:  # a real replay runs no Python: nothing it wrote stays
+            setattr(owner, name, value)
         difference = self.trace.first_difference(trace)
         if difference is not None:
             raise ReplayMismatch(f"the step took another path at replay than at capture ({difference}); a CUDA graph "

@@ -155,14 +155,19 @@ def project(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: tor
 
 
 def attend_and_finish(layer, x, q, keys, values, mask, gate_up, gate_up_bias):
-    """Attention of ``q`` over ``keys``/``values`` [B, Hkv, L, D] under ``mask``, then the rest of the layer (its
-    MLP's gate and up projections as one packed GEMM)."""
-    attn, mlp = layer.self_attn, layer.mlp
+    """Attention of ``q`` over ``keys``/``values`` [B, Hkv, L, D] under ``mask``, then the rest of the layer."""
     rows, heads, width, dim = q.shape
     out = F.scaled_dot_product_attention(packed_queries(q, keys.shape[1]), keys, values, attn_mask=mask,
-                                         scale=attn.scaling)
-    out = out.reshape(rows, heads, width, dim).transpose(1, 2).reshape(rows, width, heads * dim)
-    x = x + attn.o_proj(out)
+                                         scale=layer.self_attn.scaling)
+    return finish(layer, x, out.reshape(rows, heads, width, dim).transpose(1, 2).reshape(rows, width, heads * dim),
+                  gate_up, gate_up_bias)
+
+
+def finish(layer, x, attended, gate_up, gate_up_bias):
+    """The layer after its attention: the output projection's residual, then the MLP (its gate and up projections as
+    one packed GEMM)."""
+    mlp = layer.mlp
+    x = x + layer.self_attn.o_proj(attended)
     gate, up = F.linear(layer.post_attention_layernorm(x), gate_up, gate_up_bias).chunk(2, dim=-1)
     return x + mlp.down_proj(mlp.act_fn(gate) * up)
 
@@ -188,6 +193,40 @@ def slot_layer(layer, x, cos, sin, mask, keys, values, column, weights, span: in
     else:
         seen_keys, seen_values = keys[:, :, :span].index_select(0, slots), values[:, :, :span].index_select(0, slots)
     return attend_and_finish(layer, x, q, seen_keys, seen_values, mask, weights[2], weights[3])
+
+
+def packed_prologue(model, ids, position, qpos, groups: int, span: int):
+    """``prologue`` of a packed read (``layouts/packed.py``): the flat tokens as one row [1, T, H], and the mask of
+    the attention layout from each place's position ``qpos`` [S, g] (-1: no query there, it sees column 0)."""
+    columns = torch.arange(span, device=ids.device)
+    allowed = torch.where(qpos[..., None] >= 0, columns <= qpos[..., None], columns == 0)  # [S, g, span]
+    return prologue(model, ids[None], position[None], allowed, groups)
+
+
+def packed_layer(layer, x, cos, sin, mask, keys, values, slot, column, place, weights, span: int):
+    """One layer of a packed read: the flat tokens' projections and MLP over [1, T] (the real tokens and the bucket's
+    slack only); token ``t``'s K/V go to ``column[t]`` of ``slot[t]``; attention places each query at ``place[t]``
+    of the [S x g] layout (an extra place past it takes the padding) and attends every slot's keys in place (the
+    mask keeps each query to its own row)."""
+    q, k, v = project(layer, x, cos, sin, weights[0], weights[1])  # [1, H, T, D], [1, Hkv, T, D]
+    keys[slot, :, column] = k[0].transpose(0, 1)
+    values[slot, :, column] = v[0].transpose(0, 1)
+    slots, heads, dim = keys.shape[0], q.shape[1], q.shape[3]
+    places = mask.shape[2] // (heads // keys.shape[1]) * slots
+    laid = q.new_zeros(places + 1, heads, dim).index_copy(0, place, q[0].transpose(0, 1))[:places]
+    laid = laid.view(slots, places // slots, heads, dim).transpose(1, 2)  # [S, H, g, D]
+    out = F.scaled_dot_product_attention(packed_queries(laid, keys.shape[1]), keys[:, :, :span],
+                                         values[:, :, :span], attn_mask=mask, scale=layer.self_attn.scaling)
+    out = out.reshape(slots, heads, places // slots, dim).transpose(1, 2).reshape(places, heads * dim)
+    out = out.index_select(0, place.clamp(max=places - 1))[None]  # back to the flat order (padding reads junk)
+    return finish(layer, x, out, weights[2], weights[3])
+
+
+def packed_head(model: torch.nn.Module, x: torch.Tensor, keep: torch.Tensor, hidden: bool):
+    """Logits [L, V] (and post-norm hidden states [L, H]) at the flat positions ``keep`` [L] of a packed read."""
+    h = model.model.norm(x[0].index_select(0, keep))
+    logits = model.lm_head(h)
+    return (logits, h) if hidden else (logits,)
 
 
 def head(model: torch.nn.Module, x: torch.Tensor, last: torch.Tensor | None, hidden: bool):

@@ -33,7 +33,8 @@ class Regions:
     """
 
     def __init__(self, compile: bool) -> None:
-        names = ("static_prologue", "slot_prologue", "static_layer", "slot_layer", "head")
+        names = ("static_prologue", "slot_prologue", "static_layer", "slot_layer", "head", "packed_prologue",
+                 "packed_layer", "packed_head")
         # The functions dynamo compiles (fresh code objects when compiled: their compiled entries are this model's).
         self.functions = {name: _fresh(getattr(fused, name)) if compile else getattr(fused, name) for name in names}
         self.compiled = compile

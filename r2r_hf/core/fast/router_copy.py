@@ -97,8 +97,8 @@ def router_copy(router: nn.Module, slm_dtype: torch.dtype, setting: str) -> Rout
     weights = next(iter(router.parameters()), None)
     if setting == "float32" or weights is None or not stateless(router):
         return None
-    if weights.dtype == slm_dtype or not slm_dtype.is_floating_point:
-        return None
+    if not slm_dtype.is_floating_point or slm_dtype.itemsize >= weights.dtype.itemsize:
+        return None  # a copy only ever reads fewer bytes: a router already as narrow scores as it is
     return RouterCopy(router, slm_dtype)
 
 

@@ -17,6 +17,7 @@ captured is the model's ``CaptureStore``'s (CUDA graphs; the CPU emulation in te
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -26,10 +27,13 @@ from .static_reads import BUCKETS, bucket_for
 from ..staging import in_order, staged
 from ..layouts.model_calls import route_scores
 from .fused import attended
-from .fused_reads import capture_fused, fused_regions, slot_read
+from .fused_reads import PLAIN, capture_fused, fuse_problem, fused_regions, slot_read
 from .graphs import Step
+from .packed_reads import PackedReads
 from .router_copy import Scorer
 from ..layouts.slot_cache import SlotCache, forward_piece, piece, piece_inputs
+
+logger = logging.getLogger(__name__)
 
 
 def span_buckets(capacity: int) -> tuple[int, ...]:
@@ -67,13 +71,14 @@ class CapturedReads:
         cache: its slot cache (allocated, static: its capacity never grows).
         capture: turns a step and example inputs into a captured step.
         hidden: also return the post-norm hidden state (the SLM's, for the router).
-        fuse: capture fused reads (``fused.py``) where the model can be fused, HF's forward elsewhere.
+        fuse: capture fused reads (``fused.py``) where the model can be fused, HF's forward elsewhere (``"plain"``:
+            the fused regions uncompiled, for tests).
     """
 
     def __init__(self, model: torch.nn.Module, cache: SlotCache, capture: Callable[[Step, dict], Step],
-                 hidden: bool, fuse: bool = False, gather: bool = False) -> None:
+                 hidden: bool, fuse: bool | str = False, gather: bool = False) -> None:
         self.model, self.cache, self.capture, self.hidden, self.gather = model, cache, capture, hidden, gather
-        self.regions = fused_regions(model) if fuse else None
+        self.regions = _regions(model, fuse)
         self.rows = row_buckets(cache.slots)
         self.spans = span_buckets(cache.capacity)
         # (rows, tokens, span) bucket, whether it keeps every position's logits, whether it gathers its rows ->
@@ -81,6 +86,8 @@ class CapturedReads:
         self.steps: dict[tuple[int, int, int, bool, bool], Step] = {}
         device = model.get_input_embeddings().weight.device
         self.index = {k: torch.arange(k, device=device) for k in self.rows}
+
+    packed = False  # (``packed_reads.PackedReads`` are)
 
     @property
     def piece(self) -> int:
@@ -119,18 +126,25 @@ class CapturedReads:
         """Whether the captured reads are fused ones."""
         return self.regions is not None
 
-    def _inputs(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int):
-        """The read's rows bucket, its inputs, and whether it gathers: a read of the first slots pads to the bucket
-        holding its highest slot (slots 3 and 12 of 16: a 16-row read); where gathering its rows makes a smaller
-        bucket, a gathering read takes them (and slots it does not read, writing nothing, up to the bucket)."""
+    def shape(self, rows: list[int], counts: list[int]) -> tuple[int, int, bool]:
+        """The rows and tokens buckets a read of ``rows`` replays, and whether it gathers: a read of the first slots
+        pads to the bucket holding its highest slot (slots 3 and 12 of 16: a 16-row read); where gathering its rows
+        makes a smaller bucket, a gathering read takes them (and slots it does not read, writing nothing, up to the
+        bucket)."""
         k = next(b for b in self.rows if b > max(rows))
         fewer = next(b for b in self.rows if b >= len(rows))
-        if self.gather and fewer < k:
+        gathers = self.gather and fewer < k
+        return (fewer if gathers else k), bucket_for(max(counts)), gathers
+
+    def _inputs(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int):
+        """The read's rows bucket, its inputs, and whether it gathers (``shape``)."""
+        k, _, gathers = self.shape(rows, counts)
+        if gathers:
             taken = set(rows)
-            fillers = [s for s in range(self.cache.slots) if s not in taken][: fewer - len(rows)]
+            fillers = [s for s in range(self.cache.slots) if s not in taken][: k - len(rows)]
             inputs, index = piece(tokens, rows + fillers, starts + [0] * len(fillers), counts + [0] * len(fillers),
                                   width, self.cache.trash)
-            return fewer, {**inputs, "slots": index}, True
+            return k, {**inputs, "slots": index}, True
         full_starts, full_counts = [0] * k, [0] * k
         for r, s, n in zip(rows, starts, counts):
             full_starts[r], full_counts[r] = s, n
@@ -144,6 +158,7 @@ class CapturedReads:
         k, inputs, gathered = self._inputs(tokens, rows, starts, counts, width)
         out = self.step(k, width, span, inputs, every, gathered).run(**inputs)  # each kept row copied out once
         if gathered:
+            self.cache.count_gathered(k, span)  # here, on the host: a replay runs no Python
             kept = [value[: len(rows)].clone() for value in out]
         elif in_order(rows) and len(rows) == k:
             kept = [value.clone() for value in out]
@@ -210,11 +225,12 @@ class CapturedRouter:
         return len(self.steps)
 
 
-def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool = False,
-                  router_dtype: str = "float32", speculate: bool = False) -> dict:
+def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool | str = False,
+                  router_dtype: str = "float32", speculate: int = 0) -> dict:
     """From now on every read of the slot ``layout`` (a ``layouts.slot_layout.SlotLayout``) replays a captured call:
     the slots become static (their current size), every bucket is captured now with ``warm`` (with ``speculate``
-    also the LLM's reads that keep every position's logits), fused reads where ``fuse``, the router in
+    pending positions per row, also the LLM's reads that keep their logits), fused reads where ``fuse`` (the LLM's
+    packed: ``packed_reads.py``; ``"plain"``: the fused regions uncompiled, for tests), the router in
     ``router_dtype`` (``router_copy.py``); what it took."""
     p = layout.pair
     for model, cache in ((p.slm, layout.slm_cache), (p.llm, layout.llm_cache)):  # allocate outside any capture
@@ -223,16 +239,47 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
         cache.plan(list(range(layout.slots)), inputs["column"], 1)
         forward_piece(model, cache, **inputs, used=1, hidden=False)
     layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse),
-                       "llm": CapturedReads(p.llm, layout.llm_cache, capture, hidden=False, fuse=fuse, gather=True)}
+                       "llm": _llm_reads(p.llm, layout, capture, fuse, speculate)}
     layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:
         start = time.perf_counter()
-        report["steps"] = sum(c.warm(layout.tokens, speculate and role == "llm") for role, c in layout.captured.items())
+        report["steps"] = layout.captured["slm"].warm(layout.tokens)
+        report["steps"] += _warm_llm(layout, capture, speculate)
         head = p.slm.get_output_embeddings().weight
         if getattr(p.router, "capturable", True):
             report["steps"] += layout.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
                                                        head.dtype)
         report["seconds"] = time.perf_counter() - start
     report["fused"] = {role: reads.fused for role, reads in layout.captured.items()}  # after warming: what ran
+    report["packed"] = isinstance(layout.captured["llm"], PackedReads)
     return report
+
+
+def _llm_reads(llm, layout, capture, fuse: bool | str, speculate: int):
+    """The LLM's captured reads: packed where its reads can be fused, else HF's forward in padded, gathering reads."""
+    regions = _regions(llm, fuse)
+    if regions is None:
+        return CapturedReads(llm, layout.llm_cache, capture, hidden=False, fuse=False, gather=True)
+    kept = {False: layout.slots, True: layout.slots * (speculate + 1)}
+    return PackedReads(llm, layout.llm_cache, regions, kept, capture)
+
+
+def _regions(model, fuse: bool | str):
+    """The fused regions a model's captured reads run (None: HF's forward)."""
+    if fuse == "plain":
+        return PLAIN if fuse_problem(model) is None else None
+    return fused_regions(model) if fuse else None
+
+
+def _warm_llm(layout, capture, speculate: int) -> int:
+    """Capture the LLM's reads; where a packed read does not compile, the LLM's reads are HF's forward (said once)."""
+    reads = layout.captured["llm"]
+    if isinstance(reads, CapturedReads):
+        return reads.warm(layout.tokens, speculate > 0)
+    try:
+        return reads.warm(layout.tokens, span_buckets(layout.capacity))
+    except RuntimeError as err:
+        logger.warning("R2R captures the LLM's HF forward in padded reads: %s.", err)
+        layout.captured["llm"] = CapturedReads(reads.model, layout.llm_cache, capture, hidden=False, gather=True)
+        return layout.captured["llm"].warm(layout.tokens, speculate > 0)

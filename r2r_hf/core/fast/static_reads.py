@@ -32,7 +32,7 @@ from ...compat import cache_argument
 from ..layouts.model_calls import EagerCalls, route_scores
 from ..layouts.model_calls import static_cache as full_static_cache
 from ..features import input_device, output_device, slm_proposals
-from .fused import addresses, attended
+from .fused import attended
 from .fused_reads import capture_fused, fused_regions, static_read
 from .graphs import CompiledStep, Step, compile_options
 from .router_copy import Scorer, folded, stateless
@@ -166,6 +166,13 @@ def kept_lengths(*caches: StaticCache) -> Iterator[None]:
                 layer.cumulative_length.copy_(length)
 
 
+def read_memory(*modules: torch.nn.Module) -> tuple[int, ...]:
+    """Where every parameter and buffer the captured steps read lives (the models', the router's): one replaced
+    rather than written in place (``weight.data = ...``, ``load_state_dict(assign=True)``, ``.to(dtype)``) moves, and
+    graphs captured over the old memory would read freed weights."""
+    return tuple(t.data_ptr() for m in modules for t in (*m.parameters(), *m.buffers()))
+
+
 def static_cache(model: torch.nn.Module, batch: int, length: int) -> StaticCache:
     """A static cache allocated up front, so no capture ever allocates it."""
     cache = full_static_cache(model.config, length)
@@ -205,7 +212,7 @@ class CapturedState:
         self.reads: dict[tuple, Step] = {}  # (role, bucket, span, folded, every position) -> captured read
         self.fused = {role: fused_regions(model) if fuse else None for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
-        self.weights = addresses((slm, llm))  # where the weights lived when last lent (``CaptureStore``)
+        self.weights = read_memory(slm, llm, router)  # where the weights lived when last lent (``CaptureStore``)
         # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy; the same view
         # object for the same count, so a captured read skips copying it in again (``CudaGraphStep.run``).
         self.counts = torch.arange(SLACK + 1, device=output_device(llm))
@@ -358,5 +365,5 @@ class CapturedCalls:
     def close(self) -> None:
         release, self._release = self._release, None
         if release is not None:
-            self.state.weights = addresses((self.state.slm, self.state.llm))  # (fused reads pack them on first use)
+            self.state.weights = read_memory(self.state.slm, self.state.llm, self.state.router)  # (fused reads pack)
             release()

@@ -2,8 +2,9 @@
 
 A ``CaptureStore`` belongs to one model. It keeps one ``CapturedState`` (static caches and the
 calls captured over them) between calls, rebuilds it when the batch size, the pair, the router or
-the compile options change, a call needs a longer cache or a model's weight was replaced since the last call
-(``weight.data = ...``: captured calls would read the old memory; a weight written in place is read as it is),
+the compile options change, a call needs a longer cache or a weight of a model or of the router was replaced since
+the last call (``weight.data = ...``, ``load_state_dict(assign=True)``, ``model.to(dtype)``: captured calls would read
+the old memory; a weight written in place is read as it is),
 and lends it to one call at a time:
 the state's caches hold that call's tokens, so a concurrent call on another thread waits for it
 (the device runs one call's steps at a time anyway), and a call made from inside another on the
@@ -23,11 +24,10 @@ from collections.abc import Sequence
 
 from transformers import GenerationConfig
 
-from .static_reads import SLACK, CapturedState, CapturedCalls, capturable, compiled
+from .static_reads import SLACK, CapturedState, CapturedCalls, capturable, compiled, read_memory
 from ..layouts.model_calls import EagerCalls
 from ..layouts.rectangle import ModelCalls
 from ..features import output_device
-from .fused import addresses
 from .graphs import CudaGraphStep, GraphStep
 from ..pair import RoutedPair
 
@@ -104,7 +104,7 @@ class CaptureStore:
         fuse = self.fuse and compile_config is None  # a compile_config compiles the whole read instead
         key = state_key(slm, llm, router, num_topk, compile_config, batch, fuse, self.router_dtype)
         state = self.state
-        moved = state is not None and state.weights != addresses((slm, llm))  # a weight replaced, not written
+        moved = state is not None and state.weights != read_memory(slm, llm, router)  # replaced, not written
         if state is None or state.key != key or state.capacity < needed + SLACK or moved:
             self.state = None  # free the old caches and graphs before allocating new ones
             why_not = capturable(slm)

@@ -7,6 +7,10 @@ forwards a read of several rows takes.
 
 from __future__ import annotations
 
+import itertools
+
+from .packed import GROUPS
+
 # Tokens per row one slot forward reads at most: a long prompt is read in pieces of this many (the
 # attention scores of one piece stay small, and a long read is several short forwards).
 PIECE = 256
@@ -25,6 +29,7 @@ class SlotBook:
         self.length = [0] * slots
         self.prompt = [0] * slots
         self.seen = {role: [0] * slots for role in ROLES}
+        self.riders: tuple[list[int], int | None] = ([], None)  # prompt pieces the LLM's next packed read takes
 
     def grow(self, slots: int) -> None:
         extra = [0] * (slots - len(self.length))
@@ -72,3 +77,24 @@ class SlotBook:
                     del left[r]
             forwards.append(forward)
         return forwards
+
+    # ------------------------------------------------------------ the LLM's packed reads (``packed.py``)
+    def ride(self, rows: list[int], limit: int | None) -> list[list[tuple[int, int, int]]]:
+        """A prefill turn's LLM pieces (at most ``limit`` tokens of each of ``rows``, of all but its last prompt token:
+        the row's first catch-up reads that one, and its logits there are the LLM's first token) ride in the LLM's
+        next packed read; the forwards of the previous turn's pieces that no read took, to read now."""
+        left = self.packed([], None, 0)
+        self.riders = (rows, limit)
+        return left
+
+    def packed(self, rows: list[int], limit: int | None, short: int,
+               upto: dict[int, int] | None = None) -> list[list[tuple[int, int, int]]]:
+        """The LLM's packed forwards reading ``rows`` (``read``, at most ``GROUPS[-1]`` tokens of a row in each), the
+        riders merged in (a rider that ``rows`` read in full is not read twice)."""
+        forwards = self.read("llm", rows, limit, short, GROUPS[-1], upto) if rows else []
+        riding, most = self.riders
+        # (a rider reads its prompt only: by now it may have answer tokens, which its catch-up reads)
+        ends = {r: self.prompt[r] - 1 for r in riding if r not in rows and self.prompt[r] - 1 > self.seen["llm"][r]}
+        self.riders = ([], None)
+        extra = self.read("llm", sorted(ends), most, 0, GROUPS[-1], ends) if ends else []
+        return [a + b for a, b in itertools.zip_longest(forwards, extra, fillvalue=[])]

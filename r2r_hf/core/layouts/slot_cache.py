@@ -16,7 +16,9 @@ reads and where each one starts, so rows advance independently:
   of its own row (one 4-D mask per forward, built on the device; sliding-window layers get a second).
 
 Rows that are all the slots, or a contiguous range of them, read their keys and values in place; any
-other subset is gathered (a copy of those rows' columns in use, counted by ``gathered_bytes``).
+other subset is gathered (a copy of those rows' columns in use, counted by ``gathered_bytes``: on the host, from
+the read's shapes, by whoever runs the read; nothing inside a read writes Python state, which a captured read's
+replay would not run and a compiled one would guard on).
 
 Only the ``sdpa`` and ``eager`` attention paths take a prepared 4-D mask; ``slot_problem`` says why a
 model cannot use slots (then the caller falls back to HF's own caches).
@@ -93,8 +95,13 @@ class SlotCache:
                 out.append(buffer[self.span, :, : self.used])
             else:
                 out.append(buffer[:, :, : self.used].index_select(0, rows))
-                self.gathered_bytes += out[-1].numel() * out[-1].element_size()
         return out[0], out[1]
+
+    def count_gathered(self, rows: int, used: int) -> None:
+        """Add to ``gathered_bytes`` what a read gathering ``rows`` slots over ``used`` columns copies: every layer's
+        keys and values of those rows and columns (from the buffers' shapes: no device value is read)."""
+        self.gathered_bytes += sum(rows * b.shape[1] * used * b.shape[3] * b.element_size()
+                                   for store in (self.keys, self.values) for b in store if b is not None)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.used
@@ -218,12 +225,15 @@ def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, r
     used = max(s + n for s, n in zip(starts, counts))
     cache.plan(rows, inputs["column"], used, index)
     if every:
-        return forward_piece(model, cache, **inputs, used=used, hidden=False, every=True)[0], None
-    if not hidden:
-        return forward_piece(model, cache, **inputs, used=used, hidden=False)[0], None
-    with HiddenStateCapture(model) as capture:  # eagerly, the lm_head's input: no layer's states kept
-        logits = forward_piece(model, cache, **inputs, used=used, hidden=False)[0]
-        return logits, capture.hidden[:, -1]
+        out = forward_piece(model, cache, **inputs, used=used, hidden=False, every=True)[0], None
+    elif not hidden:
+        out = forward_piece(model, cache, **inputs, used=used, hidden=False)[0], None
+    else:
+        with HiddenStateCapture(model) as capture:  # eagerly, the lm_head's input: no layer's states kept
+            out = forward_piece(model, cache, **inputs, used=used, hidden=False)[0], capture.hidden[:, -1]
+    if cache.span is None:  # the rows were gathered
+        cache.count_gathered(len(rows), used)
+    return out
 
 
 def slot_problem(model: torch.nn.Module) -> str | None:

@@ -13,6 +13,7 @@ from ..counters import Counters
 from ..features import input_device
 from ..pair import RoutedPair
 from .model_calls import route_scores
+from .packed import pack
 from .slot_book import PIECE, SlotBook
 from .slot_cache import SlotCache, read_piece
 from ..staging import staged
@@ -93,13 +94,21 @@ class SlotLayout:
         book, ends = self.book, {r: self.book.prompt[r] + max(indices) for r, indices in needs.items()}
         rows, got = sorted(needs), {r: {} for r in needs}
         captured = None if self.captured is None else self.captured["llm"]
+        if getattr(captured, "packed", False):  # the logits where they are needed only (``packed.py``)
+            wanted = {r: [book.prompt[r] + i - 1 for i in needs[r]] for r in rows}  # the column predicting each
+            for forward in book.packed(rows, None, 0, ends):
+                keep = [(r, c) for r, start, n in forward for c in wanted.get(r, ()) if start <= c < start + n]
+                logits = self._packed(captured, forward, keep, kept=captured.kept[True])
+                for (r, c), row in zip(keep, logits):
+                    got[r][c + 1] = row
+            return {r: (needs[r], torch.stack([got[r][book.prompt[r] + i] for i in needs[r]])) for r in rows}
         for forward in book.read("llm", rows, upto=ends, piece=PIECE if captured is None else captured.piece):
             who, starts, counts = (list(column) for column in zip(*forward))
             if captured is None:
                 logits = read_piece(self.pair.llm, self.llm_cache, self.tokens, who, starts, counts, every=True)[0]
             else:
                 logits = captured.read(self.tokens, who, starts, counts, every=True)[0]
-            self.counters.forward("llm", len(who), max(counts))
+            self.counters.forward("llm", len(who), max(counts), sum(counts), self._computed(captured, who, counts))
             for j, (r, start, n) in enumerate(forward):  # token column c sits at piece column width - n + c - start
                 for c in range(start, start + n):
                     got[r][c + 1] = logits[j, logits.shape[1] - n + c - start]
@@ -133,7 +142,11 @@ class SlotLayout:
         states after it. The LLM reads the prompt here too, all but its last token (its first catch-up reads at
         least that one, and its logits there are the LLM's first token), so that catch-up is short."""
         llm_rows = [r for r in rows if self.book.unread("llm", r) > 1]
-        if llm_rows:
+        if self._packs():  # the LLM reads its pieces inside its next packed read (``SlotBook.ride``)
+            reads = self.captured["llm"]
+            for forward in self.book.ride(llm_rows, limit):
+                self._packed(reads, forward, [], reads.kept[False])
+        elif llm_rows:
             self._read("llm", llm_rows, limit, short=1)
         done, logits, hidden = self._read("slm", rows, limit)
         return done, logits, hidden
@@ -150,6 +163,8 @@ class SlotLayout:
         states) after their last token."""
         model, cache = (self.pair.slm, self.slm_cache) if role == "slm" else (self.pair.llm, self.llm_cache)
         captured = None if self.captured is None else self.captured[role]
+        if getattr(captured, "packed", False):  # (``fast/packed_reads.py``)
+            return self._read_packed(captured, rows, limit, short)
         forwards = self.book.read(role, rows, limit, short, PIECE if captured is None else captured.piece)
         outputs: dict[int, tuple] = {}
         before = cache.gathered_bytes
@@ -159,7 +174,7 @@ class SlotLayout:
                 logits, hidden = read_piece(model, cache, self.tokens, who, starts, counts, hidden=role == "slm")
             else:
                 logits, hidden = captured.read(self.tokens, who, starts, counts)
-            self.counters.forward(role, len(who), max(counts))
+            self.counters.forward(role, len(who), max(counts), sum(counts), self._computed(captured, who, counts))
             for j, (r, start, n) in enumerate(forward):
                 if start + n == self.book.length[r]:  # read to its end: its next-token outputs
                     outputs[r] = (logits[j], None if hidden is None else hidden[j])
@@ -172,6 +187,37 @@ class SlotLayout:
         stacked = torch.stack([outputs[r][0] for r in done])
         hidden = torch.stack([outputs[r][1] for r in done]) if role == "slm" else None
         return done, stacked, hidden
+
+    @staticmethod
+    def _computed(captured, rows: list[int], counts: list[int]) -> int:
+        """Token-rows a padded read of ``rows`` computes: its rectangle, or the buckets its captured replay pads to."""
+        if captured is None:
+            return len(rows) * max(counts)
+        k, width, _ = captured.shape(rows, counts)
+        return k * width
+
+    def _read_packed(self, reads, rows: list[int], limit: int | None, short: int):
+        """``_read`` for the LLM's packed reads: one flat forward per piece of at most ``GROUPS[-1]`` tokens per row,
+        the logits after the last token of each row read to its end."""
+        outputs = {}
+        for forward in self.book.packed(rows, limit, short):
+            keep = [(r, start + n - 1) for r, start, n in forward if start + n == self.book.length[r]]
+            for (r, _), logits in zip(keep, self._packed(reads, forward, keep, reads.kept[False])):
+                outputs[r] = logits
+        done = [r for r in rows if r in outputs]
+        return (done, torch.stack([outputs[r] for r in done]), None) if done else ([], None, None)
+
+    def _packs(self) -> bool:
+        """Whether the LLM's reads are packed (captured fused: ``fast/packed_reads.py``)."""
+        return self.captured is not None and getattr(self.captured["llm"], "packed", False)
+
+    def _packed(self, reads, forward: list[tuple[int, int, int]], keep: list[tuple[int, int]],
+                kept: int) -> torch.Tensor:
+        """One packed read of ``forward``'s (row, first column, tokens); the logits after each of ``keep``."""
+        who, starts, counts = (list(column) for column in zip(*forward))
+        plan = pack(who, starts, counts, keep, kept)
+        self.counters.forward("llm", len(who), max(counts), real=plan.real, read=plan.width)
+        return reads.read(self.tokens, plan)
 
     def close(self) -> None:
         pass
