@@ -12,7 +12,7 @@ import torch
 from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
-from ...compat import crop_cache
+from ...compat import cache_argument, crop_cache
 from ..features import HiddenStateCapture, input_device, lm_forward, read_features, score
 from ..notes import notes
 from .rectangle import Committed
@@ -48,6 +48,30 @@ def static_cache(config, length: int) -> StaticCache:
         if windowed and not isinstance(layer, LINEAR):  # (a hybrid layer keeps its recurrent half: not captured)
             cache.layers[i] = StaticLayer(max_cache_len=length)
     return cache
+
+
+def static_shape_problem(model: torch.nn.Module) -> str | None:
+    """Why a static cache allocated up front from ``model``'s config (as the captured path allocates it) would not fit
+    its attention's keys (Falcon's multi-query attention keeps one key head where its config counts every head), or
+    None; read once per model from one forward over a cache that sizes itself."""
+    known = notes(model)
+    if "static_shape_problem" not in known:
+        known["static_shape_problem"] = None
+        declared = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
+        if declared is not None:
+            cache = static_cache(model.config, 2)
+            with torch.inference_mode():
+                model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)), use_cache=True,
+                      **cache_argument(cache))
+            for i, layer in enumerate(cache.layers):
+                heads, dim = (value[i] if isinstance(value, (list, tuple)) else value for value in declared)
+                if layer.is_initialized and tuple(layer.keys.shape[1::2]) != (heads, dim):
+                    known["static_shape_problem"] = (
+                        f"its attention keeps {layer.keys.shape[1]} key heads of {layer.keys.shape[-1]} where its "
+                        f"config declares {heads} of {dim} (multi-query attention), so a static cache cannot be "
+                        "allocated for it before the capture")
+                    break
+    return known["static_shape_problem"]
 
 
 def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:
