@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from ..counters import Counters
+from ..features import positions_from_mask
 from ..staging import staged
 
 
@@ -40,11 +41,14 @@ class Committed:
     def from_prompt(
         cls, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, capacity: int
     ) -> Committed:
-        """Buffers of width ``capacity`` holding the prompt (``mask``/``positions`` as HF prepared them)."""
+        """Buffers of width ``capacity`` holding the prompt (``mask``/``positions`` as HF prepared them; without
+        positions, each row's count from its first real token, as ``slm.generate`` counts them)."""
         batch, prompt = input_ids.shape
         ids = input_ids.new_zeros(batch, capacity)
         ids[:, :prompt] = input_ids
-        if positions is None:
+        if positions is None and mask is not None:
+            positions = positions_from_mask(mask)
+        elif positions is None:
             positions = torch.arange(prompt, device=input_ids.device).expand(batch, prompt)
         pos = input_ids.new_zeros(batch, capacity)
         pos[:, :prompt] = positions
