@@ -215,10 +215,11 @@ def cell_served_speculation(p: Pair) -> None:
 
 def cell_served_captured(p: Pair) -> None:
     """The same on captured steps (``--capture auto``: CUDA graphs, emulated on the CPU), where the models can be
-    captured (else the server says why, once, and runs eagerly)."""
+    captured (else the server says why, once, and runs eagerly); fused where a model can be fused (its regions run
+    plain here: the LLM's reads packed, the router folded into the SLM's reads), HF's forward elsewhere."""
     from .graphs import emulated_store
 
-    store, p.model.capture_store = p.model.capture_store, emulated_store()
+    store, p.model.capture_store = p.model.capture_store, emulated_store(fuse="plain")
     try:
         cell_served(p, capture="auto", max_context=48)
     finally:
