@@ -95,7 +95,8 @@ def wordpiece_tokenizer():
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece()
     corpus = ["I can't say it's done, he's here. Isn't it? Wow! They've gone; we're 'quoted' and I'm n't", MIXED]
-    backend.train_from_iterator(corpus * 20, trainers.WordPieceTrainer(vocab_size=150, special_tokens=["[UNK]", "[SEP]"]))
+    trainer = trainers.WordPieceTrainer(vocab_size=150, special_tokens=["[UNK]", "[SEP]"])
+    backend.train_from_iterator(corpus * 20, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", sep_token="[SEP]",
                                    clean_up_tokenization_spaces=True)
 

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> dict:
     got = measure(tokenizer, args.repeats, args.adds)
     path = Path(args.out)
     results = json.loads(path.read_text()) if path.exists() else {}
-    results["conditions"] = {**versions(), "cpu": hardware(), "text": "TEXT of benchmarks/speed/detokenize.py, repeated",
+    results["conditions"] = {**versions(), "cpu": hardware(),
+                             "text": "TEXT of benchmarks/speed/detokenize.py, repeated",
                              "figure": "ms per add: the median of the timed adds, the best pass"}
     entry = results.setdefault(args.name or ("tiny" if args.tokenizer is None else Path(args.tokenizer).name), {})
     entry["tokenizer"] = described if args.about is None else f"{described.split(', from ')[0]}: {args.about}"
