@@ -4,13 +4,11 @@
 ``RectangleLayout``; the server builds the same for an answer of a model that cannot use slots); the server keeps
 one for its lifetime (``for_slots``), in which requests ``join`` free slots and ``leave`` them (a ``SlotLayout``).
 Both advance it with ``turn.decode_step``: it is a ``turn.DeviceStep`` (``propose``, ``sync``, ``read_llm``,
-``commit``), and it has a ``ledger.Ledger``, each row's progress on the host.
+``commit``; the server's also ``draft``: ``turn.decode_block``), and it has a ``ledger.Ledger``, each row's progress.
 
-Per row: its committed tokens and both models' caches (the layout's, each model's read progress per row),
-the SLM's logits and hidden state after its last token (its next proposal comes from them), its threshold,
-its budget state, how its tokens are chosen (``choice.py``), and whether it waits for the LLM (since which
-step, and where its random stream stood). What is the same for every row (the router, the shared vocabulary)
-is the ``RoutedPair``'s.
+Per row: its committed tokens and both models' caches (the layout's), the SLM's outputs after its last token (its
+next proposal comes from them), its threshold, its budget state, how its tokens are chosen (``choice.py``). What is
+the same for every row (the router, the shared vocabulary) is the ``RoutedPair``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ import torch
 from .budget import Budget
 from .choice import CallChoice, Chooser, RowChoice, RowRule
 from .counters import Counters
+from .fast.drafts import block_inputs, read_back
 from .fast.router_copy import stateless
 from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
@@ -35,7 +34,7 @@ from .policy import WaitPolicy
 from .routing import Routing
 from .speculation import resolve, roll_back
 from .staging import in_order, staged
-from .step import LLMRead, Proposal, Synced
+from .step import Drafted, LLMRead, Proposal, Synced
 
 
 @dataclass
@@ -108,12 +107,9 @@ class RunningBatch:
     # ------------------------------------------------------------ rows
     def join(self, joiners: list[Joiner], prefill: int | None = None) -> list[int]:
         """Put each joiner in a free slot (the lowest first); the SLM reads their prompts in one forward, or, with
-        ``prefill``, both models read at most that many prompt tokens per ``prefill`` call (chunked prefill: a long
-        prompt does not hold up the running rows' next token for its whole read).
-
-        No running row's cache moves, unless a prompt needs more columns than the slots have (then every
-        slot grows: the bytes copied are counted in ``counters.join_bytes``). Returns the slots taken.
-        """
+        ``prefill``, both models read at most that many prompt tokens per ``prefill`` call (chunked prefill). No
+        running row's cache moves, unless a prompt needs more columns than the slots have (then every slot grows:
+        ``counters.join_bytes`` counts the bytes copied). Returns the slots taken."""
         layout, rows = self.layout, self.ledger.rows
         free = [r for r, row in enumerate(rows) if row is None][: len(joiners)]
         if len(free) < len(joiners):
@@ -287,6 +283,28 @@ class RunningBatch:
                                  self.ledger.oldest_tail_step(plan.step))
         return committed, self.choice.state(list(writers)) if self.keeps_streams else {}
 
+    def draft(self, policy: WaitPolicy) -> Drafted | None:
+        """``policy.block`` steps of every proposing row drafted on the device in one block (``fast/drafts.py``) and
+        read back in one synchronisation; None where a block cannot stand for the steps (a row samples, has processors
+        or a budget, or the SLM's reads do not fold the router; the slots are not captured with blocks of this size).
+        The batch's SLM outputs and last tokens are the block's; the ledger is not touched (``turn.decode_block``)."""
+        drafts = self.layout.captured.get("drafts") if getattr(self.layout, "captured", None) else None
+        rows = self.ledger.proposing()
+        if (drafts is None or drafts.k != policy.block or not rows or not self.unscored.isdisjoint(rows)
+                or not self.choice.argmax(rows) or not self._spends_none(rows)):
+            return None
+        inputs = block_inputs(self.ledger, rows, self.layout.book.length, policy, self.device)
+        # (thresholds are written in place as rows join: a captured step copies an input it saw last time only once)
+        inputs.update(logits=self.slm_logits, hidden=self.slm_hidden, scores=self.slm_scores,
+                      thresholds=self.thresholds.clone())
+        out = self.layout.draft(inputs, policy.block)
+        drafted = read_back(self.last_token, out[:5])
+        self.counters.host_syncs += 1
+        self.slm_logits, self.slm_hidden, self.slm_scores = out[5:]
+        last = max((i for i, step in enumerate(drafted.active) if any(step)), default=0)  # (the host plans to it)
+        self.last_token = torch.where(out[3][last], out[0][last], -1)  # what reaches the host at the next step
+        return drafted
+
     def _proposed(self, proposal: Proposal) -> tuple[torch.Tensor, set[int]]:
         """[S] this step's proposals at their slots, and the slots whose entry holds a token (a proposal, or what a
         slot that did not propose holds where the proposals cover every slot: ``Proposal.index``)."""
@@ -302,7 +320,6 @@ class RunningBatch:
         """Whether none of ``rows`` keeps a budget (their step spends none)."""
         return self.budget is None or self.budget.kept.isdisjoint(rows)
 
-    # ------------------------------------------------------------ indexing
     def index(self, rows: list[int]) -> torch.Tensor | None:
         """Rows as an index tensor (staged: the host does not wait), or None when they are every slot in order."""
         if len(rows) == len(self.ledger.rows) and in_order(rows):

@@ -46,6 +46,12 @@ def check_speculate(value: object) -> int:
     return value
 
 
+def check_block(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 16:
+        raise ValueError(f"block must be a whole number of drafted steps from 1 to 16 (1: off), got {value!r}.")
+    return value
+
+
 def check_speculate_below(value: object) -> float:
     """A router score from which routed rows wait rather than speculate (None: speculate wherever they route)."""
     if value is None:
@@ -68,12 +74,15 @@ class WaitPolicy:
             wait, and ``max_wait`` bounds the age of the oldest, which also bounds a row's speculative tail.
         speculate_below: a row speculates past a routed position only where the router's score there is below this
             (where it is surer, the LLM disagrees far more often: the row waits for it instead).
+        block: with speculation, steps the server drafts on the device per host synchronisation where no step needs
+            the host before the LLM runs (``fast/drafts.py``; 1: a synchronisation per step).
     """
 
     min_rows: tuple[int, ...] = (1,)
     max_wait: int = 0
     speculate: int = 0
     speculate_below: float = math.inf
+    block: int = 1
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
@@ -81,6 +90,7 @@ class WaitPolicy:
         check_max_wait(self.max_wait)
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
+        check_block(self.block)
 
     @property
     def immediate(self) -> bool:
@@ -100,6 +110,13 @@ class WaitPolicy:
 
 
 IMMEDIATE = WaitPolicy()
+
+
+class Drafting(WaitPolicy):
+    """A policy under which the LLM never runs: a draft block's steps (``turn.decode_block``)."""
+
+    def runs(self, waiting: int, running: int, oldest_wait: int, stalled: bool) -> bool:
+        return False
 
 
 def default_policy(device_type: str, max_rows: int) -> WaitPolicy:

@@ -18,6 +18,8 @@ clients it tells after the turn, from what its ``Stops`` recorded and the ``Step
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,7 +29,7 @@ import torch
 from .counters import Counters
 from .ledger import Applied, Ledger
 from .plan import Outcome, StepPlan, plan_step, settle
-from .policy import WaitPolicy
+from .policy import Drafting, WaitPolicy
 from .staging import staged
 from .step import LLMRead, Proposal, Synced
 
@@ -147,13 +149,68 @@ def _delivered(counters: Counters, taken: dict[int, int], synced: Synced) -> set
     return set(taken)
 
 
+def decode_block(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult | None:
+    """``policy.block`` steps drafted on the device in one block (``fast/drafts.py``, one host synchronisation),
+    then each planned and applied as ``decode_step`` plans and applies it, the LLM not running (its turn comes at
+    the next step); rows whose answer ends inside the block leave at once. The last step's result (its ``ended``:
+    every row that ended in the block), or None where this turn cannot draft (``RunningBatch.draft`` says where;
+    nor where the LLM is due, or the stop rule reads the device)."""
+    ledger = batch.ledger
+    if policy.block < 2 or not policy.speculate or stops.reads() or not hasattr(batch, "draft") or _due(ledger, policy):
+        return None
+    drafted = batch.draft(policy)
+    if drafted is None:
+        return None
+    drafting, ended_all, result = Drafting(*dataclasses.astuple(policy)), set(), None
+    for i in range(len(drafted.token)):
+        rows = ledger.proposing()
+        if not rows:
+            break
+        if {r for r in rows if drafted.active[i][r]} != set(rows):
+            raise RuntimeError(f"a draft block's step {i} proposed for other rows than the ledger's ({rows})")
+        routed, sure = [drafted.routed[i][r] for r in rows], [drafted.sure[i][r] for r in rows]
+        synced = Synced(routed, ledger.arrive(drafted.arrived(i)), set(), [], sure)
+        ended = _delivered(batch.counters, stops.ended(synced), synced)
+        plan = plan_step(ledger.rows, ledger.step_no, rows, routed, ended, drafting, False, sure)
+        if set(plan.slm_writers) != {r for r in rows if drafted.committed[i][r]} - ended or plan.llm_writers:
+            raise RuntimeError(f"a draft block's step {i} committed other rows than its plan ({plan})")
+        outcome = settle(ledger.rows, plan, {}, False)
+        applied = ledger.apply(plan, outcome)
+        batch.counters.step(plan, outcome)
+        batch.leave(list(plan.ended))
+        ended_all |= set(plan.ended)
+        result = StepResult(plan, outcome, synced, None, _drafted_proposal(rows, routed), LLMRead(), applied)
+    return dataclasses.replace(result, plan=dataclasses.replace(result.plan, ended=tuple(sorted(ended_all))))
+
+
+def _due(ledger, policy: WaitPolicy) -> bool:
+    """Whether the LLM may run within the next ``policy.block`` steps (rows wait or hold pending positions enough
+    for it, or the oldest is old enough by then), or no row proposes: then a step, not a block."""
+    rows, step = ledger.rows, ledger.step_no
+    since = [row.waiting_since for row in rows if row is not None and row.waiting_since is not None]
+    held = [row.pending[0].step for row in rows if row is not None and row.pending]
+    holders = sum(1 for row in rows if row is not None and (row.waiting_since is not None or row.pending))
+    oldest = max((step - s for s in since + held), default=0) + policy.block - 1
+    proposing = ledger.proposing()
+    return not proposing or policy.runs(holders, len(ledger.occupied()), oldest, stalled=False)
+
+
+def _drafted_proposal(rows: list[int], routed: list[bool]) -> Proposal:
+    """A drafted step's proposal as the host knows it: its rows and where they routed (the tokens, scores and
+    logits stayed on the device)."""
+    flags = torch.tensor(routed, dtype=torch.bool)
+    return Proposal(rows, torch.arange(len(rows)), None, None, None, None, torch.full((len(rows),), math.nan),
+                    flags, {}, {})
+
+
 def turn(batch, policy: WaitPolicy, stops: Stops = NoStops(), prefill: int | None = None) -> StepResult | None:
     """One turn of a serving loop over ``batch``: a piece of at most ``prefill`` tokens of every prompt still being
-    read, one step if any row decodes, then the rows whose answer ended leave. The step's result, or None."""
+    read, one step (or a draft block of ``policy.block`` steps: ``decode_block``) if any row decodes, then the rows
+    whose answer ended leave. The (last) step's result, or None."""
     if batch.ledger.prefilling():
         batch.prefill(prefill)
     if not batch.ledger.decoding():
         return None
-    result = decode_step(batch, policy, stops)
+    result = decode_block(batch, policy, stops) or decode_step(batch, policy, stops)
     batch.leave(list(result.plan.ended))
     return result

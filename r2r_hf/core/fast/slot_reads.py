@@ -18,6 +18,7 @@ captured is the model's ``CaptureStore``'s (CUDA graphs; the CPU emulation in te
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,7 @@ from ..features import slm_proposals
 from ..layouts.model_calls import route_scores
 from .fused import attended
 from .fused_reads import PLAIN, capture_fused, fuse_problem, fused_regions, slot_read
+from .drafts import CapturedDrafts
 from .graphs import Step
 from .packed_reads import PackedReads
 from .router_copy import Scorer, folded, stateless
@@ -115,9 +117,8 @@ class CapturedReads:
         if key not in self.steps:
             then = self.fold if self.fold is not None and not every else (lambda read: read)
             if self.regions is not None and not every:
-                step = capture_fused(self.capture, lambda: then(slot_read(self.model, self.cache, self.hidden,
-                                                                          self.regions, span)),
-                                     example, type(self.model).__name__)
+                step = capture_fused(self.capture, lambda: self.function(rows, span), example,
+                                     type(self.model).__name__)
                 if step is not None:
                     self.steps[key] = step
                     return step
@@ -125,6 +126,14 @@ class CapturedReads:
                 self.steps = {key: step for key, step in self.steps.items() if key[3]}
             self.steps[key] = self.capture(then(self._fn(rows, span, every, gathered)), example)
         return self.steps[key]
+
+    def function(self, rows: int, span: int) -> Step:
+        """The (uncaptured) read of the first ``rows`` slots attending ``span`` columns, fused where the reads are,
+        folding the router where they do: what ``step`` captures, and what a draft block runs inside its own."""
+        then = self.fold if self.fold is not None else (lambda read: read)
+        if self.regions is not None:
+            return then(slot_read(self.model, self.cache, self.hidden, self.regions, span))
+        return then(self._fn(rows, span, False, False))
 
     @property
     def fused(self) -> bool:
@@ -242,12 +251,13 @@ class CapturedRouter:
 
 
 def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool | str = False,
-                  router_dtype: str = "float32", speculate: int = 0) -> dict:
+                  router_dtype: str = "float32", speculate: int = 0, block: int = 1) -> dict:
     """From now on every read of the slot ``layout`` (a ``layouts.slot_layout.SlotLayout``) replays a captured call:
     the slots become static (their current size), every bucket is captured now with ``warm`` (with ``speculate``
     pending positions per row, also the LLM's reads that keep their logits), fused reads where ``fuse`` (the LLM's
     packed: ``packed_reads.py``; ``"plain"``: the fused regions uncompiled, for tests), the router in
-    ``router_dtype`` (``router_copy.py``); what it took."""
+    ``router_dtype`` (``router_copy.py``), and with ``block`` > 1 and the router folded, draft blocks of that many
+    steps (``drafts.py``); what it took."""
     p = layout.pair
     for model, cache in ((p.slm, layout.slm_cache), (p.llm, layout.llm_cache)):  # allocate outside any capture
         inputs = piece_inputs(layout.tokens, list(range(layout.slots)), [0] * layout.slots, [0] * layout.slots, 1,
@@ -259,19 +269,26 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
     fold = layout.router_step.folding(p.vocab_size) if foldable else None
     layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse, fold=fold),
                        "llm": _llm_reads(p.llm, layout, capture, fuse, speculate)}
+    if block > 1 and fold is not None:
+        slm = layout.captured["slm"]
+        layout.captured["drafts"] = CapturedDrafts(lambda span: slm.function(layout.slots, span), capture, block,
+                                                   p.vocab_size, layout.slm_cache.trash, layout.tokens)
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:
         start = time.perf_counter()
         report["steps"] = layout.captured["slm"].warm(layout.tokens)
         report["steps"] += _warm_llm(layout, capture, speculate)
+        if "drafts" in layout.captured:
+            report["steps"] += layout.captured["drafts"].warm(span_buckets(layout.capacity), _idle_block(layout))
         head = p.slm.get_output_embeddings().weight
         if getattr(p.router, "capturable", True):
             report["steps"] += layout.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
                                                        head.dtype)
         report["seconds"] = time.perf_counter() - start
-    report["fused"] = {role: reads.fused for role, reads in layout.captured.items()}  # after warming: what ran
+    report["fused"] = {role: layout.captured[role].fused for role in ("slm", "llm")}  # after warming: what ran
     report["packed"] = isinstance(layout.captured["llm"], PackedReads)
     report["folded"] = fold is not None
+    report["block"] = block if "drafts" in layout.captured else 1
     return report
 
 
@@ -282,6 +299,16 @@ def _llm_reads(llm, layout, capture, fuse: bool | str, speculate: int):
         return CapturedReads(llm, layout.llm_cache, capture, hidden=False, fuse=False, gather=True)
     kept = {False: layout.slots, True: layout.slots * (speculate + 1)}
     return PackedReads(llm, layout.llm_cache, regions, kept, capture)
+
+
+def _idle_block(layout) -> dict[str, torch.Tensor]:
+    """A draft block's inputs that draft nothing (no slot proposes), shaped as the batch gives them."""
+    head, slots = layout.pair.slm.get_output_embeddings().weight, layout.slots
+    zeros = torch.zeros(slots, dtype=torch.long, device=head.device)
+    return {"logits": head.new_zeros(slots, head.shape[0]), "hidden": head.new_zeros(slots, head.shape[1]),
+            "scores": torch.zeros(slots, device=head.device), "thresholds": torch.zeros(slots, device=head.device),
+            "below": torch.tensor(math.inf, device=head.device), "depth": torch.tensor(1, device=head.device),
+            "pending": zeros, "active": zeros.bool(), "remaining": zeros, "lengths": zeros}
 
 
 def _regions(model, fuse: bool | str):

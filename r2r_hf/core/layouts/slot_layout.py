@@ -150,6 +150,20 @@ class SlotLayout:
             self._read("llm", llm_rows, limit, short=1)
         return self._read("slm", rows, limit)
 
+    def draft(self, inputs: dict[str, torch.Tensor], steps: int) -> tuple[torch.Tensor, ...]:
+        """A draft block (``fast/drafts.py``) of every slot from ``inputs`` (each slot's SLM outputs and drafting
+        state): its per-step proposals and flags and each slot's SLM outputs after it. The block writes the drafted
+        tokens and the SLM's cache; the book counts each slot's committed tokens, read by the SLM."""
+        out = self.captured["drafts"].run(max(self.book.length) + steps + 1, **inputs)
+        committed = out[3].long()
+        for r, n in enumerate(committed.sum(0).tolist()):
+            if n:
+                self.book.length[r] += n
+                self.book.seen["slm"][r] = self.book.length[r]
+        for n in committed.sum(1).tolist():  # one SLM forward of every slot per drafted step
+            self.counters.forward("slm", self.slots, 1, n, self.slots)
+        return out
+
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         p = self.pair
         if self.router_step is not None and getattr(p.router, "capturable", True):
