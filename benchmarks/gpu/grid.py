@@ -1,0 +1,191 @@
+"""The cost grid of the device check: what each kind of forward costs, from the engine's own captured steps.
+
+The cost model (``benchmarks/serving/cost_model.py``) prices a served step by its forwards. The first device run
+timed few of them (the LLM's padded reads at 1 and 8 rows; nothing fused past one token at 8 or 16 rows), so the
+prediction rested on extrapolations. Here one batch of slots is built as the server builds its own
+(``RunningBatch.for_slots``, ``fast/slot_reads.capture_slots`` with the store's capturer: CUDA graphs on a GPU, the
+emulation on a CPU) and each point is one of its captured steps, replayed ``replays`` times under CUDA events
+(the wall clock on a CPU):
+
+* ``llm_padded``: the LLM's fused slot read of k rows x g tokens (``CapturedReads``, as the SLM's reads run);
+* ``llm_packed``: the LLM's packed read at each total-token bucket T (``PackedReads``: min(T, slots) rows sharing
+  T tokens, one kept logit per slot, as a catch-up keeps them);
+* ``llm_verify``: packed reads of k rows x g tokens keeping the logits at every position (a resolution's worst);
+* ``llm_long``: the padded and the packed read of every slot x 1 token attending ``long_span`` columns;
+* ``slm``: the SLM's slot read (with its hidden state) of k rows x g tokens;
+* ``router``: the router's own captured graph over k proposals, and ``topk``: the top-k of the SLM's logits
+  alone, captured (the router's cost grew ~46 us per row on the first run: a suspect is top-k over the vocabulary).
+
+Each point is captured once (``capture``, in the untimed warm-up phase: fused regions compile there) and timed in
+the grid phase (``time``). The host's own time per served step is measured apart (``host_per_step``): decoding
+steps of the same batch that never route, less the SLM's and the router's replays.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from r2r_hf.core.batch import Joiner, RunningBatch
+from r2r_hf.core.choice import RowRule
+from r2r_hf.core.fast.fused import attended
+from r2r_hf.core.fast.graphs import gc_paused
+from r2r_hf.core.fast.slot_reads import CapturedReads, capture_slots
+from r2r_hf.core.layouts.packed import TOKENS, inputs as packed_inputs, pack
+from r2r_hf.core.layouts.slot_cache import piece_inputs
+from r2r_hf.core.policy import WaitPolicy
+from r2r_hf.core.turn import decode_step
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: its section and key in the JSON, its shape, and one call of its captured step."""
+
+    section: str
+    key: str
+    shape: dict
+    call: Callable[[], object]
+
+
+class Grid:
+    """The engine's captured steps over one batch of ``slots`` slots of ``capacity`` columns (see the module
+    docstring); ``points`` lists every grid point of ``plan``."""
+
+    def __init__(self, model, plan) -> None:
+        store, device = model.capture_store, torch.device(plan.device)
+        self.model, self.plan, self.device = model, plan, device
+        self.batch = RunningBatch.for_slots(model.routed_pair().for_call(), plan.grid_slots, plan.grid_columns, device)
+        step, pool = store.graph_step, store.graph_step.new_pool(device)
+        capture = lambda fn, example: step(fn, example, pool)  # noqa: E731 - the server's capturer (serve/capture.py)
+        layout = self.layout = self.batch.layout
+        with torch.inference_mode(), gc_paused(collect=True):
+            self.report = capture_slots(layout, capture, warm=False, fuse=True, router_dtype=store.router_dtype)
+        self.padded = CapturedReads(model.llm, layout.llm_cache, capture, hidden=False, fuse=True)
+        self.capture = capture
+
+    def points(self) -> list[Point]:
+        """Every point of the plan's grid, in the module docstring's order."""
+        p, slots = self.plan, self.plan.grid_slots
+        out = [self._padded("llm_padded", self.padded, k, g, p.grid_context)
+               for k in p.grid_rows for g in p.grid_tokens]
+        for total in (t for t in TOKENS if t <= slots * p.grid_tokens[-1]):
+            rows = min(total, slots)
+            counts = [total // rows + (i < total % rows) for i in range(rows)]
+            out.append(self._packed("llm_packed", str(total), counts, p.grid_context, every=False))
+        out += [self._packed("llm_verify", f"{k}x{g}", [g] * k, p.grid_context, every=True)
+                for k in p.verify_rows for g in p.verify_tokens]
+        long = p.long_span - 1  # the read's token sits at the last column of the span
+        out += [self._padded("llm_long", self.padded, slots, 1, long, key=f"padded {slots}x1"),
+                self._packed("llm_long", f"packed {slots}x1", [1] * slots, long, every=False)]
+        slm = self.layout.captured["slm"]
+        out += [self._padded("slm", slm, k, g, p.grid_context) for k in p.slm_rows for g in p.slm_tokens]
+        out += [self._router(k) for k in p.slm_rows] + [self._topk(k) for k in p.slm_rows]
+        return out
+
+    def _padded(self, section: str, reads: CapturedReads, k: int, g: int, start: int, key: str | None = None) -> Point:
+        tokens, trash = self.layout.tokens, reads.cache.trash
+        example = piece_inputs(tokens, list(range(k)), [start] * k, [g] * k, g, trash)
+        span = attended(start + g, reads.cache.capacity)
+        return Point(section, key or f"{k}x{g}", {"rows": k, "tokens": g, "span": span},
+                     lambda: reads.step(k, g, span, example)(**example))
+
+    def _packed(self, section: str, key: str, counts: list[int], start: int, every: bool) -> Point:
+        reads, rows = self.layout.captured["llm"], list(range(len(counts)))
+        wanted = [(r, start + n - 1) for r, n in zip(rows, counts)] if not every else [
+            (r, start + j) for r, n in zip(rows, counts) for j in range(n)]
+        kept = len(wanted) if every else self.plan.grid_slots
+        plan = pack(rows, [start] * len(rows), counts, wanted, kept)
+        example = packed_inputs(plan, self.layout.tokens, reads.cache.trash)
+        example["qpos"] = example["qpos"].view(reads.cache.slots, plan.group)
+        span = attended(start + max(counts), reads.cache.capacity)
+        shape = {"rows": len(rows), "tokens": sum(counts), "width": plan.width, "group": plan.group, "span": span,
+                 "kept": kept}
+        return Point(section, key, shape, lambda: reads.step(plan.width, plan.group, span, kept, example)(**example))
+
+    def _router(self, k: int) -> Point:
+        router, (logits, hidden, token) = self.layout.router_step, self._proposals(k)
+        inputs = {"logits": logits, "hidden": hidden, "token": token}
+
+        def call():
+            if k not in router.steps:
+                router._scores(logits, hidden, token)  # captured per rows bucket, as the server's
+            return router.steps[k](**inputs)
+
+        return Point("router", str(k), {"rows": k}, call)
+
+    def _topk(self, k: int) -> Point:
+        logits, topk, steps = self._proposals(k)[0], self.model.config.num_topk_logits, {}
+
+        def call():
+            if k not in steps:
+                steps[k] = self.capture(lambda logits: (torch.topk(logits, topk).values,), {"logits": logits})
+            return steps[k](logits=logits)
+
+        return Point("topk", str(k), {"rows": k, "vocab": logits.shape[-1], "k": topk}, call)
+
+    def _proposals(self, k: int):
+        slm = self.model.slm
+        head = slm.get_output_embeddings().weight
+        generator = torch.Generator(self.device).manual_seed(k)
+        logits = torch.randn(k, head.shape[0], device=self.device, dtype=head.dtype, generator=generator)
+        hidden = torch.randn(k, slm.config.hidden_size, device=self.device, dtype=head.dtype, generator=generator)
+        return logits, hidden, logits.argmax(-1)
+
+    def close(self) -> None:
+        self.batch.close()
+
+
+def replay_ms(call: Callable[[], object], device: torch.device, replays: int) -> list[float]:
+    """Milliseconds of each of ``replays`` calls after one untimed call: CUDA events around each (read after the
+    last, no synchronisation between them), the wall clock on a CPU."""
+    call()
+    if device.type != "cuda":
+        out = []
+        for _ in range(replays):
+            start = time.perf_counter()
+            call()
+            out.append(1e3 * (time.perf_counter() - start))
+        return out
+    marks = []
+    for _ in range(replays):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        call()
+        end.record()
+        marks.append((begin, end))
+    torch.cuda.synchronize()
+    return [b.elapsed_time(e) for b, e in marks]
+
+
+def summary(times: list[float]) -> dict:
+    return {"ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "replays": len(times)}
+
+
+def host_per_step(grid: Grid, rows: int, steps: int, costs: dict) -> dict:
+    """The host's time per decoding step of ``rows`` rows in the grid's batch: ``steps`` steps that never route
+    (the SLM's read and the router each step, no LLM), wall time less the grid's own replays of those two."""
+    batch, plan = grid.batch, grid.plan
+    prompt = torch.randint(100, 1000, (plan.prompt,), generator=torch.Generator().manual_seed(rows)).tolist()
+    rule = RowRule([], None, True)
+    joined = batch.join([Joiner(prompt, steps + 4, float("inf"), rule) for _ in range(rows)])
+    policy = WaitPolicy()
+    try:
+        for _ in range(3):  # warm: the first steps' host paths
+            decode_step(batch, policy)
+        sync = torch.cuda.synchronize if grid.device.type == "cuda" else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        for _ in range(steps):
+            decode_step(batch, policy)
+        sync()
+        wall = 1e3 * (time.perf_counter() - start) / steps
+    finally:
+        batch.leave(joined)
+    device_ms = costs["slm"][f"{rows}x1"]["ms"] + costs["router"][str(rows)]["ms"]
+    return {"rows": rows, "steps": steps, "wall_ms_per_step": wall, "replays_ms_per_step": device_ms,
+            "host_ms_per_step": max(wall - device_ms, 0.0)}
+
