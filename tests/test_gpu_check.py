@@ -80,16 +80,19 @@ def _written(data: dict, phase: str):
 
 
 def _grid_is_whole(data: dict, plan) -> None:
+    from benchmarks.gpu.grid import server_columns
+    from r2r_hf.core.fast.fused import attended
     from r2r_hf.core.layouts.packed import TOKENS
 
     def keys(rows, tokens):
         return {f"{k}x{g}" for k in rows for g in tokens}
 
     assert set(data["grid_llm_padded"]) == keys(plan.grid_rows, plan.grid_tokens)
-    assert set(data["grid_llm_packed"]) == {str(t) for t in TOKENS if t <= plan.grid_slots * plan.grid_tokens[-1]}
+    assert set(data["grid_llm_packed"]) == {str(t) for t in TOKENS if t <= max(plan.serve) * plan.grid_tokens[-1]}
     assert set(data["grid_llm_verify"]) == keys(plan.verify_rows, plan.verify_tokens)
     assert all(v["kept"] == v["tokens"] for v in data["grid_llm_verify"].values()), "every position's logits"
-    assert {v["span"] for v in data["grid_llm_long"].values()} == {plan.long_span}
+    assert len(data["grid_llm_long"]) == 3 and {v["span"] for v in data["grid_llm_long"].values()} == {
+        attended(plan.long_span, server_columns(plan)[1])}, "on the long answers' slots"
     assert set(data["grid_slm"]) == keys(plan.slm_rows, plan.slm_tokens)
     assert set(data["grid_router"]) == set(data["grid_topk"]) == {str(k) for k in plan.slm_rows}
     assert all(v["replays"] == plan.grid_replays for s in ("llm_padded", "slm") for v in data[f"grid_{s}"].values())

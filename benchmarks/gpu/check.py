@@ -37,7 +37,7 @@ phase's deadline; what the first run measured beside them):
   kernels        the profiler over 10 SLM steps at 1 and 16 rows (kernels.py)                   30 s
   fit            the cost model fitted on the grid, checked against the served runs (CPU)        60 s
 
-The phases stop at ``Plan.deadline_s`` (440 s on the device), the last ones cut first. The peers (HF's
+The phases stop at ``Plan.deadline_s`` (450 s on the device), the last ones cut first. The peers (HF's
 ``generate_batch`` outside inference mode, HF's compiled ``llm.generate``: ``compiled.py``) then run as a step of
 their own in ``check.sh``, in a fresh process, with what is left of its 510 s.
 """

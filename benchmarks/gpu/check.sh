@@ -14,7 +14,7 @@
 #                         servers' warm-ups (every other compile), then the grid, serving, long answers, speculation
 #                         with the agreement oracle, the fused 32B against eager, the SLM's kernels, the fit (its
 #                         docstring: phases and budgets); each phase under its own guard: a phase that raises is
-#                         errors[phase] and the next one runs; the phases stop themselves at 440 s   timeout 470 s
+#                         errors[phase] and the next one runs; the phases stop themselves at 450 s   timeout 480 s
 #   3. llm_compiled.json  benchmarks/gpu/compiled.py, the peers in a fresh process: HF's generate_batch outside
 #                         inference mode, then HF's compiled llm.generate (batch 1), with what is left of 510 s (not
 #                         started under 30 s); then merged into gpu_check.json (log: gpu_compiled.log)
@@ -45,8 +45,8 @@ fi
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/gpu.txt"
 
-# 2. The measurements: 30 s above check.py's own deadline (Plan.deadline_s: 440 / 300 s): the backstop only.
-timeout $([ $DRY = 1 ] && echo 330 || echo 470) "$PY" -m benchmarks.gpu.check --out "$OUT" $DRYFLAG 2>&1 \
+# 2. The measurements: 30 s above check.py's own deadline (Plan.deadline_s: 450 / 300 s): the backstop only.
+timeout $([ $DRY = 1 ] && echo 330 || echo 480) "$PY" -m benchmarks.gpu.check --out "$OUT" $DRYFLAG 2>&1 \
     | tee "$OUT/gpu_check.log"
 check=${PIPESTATUS[0]}
 

@@ -2,23 +2,28 @@
 
 The cost model (``benchmarks/serving/cost_model.py``) prices a served step by its forwards. The first device run
 timed few of them (the LLM's padded reads at 1 and 8 rows; nothing fused past one token at 8 or 16 rows), so the
-prediction rested on extrapolations. Here one batch of slots is built as the server builds its own
+prediction rested on extrapolations. Here batches of slots are built as the server builds its own
 (``RunningBatch.for_slots``, ``fast/slot_reads.capture_slots`` with the store's capturer: CUDA graphs on a GPU, the
-emulation on a CPU) and each point is one of its captured steps, replayed ``replays`` times under CUDA events
+emulation on a CPU), of the servers' own shapes: the short answers' server (slots for the largest concurrency, as
+many columns as its answers need), and the long answers' (``plan.long_users`` slots). A fused region compiles per
+cache shape, so the grid's reads compile exactly what the servers' start-ups then reuse, and what it times is what
+they replay (at the spans they attend). Each point is one captured step, replayed ``replays`` times under CUDA events
 (the wall clock on a CPU):
 
-* ``llm_padded``: the LLM's fused slot read of k rows x g tokens (``CapturedReads``, as the SLM's reads run);
+* ``llm_padded``: the LLM's fused slot read of k rows x g tokens with its hidden state (``CapturedReads``, as the
+  LLM alone's server reads: the LLM in the SLM's place);
 * ``llm_packed``: the LLM's packed read at each total-token bucket T (``PackedReads``: min(T, slots) rows sharing
   T tokens, one kept logit per slot, as a catch-up keeps them);
 * ``llm_verify``: packed reads of k rows x g tokens keeping the logits at every position (a resolution's worst);
-* ``llm_long``: the padded and the packed read of every slot x 1 token attending ``long_span`` columns;
+* ``llm_long`` (on the long answers' batch): the padded and the packed LLM read and the SLM's read of every slot x 1
+  token attending ``long_span`` columns;
 * ``slm``: the SLM's slot read (with its hidden state) of k rows x g tokens;
 * ``router``: the router's own captured graph over k proposals, and ``topk``: the top-k of the SLM's logits
   alone, captured (the router's cost grew ~46 us per row on the first run: a suspect is top-k over the vocabulary).
 
-Each point is captured once (``capture``, in the untimed warm-up phase: fused regions compile there) and timed in
-the grid phase (``time``). The host's own time per served step is measured apart (``host_per_step``): decoding
-steps of the same batch that never route, less the SLM's and the router's replays.
+Each point is captured once (``warm_grid``, untimed: fused regions compile there) and timed in the grid phase. The
+host's own time per served step is measured apart (``host_per_step``): decoding steps of the same batch that never
+route, less the SLM's and the router's replays.
 """
 
 from __future__ import annotations
@@ -51,55 +56,67 @@ class Point:
     call: Callable[[], object]
 
 
+class Slots:
+    """One batch of slots and the captured reads over it: the SLM's and the LLM's packed ones as the server captures
+    them (``capture_slots``), and the LLM's padded reads with its hidden state."""
+
+    def __init__(self, model, slots: int, columns: int, device: torch.device, capture, router_dtype: str) -> None:
+        self.batch = RunningBatch.for_slots(model.routed_pair().for_call(), slots, columns, device)
+        self.layout = layout = self.batch.layout
+        with torch.inference_mode(), gc_paused(collect=True):
+            self.report = capture_slots(layout, capture, warm=False, fuse=True, router_dtype=router_dtype)
+        self.padded = CapturedReads(model.llm, layout.llm_cache, capture, hidden=True, fuse=True)
+
+
 class Grid:
-    """The engine's captured steps over one batch of ``slots`` slots of ``capacity`` columns (see the module
-    docstring); ``points`` lists every grid point of ``plan``."""
+    """The grid's batches (see the module docstring); ``points`` lists every grid point of ``plan``."""
 
     def __init__(self, model, plan) -> None:
         store, device = model.capture_store, torch.device(plan.device)
         self.model, self.plan, self.device = model, plan, device
-        self.batch = RunningBatch.for_slots(model.routed_pair().for_call(), plan.grid_slots, plan.grid_columns, device)
         step, pool = store.graph_step, store.graph_step.new_pool(device)
-        capture = lambda fn, example: step(fn, example, pool)  # noqa: E731 - the server's capturer (serve/capture.py)
-        layout = self.layout = self.batch.layout
-        with torch.inference_mode(), gc_paused(collect=True):
-            self.report = capture_slots(layout, capture, warm=False, fuse=True, router_dtype=store.router_dtype)
-        self.padded = CapturedReads(model.llm, layout.llm_cache, capture, hidden=False, fuse=True)
-        self.capture = capture
+        self.capture = lambda fn, example: step(fn, example, pool)  # noqa: E731 - the server's (serve/capture.py)
+        short, long = server_columns(plan)
+        self.short = Slots(model, max(plan.serve), short, device, self.capture, store.router_dtype)
+        self.long = Slots(model, plan.long_users, long, device, self.capture, store.router_dtype)
+        if plan.long_span >= long or plan.grid_context + plan.grid_tokens[-1] >= short:
+            raise ValueError(f"the grid's points do not fit its slots ({short} and {long} columns)")
+        self.batch, self.layout, self.report = self.short.batch, self.short.layout, self.short.report
 
     def points(self) -> list[Point]:
         """Every point of the plan's grid, in the module docstring's order."""
-        p, slots = self.plan, self.plan.grid_slots
-        out = [self._padded("llm_padded", self.padded, k, g, p.grid_context)
+        p, slots, short, long = self.plan, max(self.plan.serve), self.short, self.long
+        out = [self._padded("llm_padded", short, short.padded, k, g, p.grid_context)
                for k in p.grid_rows for g in p.grid_tokens]
         for total in (t for t in TOKENS if t <= slots * p.grid_tokens[-1]):
             rows = min(total, slots)
             counts = [total // rows + (i < total % rows) for i in range(rows)]
-            out.append(self._packed("llm_packed", str(total), counts, p.grid_context, every=False))
-        out += [self._packed("llm_verify", f"{k}x{g}", [g] * k, p.grid_context, every=True)
+            out.append(self._packed("llm_packed", str(total), short, counts, p.grid_context, every=False))
+        out += [self._packed("llm_verify", f"{k}x{g}", short, [g] * k, p.grid_context, every=True)
                 for k in p.verify_rows for g in p.verify_tokens]
-        long = p.long_span - 1  # the read's token sits at the last column of the span
-        out += [self._padded("llm_long", self.padded, slots, 1, long, key=f"padded {slots}x1"),
-                self._packed("llm_long", f"packed {slots}x1", [1] * slots, long, every=False)]
-        slm = self.layout.captured["slm"]
-        out += [self._padded("slm", slm, k, g, p.grid_context) for k in p.slm_rows for g in p.slm_tokens]
+        at, k = p.long_span - 1, p.long_users  # the read's token sits at the last column of the span
+        out += [self._padded("llm_long", long, long.padded, k, 1, at, key=f"llm padded {k}x1"),
+                self._packed("llm_long", f"llm packed {k}x1", long, [1] * k, at, every=False),
+                self._padded("llm_long", long, long.layout.captured["slm"], k, 1, at, key=f"slm {k}x1")]
+        slm = short.layout.captured["slm"]
+        out += [self._padded("slm", short, slm, k, g, p.grid_context) for k in p.slm_rows for g in p.slm_tokens]
         out += [self._router(k) for k in p.slm_rows] + [self._topk(k) for k in p.slm_rows]
         return out
 
-    def _padded(self, section: str, reads: CapturedReads, k: int, g: int, start: int, key: str | None = None) -> Point:
-        tokens, trash = self.layout.tokens, reads.cache.trash
-        example = piece_inputs(tokens, list(range(k)), [start] * k, [g] * k, g, trash)
+    def _padded(self, section: str, slots: Slots, reads: CapturedReads, k: int, g: int, start: int,
+                key: str | None = None) -> Point:
+        example = piece_inputs(slots.layout.tokens, list(range(k)), [start] * k, [g] * k, g, reads.cache.trash)
         span = attended(start + g, reads.cache.capacity)
         return Point(section, key or f"{k}x{g}", {"rows": k, "tokens": g, "span": span},
                      lambda: reads.step(k, g, span, example)(**example))
 
-    def _packed(self, section: str, key: str, counts: list[int], start: int, every: bool) -> Point:
-        reads, rows = self.layout.captured["llm"], list(range(len(counts)))
+    def _packed(self, section: str, key: str, slots: Slots, counts: list[int], start: int, every: bool) -> Point:
+        reads, rows, tokens = slots.layout.captured["llm"], list(range(len(counts))), slots.layout.tokens
         wanted = [(r, start + n - 1) for r, n in zip(rows, counts)] if not every else [
             (r, start + j) for r, n in zip(rows, counts) for j in range(n)]
-        kept = len(wanted) if every else self.plan.grid_slots
+        kept = len(wanted) if every else reads.cache.slots  # (a catch-up keeps one per slot, as the server's)
         plan = pack(rows, [start] * len(rows), counts, wanted, kept)
-        example = packed_inputs(plan, self.layout.tokens, reads.cache.trash)
+        example = packed_inputs(plan, tokens, reads.cache.trash)
         example["qpos"] = example["qpos"].view(reads.cache.slots, plan.group)
         span = attended(start + max(counts), reads.cache.capacity)
         shape = {"rows": len(rows), "tokens": sum(counts), "width": plan.width, "group": plan.group, "span": span,
@@ -136,7 +153,14 @@ class Grid:
         return logits, hidden, logits.argmax(-1)
 
     def close(self) -> None:
-        self.batch.close()
+        self.short.batch.close()
+        self.long.batch.close()
+
+
+def server_columns(plan) -> tuple[int, int]:
+    """The columns of the short and the long answers' servers (``served.py``): what their answers need, plus one
+    (``serve/capture.capture_plan``)."""
+    return plan.prompt + plan.serve_tokens + 9, plan.prompt + plan.long_tokens + 9
 
 
 def replay_ms(call: Callable[[], object], device: torch.device, replays: int) -> list[float]:

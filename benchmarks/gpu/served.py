@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks.gpu import oracle
+from benchmarks.gpu.grid import server_columns
 from benchmarks.gpu.reads import ReadLog
 from benchmarks.gpu.serve import llm_alone, load, timed_replays
 from benchmarks.synthetic import Letters, serving_shape
@@ -66,10 +67,11 @@ class Served:
 
     def specs(self) -> dict[str, tuple]:
         """Each server: how its model is made, its slots, its columns, its speculation depth at capture."""
-        plan, model, short = self.plan, self.model, self.plan.prompt + self.plan.serve_tokens + 8
+        plan, model = self.plan, self.model
+        short, long = (columns - 1 for columns in server_columns(plan))  # (the grid's batches have their shapes)
         return {"R2R": (lambda: model, max(plan.serve), short, plan.speculate),
                 "LLM alone": (lambda: llm_alone(model), max(plan.serve), short, 0),
-                "R2R, long": (lambda: model, plan.long_users, plan.prompt + plan.long_tokens + 8, 0)}
+                "R2R, long": (lambda: model, plan.long_users, long, 0)}
 
     def get(self, name: str) -> Server:
         """Server ``name``, started now if it is not running."""
