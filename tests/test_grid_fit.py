@@ -107,3 +107,21 @@ def test_a_grid_missing_a_section_is_refused_by_name():
     del data["grid_host"]
     with pytest.raises(ValueError, match="grid_host"):
         grid_costs(data)
+
+
+def test_the_committed_predictions_are_the_first_runs_costs_for_the_second_runs_plan():
+    # docs/performance.md ("The second device run") tables these: they must be what the first run's costs give for
+    # every number the device's plan measures (a plan or cost-model change without them fails here).
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from benchmarks.gpu.plan import DEVICE
+    from benchmarks.serving.calibrated import predict_second
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    first, fused = (json.loads((results / name).read_text()) for name in ("gpu_check.json", "gpu_check_rerun.json"))
+    fresh = json.loads(json.dumps(predict_second(first, fused, asdict(DEVICE))))
+    assert fresh == json.loads((results / "gpu_second_predicted.json").read_text())
+    assert set(fresh["grid"]["llm_padded"]) == {f"{k}x{g}" for k in DEVICE.grid_rows for g in DEVICE.grid_tokens}
+    assert len(fresh["served"]) == 2 * len(DEVICE.serve) + 1 + len(DEVICE.spec_users)

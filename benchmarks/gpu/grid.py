@@ -82,6 +82,7 @@ class Grid:
         if plan.long_span >= long or plan.grid_context + plan.grid_tokens[-1] >= short:
             raise ValueError(f"the grid's points do not fit its slots ({short} and {long} columns)")
         self.batch, self.layout, self.report = self.short.batch, self.short.layout, self.short.report
+        self.topk_steps: dict = {}  # the top-k alone, captured per rows (the reads' steps live on their readers)
 
     def points(self) -> list[Point]:
         """Every point of the plan's grid, in the module docstring's order."""
@@ -135,7 +136,7 @@ class Grid:
         return Point("router", str(k), {"rows": k}, call)
 
     def _topk(self, k: int) -> Point:
-        logits, topk, steps = self._proposals(k)[0], self.model.config.num_topk_logits, {}
+        logits, topk, steps = self._proposals(k)[0], self.model.config.num_topk_logits, self.topk_steps
 
         def call():
             if k not in steps:

@@ -69,5 +69,5 @@ DRY_RUN = Plan("tiny", "tiny-llm", "bfloat16", "cpu", prompt=16, tokens=24, head
                grid_context=16, grid_rows=(1, 2, 8), grid_tokens=(1, 8), verify_rows=(2,), verify_tokens=(8,),
                long_span=48, slm_rows=(1, 8), slm_tokens=(1, 8), grid_replays=2, host_rows=(8,), host_steps=4,
                serve=(4, 8, 8), serve_tokens=4, long_users=2,
-               long_tokens=24, speculate=4, spec_users=(4, 8), exact_rows=2, exact_length=40, profile_rows=(1, 4),
+               long_tokens=24, speculate=4, spec_users=(4, 8), exact_rows=2, exact_length=40, profile_rows=(1, 8),
                profile_steps=2, compile_s=90, slack=3.0)

@@ -2,10 +2,10 @@
 
 Everything over slots runs in inference mode, as the server runs (its buffers are inference tensors, and dynamo
 guards on the mode: a read captured in one mode compiles again in the other). Each warm-up phase builds what its
-timed phases use and keeps it in ``ctx``: the grid's batch with every point
-captured (``warm_grid``: every fused region's shape class compiles there), the servers started (``warm_servers``:
-their captures and compiles). A timed phase whose warm-up failed builds what it needs itself (its compiles are then
-counted in it, and say so), so one failure costs one phase. Every function writes its numbers as it takes them.
+timed phases use and keeps it in ``ctx``: the grid's batches with every point captured (``warm_grid``: the fused
+regions' shape classes compile there, for the servers too, whose caches have the grid's shapes), the servers started
+(``warm_servers``: their captures). A timed phase whose warm-up failed builds what it needs itself (its compiles are
+then counted in it), so one failure costs one phase. Every function writes its numbers as it takes them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def inference(fn):
 
 
 def the_grid(ctx: dict, plan) -> Grid:
-    """The grid's batch (built here if ``warm_grid`` did not)."""
+    """The grid's batches (built here if ``warm_grid`` did not)."""
     if "grid" not in ctx:
         ctx["grid"] = Grid(ctx["model"], plan)
     return ctx["grid"]
@@ -39,7 +39,7 @@ def the_grid(ctx: dict, plan) -> Grid:
 
 @inference
 def warm_grid(ctx: dict, plan, report: Report, compiles) -> None:
-    """Build the grid's batch and capture every point once (the fused regions compile here, outside the grid)."""
+    """Build the grid's batches and capture every point once (the fused regions compile here, outside the grid)."""
     start, before = time.perf_counter(), compiles()
     grid = the_grid(ctx, plan)
     for point in grid.points():

@@ -197,7 +197,7 @@ def predict_second(first: dict, fused: dict, plan: dict) -> dict:
     costs = first_run_costs(first, fused)
     r2r, alone = costs["r2r"], costs["alone"]
     ms = lambda role, k, g: 1e3 * r2r.forward(role, k, g)  # noqa: E731
-    slots = plan["grid_slots"]
+    slots = max(plan["serve"])
     totals = [t for t in TOKENS_ALL if t <= slots * plan["grid_tokens"][-1]]
     grid = {"llm_padded": {f"{k}x{g}": 1e3 * alone.forward("slm", k, g) for k in plan["grid_rows"]
                            for g in plan["grid_tokens"]},
