@@ -65,6 +65,27 @@ def test_a_phase_due_by_a_time_ends_there_and_warnings_are_kept_with_their_phase
                                          "message": "R2R captures X's HF forward: why"}]
 
 
+def test_a_grid_point_that_cannot_run_costs_its_point_only(tmp_path):
+    # One kind of read failing (say the LLM's packed reads, where the LLM could not be fused) must not lose the grid's
+    # other points: each runs under its own guard, the phase fails once they all ran, and says which.
+    from types import SimpleNamespace
+
+    from benchmarks.gpu.grid import Point
+    from benchmarks.gpu.runner import Report
+    from benchmarks.gpu.slot_phases import each_point, failed
+
+    def broken():
+        raise RuntimeError("the LLM's reads are not packed here")
+
+    points = [Point("slm", "1x1", {}, lambda: 1), Point("llm_packed", "8", {}, broken),
+              Point("router", "1", {}, lambda: 2)]
+    report, ran = Report(tmp_path / "check.json", {}), []
+    each_point(SimpleNamespace(points=lambda: points), report, lambda point: ran.append(point.call()))
+    assert ran == [1, 2] and list(report.data["grid_errors"]) == ["llm_packed 8"]
+    with pytest.raises(RuntimeError, match="1 grid point.*llm_packed 8.*not packed"):
+        failed(report)
+
+
 def _written(data: dict, phase: str):
     """The number a phase of benchmarks/gpu/check.py writes (None if it wrote nothing)."""
     served = data.get("serving", {})

@@ -113,6 +113,8 @@ class Grid:
 
     def _packed(self, section: str, key: str, slots: Slots, counts: list[int], start: int, every: bool) -> Point:
         reads, rows, tokens = slots.layout.captured["llm"], list(range(len(counts))), slots.layout.tokens
+        if not getattr(reads, "packed", False):  # (the LLM could not be fused: its reads are HF's forward, padded)
+            return Point(section, key, {"rows": len(rows), "tokens": sum(counts)}, _unpacked)
         wanted = [(r, start + n - 1) for r, n in zip(rows, counts)] if not every else [
             (r, start + j) for r, n in zip(rows, counts) for j in range(n)]
         kept = len(wanted) if every else reads.cache.slots  # (a catch-up keeps one per slot, as the server's)
@@ -162,6 +164,10 @@ def server_columns(plan) -> tuple[int, int]:
     """The columns of the short and the long answers' servers (``served.py``): what their answers need, plus one
     (``serve/capture.capture_plan``)."""
     return plan.prompt + plan.serve_tokens + 9, plan.prompt + plan.long_tokens + 9
+
+
+def _unpacked():
+    raise RuntimeError("the LLM's reads are not packed here (it could not be fused: see fused_check, fallbacks)")
 
 
 def replay_ms(call: Callable[[], object], device: torch.device, replays: int) -> list[float]:

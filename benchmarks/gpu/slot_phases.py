@@ -18,7 +18,7 @@ import torch
 
 from benchmarks.gpu import exact, kernels, served
 from benchmarks.gpu.grid import Grid, host_per_step, replay_ms, summary
-from benchmarks.gpu.runner import Report
+from benchmarks.gpu.runner import Report, describe
 
 
 def inference(fn):
@@ -42,22 +42,42 @@ def warm_grid(ctx: dict, plan, report: Report, compiles) -> None:
     """Build the grid's batches and capture every point once (the fused regions compile here, outside the grid)."""
     start, before = time.perf_counter(), compiles()
     grid = the_grid(ctx, plan)
-    for point in grid.points():
-        point.call()
+    each_point(grid, report, lambda point: point.call())
     report.put("warm", "grid", {"seconds": time.perf_counter() - start, "compiles": compiles() - before,
                                 "fused": grid.report.get("fused"), "packed": grid.report.get("packed")})
+    failed(report)
 
 
 @inference
 def time_grid(ctx: dict, plan, report: Report) -> None:
     """Every point replayed ``grid_replays`` times under CUDA events, then the host's time per step."""
     grid = the_grid(ctx, plan)
-    for point in grid.points():
-        report.put(f"grid_{point.section}", point.key,
-                   {**point.shape, **summary(replay_ms(point.call, grid.device, plan.grid_replays))})
+    report.data.pop("grid_errors", None)  # (what the warm-up could not capture, this phase says again)
+    each_point(grid, report, lambda point: report.put(f"grid_{point.section}", point.key, {
+        **point.shape, **summary(replay_ms(point.call, grid.device, plan.grid_replays))}))
     costs = {"slm": report.data.get("grid_slm", {}), "router": report.data.get("grid_router", {})}
     for rows in plan.host_rows:
         report.put("grid_host", str(rows), host_per_step(grid, rows, plan.host_steps, costs))
+    failed(report)
+
+
+def each_point(grid: Grid, report: Report, run) -> None:
+    """``run(point)`` for every point of the grid, each under its own guard: a point that raises is written into
+    ``grid_errors`` and the next one runs (one kind of read that cannot be captured costs its points only)."""
+    for point in grid.points():
+        try:
+            run(point)
+        except Exception as err:  # noqa: BLE001 - recorded; ``failed`` fails the phase once every point has run
+            report.put("grid_errors", f"{point.section} {point.key}", describe(err))
+
+
+def failed(report: Report) -> None:
+    """Fail the phase where any point failed (its numbers, and the other points', are written already)."""
+    errors = report.data.get("grid_errors") or {}
+    if errors:
+        first = next(iter(errors.values()))
+        raise RuntimeError(f"{len(errors)} grid point(s) failed (grid_errors), first {next(iter(errors))}: "
+                           f"{first['type']}: {first['message'][:200]}")
 
 
 def the_servers(ctx: dict, plan, report: Report, compiles) -> served.Served:
