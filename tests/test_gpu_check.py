@@ -127,7 +127,7 @@ def _served_as_planned(served: dict, plan) -> None:
     assert all(r["llm_token_rate"] == 0 for r in served["LLM alone"])
     for run in served["R2R, waiting"]:
         seen = {(h["role"], h["kind"]) for h in run["reads"]}
-        assert {("slm", "step"), ("slm", "prefill"), ("llm", "catch-up"), ("router", "step")} <= seen, seen
+        assert {("slm", "step"), ("slm", "prefill"), ("llm", "catch-up")} <= seen, seen
         assert all(h["role"] != "unlabelled" for h in run["reads"]), "every replay belongs to a read"
         assert run["outside_graphs_ms_per_step"] > 0 and "prefill" in run["host_stages_ms_per_step"]
     long = served["R2R, waiting, long"][0]
@@ -172,6 +172,8 @@ def test_gpu_check_dry_run_keeps_every_phase_when_its_warm_ups_fail(tmp_path):
     assert all(s["capture"]["fused"] == {"slm": True, "llm": True} and s["capture"]["packed"]
                for s in data["server_start"].values()), "every server on fused reads, the LLM's packed"
     _served_as_planned(data["serving"], plan)
+    assert data["grid_slots"]["folded"] and data["server_start"]["R2R"]["capture"]["folded"], \
+        "the router folded into the SLM's reads, in the grid as in the server"
     speculating = data["r2r_speculative_ms"]["1"]
     assert speculating["oracle"]["agreement"] == plan.agreement and speculating["counters"]["speculative_agreed"] > 0
     assert data["exact"]["llm"]["positions"] == plan.exact_rows * plan.exact_length

@@ -52,8 +52,8 @@ def _truth() -> dict[str, Costs]:
     pack = {(1, t): packed(t) for t in TOKENS}
     r2r = Costs(slm=dense(slm), llm=pack, router=(router(0), router(1) - router(0)), step=HOST, packed=True,
                 captured_shapes=True)
-    alone = Costs(slm=dense(padded), llm=pack, router=(topk(0), topk(1) - topk(0)), step=HOST, packed=True,
-                  captured_shapes=True)
+    alone = Costs(slm=dense(padded), llm={key: 0.0 for key in pack}, router=(topk(0), topk(1) - topk(0)), step=HOST,
+                  packed=True, captured_shapes=True)  # (each prompt read once, by the LLM in the SLM's place)
     return {"r2r": r2r, "alone": alone}
 
 
@@ -125,3 +125,12 @@ def test_the_committed_predictions_are_the_first_runs_costs_for_the_second_runs_
     assert fresh == json.loads((results / "gpu_second_predicted.json").read_text())
     assert set(fresh["grid"]["llm_padded"]) == {f"{k}x{g}" for k in DEVICE.grid_rows for g in DEVICE.grid_tokens}
     assert len(fresh["served"]) == 2 * len(DEVICE.serve) + 1 + len(DEVICE.spec_users)
+
+
+def test_a_router_folded_into_the_slms_reads_is_not_priced_twice():
+    # Where the server folds the router into the SLM's reads (grid_slots.folded), the grid's SLM points carry its time:
+    # the router's own graph, measured beside them, is no cost of the step.
+    data = {"plan": PLAN, **_grid(), "serving": {}}
+    assert grid_costs(data)["r2r"].router == pytest.approx((router(0), router(1) - router(0)))
+    data["grid_slots"] = {"folded": True}
+    assert grid_costs(data)["r2r"].router == (0.0, 0.0)

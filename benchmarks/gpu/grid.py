@@ -17,9 +17,11 @@ they replay (at the spans they attend). Each point is one captured step, replaye
 * ``llm_verify``: packed reads of k rows x g tokens keeping the logits at every position (a resolution's worst);
 * ``llm_long`` (on the long answers' batch): the padded and the packed LLM read and the SLM's read of every slot x 1
   token attending ``long_span`` columns;
-* ``slm``: the SLM's slot read (with its hidden state) of k rows x g tokens;
-* ``router``: the router's own captured graph over k proposals, and ``topk``: the top-k of the SLM's logits
-  alone, captured (the router's cost grew ~46 us per row on the first run: a suspect is top-k over the vocabulary).
+* ``slm``: the SLM's slot read (with its hidden state, and the router folded into it on the read's argmax proposals
+  where the server folds it: ``fast/router_copy.folded``; ``grid_slots.folded`` says which) of k rows x g tokens;
+* ``router``: the router as its own captured graph over k proposals (the server's where it cannot fold it), and
+  ``topk``: the top-k of the SLM's logits alone, captured (the router's cost grew ~46 us per row on the first run: a
+  suspect is top-k over the vocabulary).
 
 Each point is captured once (``warm_grid``, untimed: fused regions compile there) and timed in the grid phase. The
 host's own time per served step is measured apart (``host_per_step``): decoding steps of the same batch that never
@@ -198,7 +200,8 @@ def summary(times: list[float]) -> dict:
 
 def host_per_step(grid: Grid, rows: int, steps: int, costs: dict) -> dict:
     """The host's time per decoding step of ``rows`` rows in the grid's batch: ``steps`` steps that never route
-    (the SLM's read and the router each step, no LLM), wall time less the grid's own replays of those two."""
+    (the SLM's read and the router each step, no LLM), wall time less the grid's own replays of those two (``costs``:
+    the grid's sections; the router's none where it is folded into the SLM's read)."""
     batch, plan = grid.batch, grid.plan
     prompt = torch.randint(100, 1000, (plan.prompt,), generator=torch.Generator().manual_seed(rows)).tolist()
     rule = RowRule([], None, True)
@@ -216,7 +219,8 @@ def host_per_step(grid: Grid, rows: int, steps: int, costs: dict) -> dict:
         wall = 1e3 * (time.perf_counter() - start) / steps
     finally:
         batch.leave(joined)
-    device_ms = costs["slm"][f"{rows}x1"]["ms"] + costs["router"][str(rows)]["ms"]
+    router = costs["router"].get(str(rows), {}).get("ms", 0.0)  # (none: the router is folded into the SLM's read)
+    device_ms = costs["slm"][f"{rows}x1"]["ms"] + router
     return {"rows": rows, "steps": steps, "wall_ms_per_step": wall, "replays_ms_per_step": device_ms,
             "host_ms_per_step": max(wall - device_ms, 0.0)}
 

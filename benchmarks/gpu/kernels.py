@@ -1,6 +1,7 @@
 """The SLM's step under the profiler: what decides how its 1.92 ms gets toward its ~0.64 ms weight-read floor.
 
-Ten steps of the SLM's one-token slot read (fused, with its hidden state: the server's step) at each row count, twice:
+Ten steps of the SLM's one-token slot read (fused, with its hidden state and, where the server folds it, the router on
+its proposals: the server's step) at each row count, twice:
 replayed from the grid's captured graph (``grid.py``: what the server runs), and run as the same fused read without
 a graph (each kernel launched by the host: where a graph's kernels are not attributed one by one, these are). For
 each: kernels per step, the kernels' own device time per step against the step's wall time (their gap is launch
@@ -67,8 +68,11 @@ def slm_steps(grid, rows: int, steps: int) -> dict:
                            reads.cache.trash)
     span = attended(plan.grid_context + 1, reads.cache.capacity)
     captured = reads.step(rows, 1, span, example)
-    out = {"captured": profiled(lambda: captured(**example), steps, grid.device), "fused": reads.fused}
+    out = {"captured": profiled(lambda: captured(**example), steps, grid.device), "fused": reads.fused,
+           "router_folded": reads.fold is not None}
     if reads.regions is not None:
         uncaptured = slot_read(reads.model, reads.cache, True, reads.regions, span)
+        if reads.fold is not None:  # the router on the proposals, in the same step (as the server folds it)
+            uncaptured = reads.fold(uncaptured)
         out["without a graph"] = profiled(lambda: uncaptured(**example), steps, grid.device)
     return out

@@ -9,7 +9,7 @@ kept until the served phases have run:
   speculation's captures (the resolutions' reads) so that one start serves both policies: each load sets the
   engine's policy (the GPU's waiting default, or speculation's server default at depth ``plan.speculate``);
 * ``LLM alone``: the fair denominator on the same engine (``serve.llm_alone``: the LLM in the SLM's place, never
-  routing);
+  routing, each prompt read once: ``serve.ALONE_OPTIONS``);
 * ``R2R, long``: today's server with room for ``plan.long_tokens``-token answers, ``plan.long_users`` slots.
 
 A served phase starts what ``warm_servers`` did not (its start then counts in that phase, and says so).
@@ -31,7 +31,7 @@ import torch
 from benchmarks.gpu import oracle
 from benchmarks.gpu.grid import server_columns
 from benchmarks.gpu.reads import ReadLog
-from benchmarks.gpu.serve import llm_alone, load, timed_replays
+from benchmarks.gpu.serve import ALONE_OPTIONS, llm_alone, load, timed_replays
 from benchmarks.synthetic import Letters, serving_shape
 from r2r_hf.core.policy import default_policy, speculative_policy
 
@@ -66,21 +66,21 @@ class Served:
         self.generator = torch.Generator().manual_seed(0)
 
     def specs(self) -> dict[str, tuple]:
-        """Each server: how its model is made, its slots, its columns, its speculation depth at capture."""
+        """Each server: how its model is made, its slots, its columns, its settings beyond those."""
         plan, model = self.plan, self.model
         short, long = (columns - 1 for columns in server_columns(plan))  # (the grid's batches have their shapes)
-        return {"R2R": (lambda: model, max(plan.serve), short, plan.speculate),
-                "LLM alone": (lambda: llm_alone(model), max(plan.serve), short, 0),
-                "R2R, long": (lambda: model, plan.long_users, long, 0)}
+        return {"R2R": (lambda: model, max(plan.serve), short, {"speculate": plan.speculate}),
+                "LLM alone": (lambda: llm_alone(model), max(plan.serve), short, ALONE_OPTIONS),
+                "R2R, long": (lambda: model, plan.long_users, long, {})}
 
     def get(self, name: str) -> Server:
         """Server ``name``, started now if it is not running."""
         if name not in self.servers:
             if not self.servers:
                 self.stack.enter_context(serving_shape(self.model))
-            which, slots, context, speculate = self.specs()[name]
+            which, slots, context, options = self.specs()[name]
             before = self.compiles()
-            self.servers[name] = server = _start(name, which(), slots, context, speculate)
+            self.servers[name] = server = _start(name, which(), slots, context, options)
             server.started["compiles"] = self.compiles() - before
             self.put(name, server.started)
         return self.servers[name]
@@ -96,14 +96,14 @@ class Served:
             torch.cuda.empty_cache()
 
 
-def _start(name: str, model, slots: int, context: int, speculate: int) -> Server:
+def _start(name: str, model, slots: int, context: int, options: dict) -> Server:
     from r2r_hf.serve.engine import Engine
     from r2r_hf.serve.settings import ServeSettings
 
     store, base = model.capture_store, model.capture_store.graph_step
     store.graph_step = replays = timed_replays(base)  # the engine's capturer takes the class at its start
     settings = ServeSettings(max_batch_size=slots, max_queue=1024, batch_wait_ms=0, capture="auto", max_context=context,
-                             speculate=speculate)
+                             **options)
     started = time.perf_counter()
     try:
         with torch.inference_mode():  # (as the engine's thread runs, and as its start-up captures)
@@ -118,13 +118,15 @@ def _start(name: str, model, slots: int, context: int, speculate: int) -> Server
 def run_load(served: Served, name: str, concurrency: int, requests: int, tokens: int, threshold: float,
              deadline: float, policy: str = "waiting", agreement: float | None = None, prompt: int = 64) -> dict:
     """One closed-loop load on server ``name`` under ``policy`` ("waiting": the GPU's default; "speculative": the
-    server's default at the depth it was started with), with the agreement oracle where ``agreement`` is given:
-    tokens/s and the rest of ``serve.load``, the per-read histogram and, speculating, the resolutions' host time."""
+    server's default at the depth it was started with; "own": what its settings say), with the agreement oracle where
+    ``agreement`` is given: tokens/s and the rest of ``serve.load``, the per-read histogram and, speculating, the
+    resolutions' host time."""
     server = served.get(name)
     engine, model = server.engine, server.model
     depth = engine.settings.speculate
-    engine.policy = (speculative_policy("cuda", server.slots, depth) if policy == "speculative"
-                     else default_policy("cuda", server.slots))
+    if policy != "own":
+        engine.policy = (speculative_policy("cuda", server.slots, depth) if policy == "speculative"
+                         else default_policy("cuda", server.slots))
     prompts = [torch.randint(100, model.shared_vocab_size - 100, (prompt,), generator=served.generator).tolist()
                for _ in range(requests)]
     if agreement is not None:

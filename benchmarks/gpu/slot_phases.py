@@ -55,7 +55,9 @@ def time_grid(ctx: dict, plan, report: Report) -> None:
     report.data.pop("grid_errors", None)  # (what the warm-up could not capture, this phase says again)
     each_point(grid, report, lambda point: report.put(f"grid_{point.section}", point.key, {
         **point.shape, **summary(replay_ms(point.call, grid.device, plan.grid_replays))}))
-    costs = {"slm": report.data.get("grid_slm", {}), "router": report.data.get("grid_router", {})}
+    report.put("grid_slots", None, grid.report)  # the short batch as the server captures it (fused, packed, folded)
+    folded = grid.report.get("folded")
+    costs = {"slm": report.data.get("grid_slm", {}), "router": {} if folded else report.data.get("grid_router", {})}
     for rows in plan.host_rows:
         report.put("grid_host", str(rows), host_per_step(grid, rows, plan.host_steps, costs))
     failed(report)
@@ -100,10 +102,10 @@ def serving(ctx: dict, plan, report: Report, compiles, deadline: float) -> None:
     runs: dict[str, list] = {"R2R, waiting": [], "LLM alone": []}
     ratios = []
     for c in plan.serve:
-        pair = (("R2R, waiting", "R2R", 1 - plan.headline), ("LLM alone", "LLM alone", math.inf))
-        for name, server, threshold in pair:
+        pair = (("R2R, waiting", "R2R", 1 - plan.headline, "waiting"), ("LLM alone", "LLM alone", math.inf, "own"))
+        for name, server, threshold, policy in pair:
             runs[name].append(served.run_load(servers, server, c, max(2 * c, 4), plan.serve_tokens, threshold,
-                                              deadline, prompt=plan.prompt))
+                                              deadline, policy=policy, prompt=plan.prompt))
             report.put("serving", name, runs[name])
         ratios.append({"concurrency": c, "r2r_over_llm_alone": runs["R2R, waiting"][-1]["tokens_per_s"]
                        / runs["LLM alone"][-1]["tokens_per_s"]})

@@ -122,8 +122,10 @@ def _linear(points: dict[int, float]) -> tuple[float, float]:
 
 def grid_costs(data: dict) -> dict[str, Costs]:
     """The costs of a check's grid sections alone (seconds): R2R's server (the SLM's reads per rows x tokens, the
-    LLM's packed reads per total-token bucket, the router's graph in rows, the host per step) and the LLM alone's
-    (the LLM's padded reads in the SLM's place, the top-k of its logits as its router)."""
+    LLM's packed reads per total-token bucket, the router's graph in rows unless the SLM's reads fold it, the host per
+    step) and the LLM alone's
+    (the LLM's padded reads in the SLM's place, the top-k of its logits as its router, its own LLM-side reads none:
+    each prompt is read once, by the model in the SLM's place)."""
     def section(name: str) -> dict:
         found = data.get(f"grid_{name}")
         if not found:
@@ -133,12 +135,15 @@ def grid_costs(data: dict) -> dict[str, Costs]:
     by_shape = lambda name: {(v["rows"], v["tokens"]): v["ms"] / 1e3 for v in section(name).values()}  # noqa: E731
     packed = {(1, v["width"]): v["ms"] / 1e3 for v in section("llm_packed").values()}
     router = _linear({int(k): v["ms"] / 1e3 for k, v in section("router").items()})
+    if data.get("grid_slots", {}).get("folded"):  # the SLM's reads carry the router: its time is in theirs
+        router = (0.0, 0.0)
     topk = _linear({int(k): v["ms"] / 1e3 for k, v in section("topk").items()})
     hosts = [v["host_ms_per_step"] / 1e3 for v in section("host").values()]
     step = sum(hosts) / len(hosts)
     r2r = Costs(slm=by_shape("slm"), llm=packed, router=router, step=step, packed=True, captured_shapes=True,
                 name="fitted on the grid")
-    alone = Costs(slm=by_shape("llm_padded"), llm=packed, router=topk, step=step, packed=True, captured_shapes=True,
+    never = {(1, t): 0.0 for t in PACKED_TOKENS}  # its LLM-side slots are never read (serve.ALONE_OPTIONS)
+    alone = Costs(slm=by_shape("llm_padded"), llm=never, router=topk, step=step, packed=True, captured_shapes=True,
                   name="the LLM alone, fitted on the grid")
     return {"r2r": r2r, "alone": alone}
 
@@ -187,8 +192,9 @@ def first_run_costs(first: dict, fused: dict) -> dict[str, Costs]:
     parts = first["components_ms"]["8"]["captured"]["t_llm"]
     compute = parts["64"] / 1e3 / (8 * 64)  # seconds per token past the ridge (the 8 x 64 read, as measured_costs)
     packed = {(1, t): max(costs.forward("llm", 1, t), compute * t) for t in PACKED_TOKENS}  # roofline in the total
+    never = {(1, t): 0.0 for t in PACKED_TOKENS}  # the LLM alone's LLM-side slots are never read (ALONE_OPTIONS)
     return {"r2r": replace(costs, llm=packed, packed=True),
-            "alone": replace(costs, slm=costs.llm, packed=True, name="the LLM alone, first device run")}
+            "alone": replace(costs, slm=costs.llm, llm=never, packed=True, name="the LLM alone, first device run")}
 
 
 def predict_second(first: dict, fused: dict, plan: dict) -> dict:
