@@ -158,6 +158,7 @@ def gpu_tables(results: dict) -> str:
     status = (results.get("llm_compiled_ms") or {}).get("status")
     if status:
         lines.append(f"\nCompiled `llm.generate`: {status}.")
+    lines += second_run_lines(results, _predicted() if results["plan"].get("device") == "cuda" else {})
     errors = results.get("errors") or {}  # each phase runs under its own guard: what failed is said, not lost
     if errors:
         lines.append("\nPhases that did not complete: " + "; ".join(
@@ -178,6 +179,105 @@ def serving_lines(serving: dict) -> list[str]:
     return ["", "| server | concurrency | tokens/s | ms / step | outside the graphs, ms / step | LLM token share |",
             "|---|---|---|---|---|---|", *rows, "",
             "R2R over the LLM alone, served: " + ", ".join(f"{v:.2f}x at {c}" for c, v in ratios.items()) + "."]
+
+
+# What the first device run's costs predict for the second run's numbers (calibrated.py --predict-second): the device's
+# plan only (a dry run's tiny shapes have no prediction).
+PREDICTED = Path("benchmarks/results/gpu_second_predicted.json")
+
+
+def _predicted() -> dict:
+    return json.loads(PREDICTED.read_text()) if PREDICTED.is_file() else {}
+
+
+def _ms(point: dict | None, predicted: float | None = None) -> str:
+    """A grid point's median ms, and what the first run's costs predicted for it beside it."""
+    got = "—" if point is None else f"{point['ms']:.2f}"
+    return got if predicted is None else f"{got} ({predicted:.1f})"
+
+
+def second_run_lines(results: dict, predicted: dict) -> list[str]:
+    """The second device run's sections (issue 51): the cost grid, the served loads, the fused LLM against eager, the
+    SLM's kernels and the fit; predictions (the first run's costs) in parentheses where there are any."""
+    if not any(k.startswith("grid_") or k in ("server_start", "exact", "kernels", "fit") for k in results):
+        return []
+    plan, guess = results["plan"], predicted.get("grid", {})
+    lines = ["", f"**The cost grid** (the engine's captured steps, {plan['grid_replays']} event-timed replays each: "
+             "median ms; in parentheses what the first run's costs predict):", ""]
+    grid = lambda name: results.get(f"grid_{name}", {})  # noqa: E731
+    for name, rows, cols in (("llm_padded", plan["grid_rows"], plan["grid_tokens"]),
+                             ("llm_verify", plan["verify_rows"], plan["verify_tokens"]),
+                             ("slm", plan["slm_rows"], plan["slm_tokens"])):
+        lines += [f"| {name}: rows \\ tokens | " + " | ".join(map(str, cols)) + " |", "|---" * (len(cols) + 1) + "|"]
+        lines += [f"| {k} | " + " | ".join(_ms(grid(name).get(f"{k}x{g}"), guess.get(name, {}).get(f"{k}x{g}"))
+                                          for g in cols) + " |" for k in rows] + [""]
+    packed = grid("llm_packed")
+    lines.append("LLM packed reads by total tokens: " + ", ".join(
+        f"{t}: {_ms(v, guess.get('llm_packed', {}).get(t))}" for t, v in packed.items()) + ".")
+    lines.append("Long span: " + ", ".join(f"{k} at {v['span']} columns {_ms(v)}" for k, v in grid("llm_long").items())
+                 + "; router graph / top-k alone by rows: " + ", ".join(
+                     f"{k}: {_ms(v, guess.get('router', {}).get(k))} / {_ms(grid('topk').get(k))}"
+                     for k, v in grid("router").items())
+                 + "; host per step: " + ", ".join(f"{k} rows {v['host_ms_per_step']:.2f} ms"
+                                                   for k, v in grid("host").items()) + ".")
+    return lines + served_lines(results, predicted) + check_lines(results)
+
+
+def served_lines(results: dict, predicted: dict) -> list[str]:
+    """Every served load (tokens/s, ms per step, outside the graphs, ITL), the ratios, the largest reads."""
+    guess = {}
+    for row in predicted.get("served", []):
+        guess.setdefault((row["server"], row["concurrency"]), row["tokens_per_s"])
+    serving = results.get("serving") or {}
+    lines = ["", "| server | users | tokens/s (predicted) | ms / step | outside the graphs, ms / step | "
+             "ITL p50 / p95 ms | LLM token share | oracle |", "|---|---|---|---|---|---|---|---|"]
+    for name, runs in serving.items():
+        for r in runs if name != "ratios" else []:
+            want = guess.get((name, r["concurrency"]))
+            lines.append(f"| {name} | {r['concurrency']} | {r['tokens_per_s']:.1f} ({_f(want, '.0f')}) | "
+                         f"{r['ms_per_step']:.2f} | {_f(r.get('outside_graphs_ms_per_step'))} | "
+                         f"{_f(r.get('itl_p50_ms'), '.1f')} / {_f(r.get('itl_p95_ms'), '.1f')} | "
+                         f"{r['llm_token_rate']:.3f} | {r.get('oracle', {}).get('agreement', '—')} |")
+    ratios = serving.get("ratios") or []
+    if ratios:
+        lines += ["", "R2R over the LLM alone, served: " + ", ".join(
+            f"{r['r2r_over_llm_alone']:.2f}x at {r['concurrency']}" for r in ratios) + "."]
+    runs = serving.get("R2R, waiting") or []
+    if runs:  # the largest load's reads: where its step goes
+        lines += ["", f"Reads of R2R at {runs[-1]['concurrency']} users (largest total first):", "",
+                  "| role | kind | rows | tokens | bucket | span | reads | ms mean | ms total |", "|---" * 9 + "|"]
+        lines += [f"| {h['role']} | {h['kind']} | {h['rows']} | {h['tokens']} | {h['bucket']} | {h['span']} | "
+                  f"{h['reads']} | {h['ms_mean']:.2f} | {h['ms_total']:.1f} |" for h in runs[-1].get("reads", [])[:12]]
+    return lines
+
+
+def check_lines(results: dict) -> list[str]:
+    """The fused LLM against eager, the SLM's kernels, the fit, the peers."""
+    lines = []
+    exact = (results.get("exact") or {}).get("llm")
+    if exact:
+        lines.append("\nFused LLM against its eager forward, teacher-forced: argmax equal at "
+                     f"{exact['argmax_equal']:.2%} of {exact['positions']} positions; largest difference "
+                     f"{exact['max_rel']:.2%} of the position's "
+                     f"largest logit (tolerance {_f(exact.get('tolerance'), '.3f')}).")
+    for rows, k in (results.get("kernels") or {}).items():
+        for path in ("captured", "without a graph"):
+            if path in k:
+                t = k[path]
+                lines.append(f"\nSLM step, {rows} rows, {path}: {t['kernels_per_step']:.0f} {t['what']} per step, "
+                             f"{t['kernel_ms_per_step']:.3f} ms of kernels in {t['wall_ms_per_step']:.3f} ms; "
+                             "costliest: " + ", ".join(f"{x['name'][:60]} {x['us_per_step']:.0f} us"
+                                                       for x in t["top"][:5]) + ".")
+    fit = results.get("fit")
+    if fit:
+        lines += ["", "| fitted on the grid: server | users | measured tokens/s | fitted | fitted / measured |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['server']} | {r['concurrency']} | {r['measured_tokens_per_s']:.1f} | "
+                  f"{r['fitted_tokens_per_s']:.1f} | {r['fitted_over_measured']:.2f} |" for r in fit["against_served"]]
+        lines.append("\nOutside 15 %: " + ("; ".join(fit["outside"]) or "none") + ".")
+    for row in results.get("hf_generate_batch") or []:
+        lines.append(f"\nHF generate_batch: {row}")
+    return lines
 
 
 TABLES = {"speed": speed_tables, "humaneval": humaneval_table, "equal-rate": equal_rate_table, "gpu": gpu_tables}

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,19 +157,19 @@ def free(device: str) -> str | None:
     return None
 
 
-def run_phases(phases: Sequence[Phase], report: Report, *, until_s: float, fail: str | None = None,
+def run_phases(phases: Sequence[Phase], report: Report, *, until_s: float, fail: str | Collection[str] | None = None,
                recover: Callable[[], str | None] = lambda: None, after: Callable[[], None] = lambda: None) -> None:
     """Run ``phases`` in order, each under its guard; none of their exceptions escapes.
 
     Args:
         until_s: seconds after the report started by which the last of them must end (a phase's deadline is
             its budget or what is left, whichever is less; a phase with under a second left is skipped).
-        fail: a phase name to raise ``InjectedFailure`` in (tests only).
+        fail: a phase name (or several) to raise ``InjectedFailure`` in (tests only).
         recover: runs after a failure (frees what the phase left; returns a reason when nothing more can run
             in this process, e.g. a CUDA context broken by a sticky error: every later phase is skipped with it).
         after: runs after every phase (derived numbers, e.g. speed-ups from what was measured so far).
     """
-    broken = None
+    broken, failing = None, {fail} if isinstance(fail, str) else set(fail or ())
     for phase in phases:
         # what is left before the run's deadline, or the phase's own where it has one (``warm``: the headline is due)
         left = min(until_s, math.inf if phase.by_s is None else phase.by_s) - report.elapsed()
@@ -185,7 +185,7 @@ def run_phases(phases: Sequence[Phase], report: Report, *, until_s: float, fail:
         seconds = min(phase.budget_s, left)
         try:
             with deadline(seconds):
-                if phase.name == fail:
+                if phase.name in failing:
                     raise InjectedFailure(f"injected into {phase.name} by --fail-phase")
                 phase.run()
         except (Exception, PhaseTimeout) as err:  # noqa: BLE001 - recorded, then the next phase runs

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gpu import reads
 from benchmarks.synthetic import Letters, random_model, request, serving_shape
 from r2r_hf import R2RForCausalLM
 
@@ -130,22 +131,29 @@ def load(engine, model, prompts: list[list[int]], concurrency: int, max_tokens: 
 
 def timed_replays(graph_step: type) -> type:
     """``graph_step`` (a ``GraphStep`` class) whose replays add up their device time, read by ``take()`` (and reset):
-    CUDA events around each replay on a GPU (no sync: read after the load), the wall clock in the CPU's emulation."""
+    CUDA events around each replay on a GPU (no sync: read after the load), the wall clock in the CPU's emulation;
+    each also goes to the per-read histogram where a load keeps one (``reads.ACTIVE``)."""
     class Timed(graph_step):
         marks: list = []
         seconds = [0.0]
 
         def replay(self) -> None:
+            log = reads.ACTIVE  # (the per-read histogram, where a load keeps one)
             if hasattr(self, "graph"):  # a CUDA graph
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
                 super().replay()
                 end.record()
                 Timed.marks.append((begin, end))
+                if log is not None:
+                    log.note(begin, end)
                 return
             begin = time.perf_counter()
             super().replay()
-            Timed.seconds[0] += time.perf_counter() - begin
+            took = time.perf_counter() - begin
+            Timed.seconds[0] += took
+            if log is not None:
+                log.note(took)
 
         @classmethod
         def take(cls) -> float:

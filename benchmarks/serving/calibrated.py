@@ -20,6 +20,12 @@ defaults are predicted with the same costs (the LLM agreeing at 87.6 % of routed
 for the server the device ran (``speculative``) and for today's, whose LLM reads gather their rows where that
 makes a smaller rows bucket (``gathering``: ``fast/slot_reads.CapturedReads``, since the first device run).
 Results: ``benchmarks/results/gpu_calibrated.json``; docs/performance.md, "The first device run".
+
+**A second path, from one run's grid only** (``grid_costs``, ``grid_check``; ``--grid JSON``): the second device
+run (issue 51) times every kind of forward the server replays on the engine's own captured steps (the check's
+``grid_*`` sections, ``benchmarks/gpu/grid.py``). The costs are read from those sections alone — no served number
+is among their inputs — and the same run's served loads (``serving``) are then replayed with them and set beside
+what was measured: each within 15 %, or the result says where not.
 """
 
 from __future__ import annotations
@@ -29,14 +35,16 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from r2r_hf.core.policy import IMMEDIATE, default_policy, speculative_policy
+from r2r_hf.core.layouts.packed import TOKENS as PACKED_TOKENS
+from r2r_hf.core.policy import IMMEDIATE, WaitPolicy, default_policy, speculative_policy
 
-from .cost_model import Costs, llm_alone, simulate, synthetic
+from .cost_model import AGREEMENT, Costs, llm_alone, simulate, synthetic
 from .replay import replay
 from .speculative import by_fraction
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 SLOTS = 16
+TOKENS_ALL = PACKED_TOKENS
 
 
 def _served_step(serving: dict, name: str, concurrency: int) -> float:
@@ -103,30 +111,145 @@ def speculative(costs: Costs, tokens: int, p: float = 0.1, depth: int = 4) -> li
     return out
 
 
-def today(costs: Costs, p: float = 0.1, depth: int = 4) -> list[dict]:
-    """Today's server priced with the first run's measured costs: the LLM's reads packed (one flat forward at a
-    bucket of its total tokens, the joining prompts' pieces riding in them: ``core/layouts/packed.py``) and the router
-    folded into the SLM's reads (its fixed cost per step gone; its cost per row kept, as the first run measured it
-    growing 46 us per row for a reason not yet known), at batch 1 and 8 and 16 users, 256- and 2,048-token answers,
-    against the fair LLM alone (its prompts read once, its reads packed the same way)."""
-    packed = replace(costs, packed=True)
-    folded = replace(packed, router=(0.0, costs.router[1]))
+def today(first: dict, fused: dict, p: float = 0.1, depth: int = 4, block: int = 1) -> list[dict]:
+    """Today's server priced with the first run's measured costs (``first_run_costs``: the LLM's reads packed, the
+    joining prompts' pieces riding in them), the router folded into the SLM's reads (its fixed cost per step gone; its
+    cost per row kept, as the first run measured it growing 46 us per row for a reason not yet known), at batch 1 and
+    8 and 16 users, 256- and 2,048-token answers, against the fair LLM alone (each prompt read once)."""
+    costs = first_run_costs(first, fused)
+    folded = replace(costs["r2r"], router=(0.0, costs["r2r"].router[1]))
     out = []
     for c in (1, 8, 16):
         for tokens in (256, 2048):
             answers = served_answers(c, p, tokens)
-            alone = llm_alone(answers, c, packed)
+            never = [(prompt, [False] * len(routed)) for prompt, routed in answers]
+            alone = simulate(never, c, WaitPolicy(), costs["alone"], SLOTS)["tokens_per_s"]
             for name, policy in (("m = 1", IMMEDIATE), ("waiting default", default_policy("cuda", SLOTS)),
                                  (f"speculative default, d{depth}", speculative_policy("cuda", SLOTS, depth))):
-                got = simulate(answers, c, policy if c > 1 or name != "waiting default" else IMMEDIATE, folded, SLOTS)
-                run, _ = replay(answers, c, policy, folded, SLOTS)
-                k = run.counters
-                out.append({"concurrency": c, "tokens": tokens, "policy": name, "tokens_per_s": got["tokens_per_s"],
-                            "vs_llm_alone": got["tokens_per_s"] / alone, "llm_alone_tokens_per_s": alone,
+                run, done = replay(answers, c, policy, folded, SLOTS)
+                k, produced = run.counters, sum(len(a.routed) for a in done)
+                out.append({"concurrency": c, "tokens": tokens, "policy": name,
+                            "tokens_per_s": produced / run.clock.now, "vs_llm_alone": produced / run.clock.now / alone,
+                            "llm_alone_tokens_per_s": alone,
                             "llm_rows_useful": k.llm_rows_real / k.llm_rows_read if k.llm_rows_read else None,
-                            "llm_calls_per_token": got["llm_calls_per_token"],
-                            "thrown_per_token": got["thrown_per_token"]})
+                            "llm_calls_per_token": k.llm_calls / produced, "thrown_per_token": k.thrown / produced})
     return out
+
+
+def _linear(points: dict[int, float]) -> tuple[float, float]:
+    """Least squares ``a + b k`` through ``{k: t}`` (one point: flat)."""
+    ks = sorted(points)
+    if len(ks) == 1:
+        return points[ks[0]], 0.0
+    mean_k, mean_t = sum(ks) / len(ks), sum(points.values()) / len(ks)
+    slope = sum((k - mean_k) * (points[k] - mean_t) for k in ks) / sum((k - mean_k) ** 2 for k in ks)
+    return mean_t - slope * mean_k, slope
+
+
+def grid_costs(data: dict) -> dict[str, Costs]:
+    """The costs of a check's grid sections alone (seconds): R2R's server (the SLM's reads per rows x tokens, the
+    LLM's packed reads per total-token bucket, the router's graph in rows unless the SLM's reads fold it, the host per
+    step) and the LLM alone's
+    (the LLM's padded reads in the SLM's place, the top-k of its logits as its router, its own LLM-side reads none:
+    each prompt is read once, by the model in the SLM's place)."""
+    def section(name: str) -> dict:
+        found = data.get(f"grid_{name}")
+        if not found:
+            raise ValueError(f"the check's JSON has no grid_{name} section: the grid phase did not measure it")
+        return found
+
+    by_shape = lambda name: {(v["rows"], v["tokens"]): v["ms"] / 1e3 for v in section(name).values()}  # noqa: E731
+    packed = {(1, v["width"]): v["ms"] / 1e3 for v in section("llm_packed").values()}
+    router = _linear({int(k): v["ms"] / 1e3 for k, v in section("router").items()})
+    if data.get("grid_slots", {}).get("folded"):  # the SLM's reads carry the router: its time is in theirs
+        router = (0.0, 0.0)
+    topk = _linear({int(k): v["ms"] / 1e3 for k, v in section("topk").items()})
+    hosts = [v["host_ms_per_step"] / 1e3 for v in section("host").values()]
+    step = sum(hosts) / len(hosts)
+    r2r = Costs(slm=by_shape("slm"), llm=packed, router=router, step=step, packed=True, captured_shapes=True,
+                name="fitted on the grid")
+    never = {(1, t): 0.0 for t in PACKED_TOKENS}  # its LLM-side slots are never read (serve.ALONE_OPTIONS)
+    alone = Costs(slm=by_shape("llm_padded"), llm=never, router=topk, step=step, packed=True, captured_shapes=True,
+                  name="the LLM alone, fitted on the grid")
+    return {"r2r": r2r, "alone": alone}
+
+
+def _replayed(run: dict, server: str, costs: dict[str, Costs], plan: dict) -> float:
+    """Tokens/s of one served load replayed with the grid's costs under its server's policy."""
+    c, requests = run["concurrency"], run["requests"]
+    tokens, prompt, p = run["tokens"] // requests, plan["prompt"], plan["headline"]
+    long = "long" in server
+    slots = plan["long_users"] if long else max(plan["serve"])
+    if server == "LLM alone":
+        answers = [(prompt, [False] * tokens)] * requests  # never routing: the LLM's reads in the SLM's place
+        return simulate(answers, c, WaitPolicy(), costs["alone"], slots)["tokens_per_s"]
+    answers = synthetic([(prompt, [False] * tokens)] * requests, p, agreement=plan.get("agreement", AGREEMENT))
+    policy = (speculative_policy("cuda", slots, run["speculate"]) if run.get("policy") == "speculative"
+              else default_policy("cuda", slots))
+    return simulate(answers, c, policy, costs["r2r"], slots)["tokens_per_s"]
+
+
+def grid_check(data: dict, tolerance: float = 0.15) -> dict:
+    """The cost model fitted on ``data``'s grid (``grid_costs``), then each served load of ``data`` replayed with it
+    beside what was measured: within ``tolerance``, or listed in ``outside``."""
+    costs = grid_costs(data)
+    rows = []
+    for server, runs in data.get("serving", {}).items():
+        if server == "ratios":
+            continue
+        for i, run in enumerate(runs):
+            fitted = _replayed(run, server, costs, data["plan"])
+            rows.append({"server": server, "concurrency": run["concurrency"], "run": i,
+                         "measured_tokens_per_s": run["tokens_per_s"], "fitted_tokens_per_s": fitted,
+                         "fitted_over_measured": fitted / run["tokens_per_s"],
+                         "within": abs(fitted / run["tokens_per_s"] - 1) <= tolerance})
+    r2r = costs["r2r"]
+    return {"inputs": "the grid_* sections only (no served number)", "tolerance": tolerance,
+            "costs": {"router_ms": [1e3 * r2r.router[0], 1e3 * r2r.router[1]], "host_ms_per_step": 1e3 * r2r.step},
+            "against_served": rows, "outside": [f"{r['server']} at {r['concurrency']} (run {r['run']}): "
+                                                f"{r['fitted_over_measured']:.2f}x" for r in rows if not r["within"]]}
+
+
+def first_run_costs(first: dict, fused: dict) -> dict[str, Costs]:
+    """The first device run's costs (``measured_costs``) as today's server runs: the LLM's reads packed (a read of T
+    tokens priced as one row of T, the weights' read or the 8 x 64 read's compute per token, whichever is more), the
+    LLM alone with the LLM's padded reads in the SLM's place (and R2R's router cost: its own was not measured)."""
+    costs = replace(measured_costs(first, fused), captured_shapes=True)
+    parts = first["components_ms"]["8"]["captured"]["t_llm"]
+    compute = parts["64"] / 1e3 / (8 * 64)  # seconds per token past the ridge (the 8 x 64 read, as measured_costs)
+    packed = {(1, t): max(costs.forward("llm", 1, t), compute * t) for t in PACKED_TOKENS}  # roofline in the total
+    never = {(1, t): 0.0 for t in PACKED_TOKENS}  # the LLM alone's LLM-side slots are never read (ALONE_OPTIONS)
+    return {"r2r": replace(costs, llm=packed, packed=True),
+            "alone": replace(costs, slm=costs.llm, llm=never, packed=True, name="the LLM alone, first device run")}
+
+
+def predict_second(first: dict, fused: dict, plan: dict) -> dict:
+    """What the cost model with the first run's costs predicts for each number the second run's check measures
+    (``benchmarks/gpu/plan.DEVICE``): every grid point, and every served load of its plan, in ms and tokens/s."""
+    costs = first_run_costs(first, fused)
+    r2r, alone = costs["r2r"], costs["alone"]
+    ms = lambda role, k, g: 1e3 * r2r.forward(role, k, g)  # noqa: E731
+    slots = max(plan["serve"])
+    totals = [t for t in TOKENS_ALL if t <= slots * plan["grid_tokens"][-1]]
+    grid = {"llm_padded": {f"{k}x{g}": 1e3 * alone.forward("slm", k, g) for k in plan["grid_rows"]
+                           for g in plan["grid_tokens"]},
+            "llm_packed": {str(t): ms("llm", 1, t) for t in totals},
+            "llm_verify": {f"{k}x{g}": ms("llm", 1, k * g) for k in plan["verify_rows"] for g in plan["verify_tokens"]},
+            "slm": {f"{k}x{g}": ms("slm", k, g) for k in plan["slm_rows"] for g in plan["slm_tokens"]},
+            "router": {str(k): 1e3 * (r2r.router[0] + r2r.router[1] * k) for k in plan["slm_rows"]},
+            "host_ms_per_step": 1e3 * r2r.step}
+    loads = [("R2R, waiting", c, plan["serve_tokens"], "waiting") for c in plan["serve"]]
+    loads += [("LLM alone", c, plan["serve_tokens"], "waiting") for c in plan["serve"]]
+    loads += [("R2R, waiting, long", plan["long_users"], plan["long_tokens"], "waiting")]
+    loads += [("R2R, speculative (oracle)", c, plan["serve_tokens"], "speculative") for c in plan["spec_users"]]
+    served = []
+    for server, c, tokens, policy in loads:
+        requests = c if "long" in server else max(2 * c, 4)
+        run = {"concurrency": c, "requests": requests, "tokens": requests * tokens, "policy": policy,
+               "speculate": plan["speculate"]}
+        served.append({"server": server, "concurrency": c, "tokens_per_s": _replayed(run, server, costs, plan)})
+    return {"costs": "the first device run's (measured_costs), the LLM's reads packed", "grid": grid,
+            "served": served}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -134,10 +257,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--first", default="benchmarks/results/gpu_check.json")
     parser.add_argument("--fused", default="benchmarks/results/gpu_check_rerun.json")
     parser.add_argument("--out", default="benchmarks/results/gpu_calibrated.json")
+    parser.add_argument("--grid", default=None, metavar="JSON",
+                        help="a check with the grid (the second device run): its costs from the grid alone, checked "
+                             "against its own served loads (printed; nothing else runs)")
+    parser.add_argument("--predict-second", default=None, metavar="JSON",
+                        help="write what the first run's costs predict for the second run's check (its plan: "
+                             "benchmarks/gpu/plan.DEVICE) to JSON, and nothing else")
     parser.add_argument("--gathering", action="store_true",
                         help="--fused measured a server whose LLM reads gather their rows (any run after 2026-12-04)")
     args = parser.parse_args(argv)
+    if args.grid:
+        result = grid_check(json.loads(Path(args.grid).read_text()))
+        print(json.dumps(result, indent=1))
+        return result
     first, fused = (json.loads(Path(p).read_text()) for p in (args.first, args.fused))
+    if args.predict_second:
+        from dataclasses import asdict
+
+        from benchmarks.gpu.plan import DEVICE
+
+        result = predict_second(first, fused, asdict(DEVICE))
+        Path(args.predict_second).write_text(json.dumps(result, indent=1))
+        return result
     costs = replace(measured_costs(first, fused), gathered_rows=args.gathering)
     result = {"costs": {"slm_ms": {f"{k}x{g}": 1e3 * t for (k, g), t in costs.slm.items() if g == 1},
                         "llm_ms": {f"{k}x{g}": 1e3 * t for (k, g), t in costs.llm.items()},
@@ -147,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     gathering = replace(costs, gathered_rows=True)  # today's server (the same as --fused's with --gathering)
     result["gathering"] = result["speculative"] if args.gathering else [
         row for tokens in (128, 256) for row in speculative(gathering, tokens)]
-    result["today"] = today(costs)
+    result["today"] = today(first, fused)
     Path(args.out).write_text(json.dumps(result, indent=1))
     for row in result["against_measured"] + result["speculative"] + result["gathering"] + result["today"]:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))

@@ -40,8 +40,9 @@ class Costs:
     """Seconds per forward of k rows x g tokens, per model; the router on k rows; host work per step.
 
     Either a roofline per model, ``max(a + b k, c k g)`` (a GPU: the weights' read, or compute past the ridge),
-    or a measured grid per model (this CPU), interpolated linearly in k and g and extended past its largest g
-    by the slope of its last two.
+    or a measured grid per model (this CPU; a device check's grid: ``calibrated.grid_costs``), interpolated linearly
+    in k and g and extended past its largest g by the slope of its last two (a grid of one rows value, as a packed
+    read's by its total tokens, in g only).
     """
 
     slm: tuple[float, float, float] | dict
@@ -77,10 +78,14 @@ def _interpolated(grid: dict, rows: int, tokens: int) -> float:
     gs = sorted({g for _, g in grid})
 
     def at_k(k: int) -> float:  # linear in g (and beyond the grid, by its last slope)
+        if len(gs) == 1:
+            return grid[k, gs[0]]
         g0, g1 = _between(gs, tokens)
         t0, t1 = grid[k, g0], grid[k, g1]
         return t0 + (t1 - t0) * (tokens - g0) / (g1 - g0)
 
+    if len(ks) == 1:  # (one rows value: a packed read's grid, by its total tokens)
+        return max(at_k(ks[0]), 0.0)
     k0, k1 = _between(ks, rows)
     t0, t1 = at_k(k0), at_k(k1)
     return max(t0 + (t1 - t0) * (rows - k0) / (k1 - k0), 0.0)
