@@ -21,10 +21,11 @@ def _drafting(model, tok, policy: WaitPolicy, fuse: str | bool = "plain", slots:
 
 
 @pytest.mark.parametrize("fuse", ["plain", False], ids=["fused", "hf-forward"])
-@pytest.mark.parametrize("block", [2, 4, 8])
-def test_drafted_answers_are_generates_alone(model, tok, fuse, block):
+@pytest.mark.parametrize("block,speculate", [(2, 4), (4, 4), (8, 4), (4, 0)],
+                         ids=["2-speculating", "4-speculating", "8-speculating", "4-waiting"])
+def test_drafted_answers_are_generates_alone(model, tok, fuse, block, speculate):
     tau = _threshold(model, tok, 0.6)
-    policy = WaitPolicy((3,), 16, speculate=4, block=block)
+    policy = WaitPolicy((3,), 16, speculate=speculate, block=block)
     run = _drafting(model, tok, policy, fuse)
     syncs_before = run.batch.counters.host_syncs
     jobs = {i: {"max_new_tokens": 9 + 2 * i, "threshold": tau, "do_sample": False} for i in range(6)}
@@ -42,7 +43,7 @@ def test_drafted_answers_are_generates_alone(model, tok, fuse, block):
     for i in range(6):
         assert run.out[i] == _alone(model, tok, i, **jobs[i]), i
     counters = run.batch.counters
-    assert counters.llm_tokens > 0 and counters.agreed + counters.rejected > 0, "it routed and resolved"
+    assert counters.llm_tokens > 0 and (not speculate or counters.agreed + counters.rejected > 0), "it routed"
     assert counters.host_syncs - syncs_before < counters.steps, "fewer synchronisations than steps: it drafted"
 
 

@@ -291,3 +291,13 @@ def test_gathered_bytes_count_every_replay(model):
     pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
     cache, each = _gathering_reads(model, lambda fn, example: EmulatedGraphStep(fn, example, pool), 3)
     assert cache.gathered_bytes == 3 * each
+
+
+def test_served_answers_with_draft_blocks_equal_generate_alone(model, tok, monkeypatch):
+    """Draft blocks (``fast/drafts.py``: 4 steps per host synchronisation while every running answer is greedy) on
+    emulated graphs, fused regions run plain: answers equal ``generate`` alone, greedy and seeded alike."""
+    monkeypatch.setattr(model, "capture_store", emulated_store(fuse="plain"))
+    report, counters = _serve_and_compare(model, tok, max_context=96, llm_min_rows=(3,), llm_max_wait=8, speculate=4,
+                                          draft_block=4)
+    assert report["packed"] and report["folded"] and report["block"] == 4
+    assert counters.host_syncs < counters.steps + counters.resolutions, "some steps were drafted in blocks"

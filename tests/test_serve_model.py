@@ -117,3 +117,19 @@ def test_the_replay_packs_the_llms_reads_as_the_running_batch_does(model, tok, p
     assert got.shapes == want.shapes, "every forward of the same model, rows and tokens, in order"
     assert (got.llm_rows_real, got.llm_rows_read) == (want.llm_rows_real, want.llm_rows_read)
     assert want.llm_rows_real <= want.llm_rows_read < 2 * want.llm_rows_real
+
+
+def test_the_replay_drafts_blocks_with_one_host_step_each():
+    """Draft blocks (``WaitPolicy.block``) replayed through the real ``turn.decode_block``: the same answers and LLM
+    tokens as one step at a time, one host step (synchronisation) per block rather than per step."""
+    answers = synthetic([(12, [False] * 40)] * 6, 0.1, seed=3, agreement=1.0)
+    host = Costs(slm=(0.01, 0.0, 0.0), llm=(0.1, 0.0, 0.0), router=(0.0, 0.0), step=0.05, packed=True)
+    runs = {}
+    for block in (1, 4):
+        batch, done = replay(answers, 6, WaitPolicy((3,), 16, speculate=4, block=block), host, slots=6, chunk=8)
+        runs[block] = (batch, sorted((a.prompt, tuple(a.routed), len(a.times)) for a in done))
+    (one, done_one), (four, done_four) = runs[1], runs[4]
+    assert done_one == done_four, "every answer served whole either way"
+    assert one.counters.llm_tokens == four.counters.llm_tokens > 0 and four.counters.resolutions > 0
+    assert four.counters.host_syncs < 0.6 * one.counters.host_syncs, "a synchronisation per block"
+    assert four.clock.spent["host"] < 0.6 * one.clock.spent["host"] and four.clock.now < one.clock.now

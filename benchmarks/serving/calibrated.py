@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from r2r_hf.core.layouts.packed import TOKENS as PACKED_TOKENS
-from r2r_hf.core.policy import IMMEDIATE, WaitPolicy, default_policy, speculative_policy
+from r2r_hf.core.policy import DRAFT_BLOCK, IMMEDIATE, WaitPolicy, default_policy, speculative_policy
 
 from .cost_model import AGREEMENT, Costs, llm_alone, simulate, synthetic
 from .replay import replay
@@ -111,11 +111,12 @@ def speculative(costs: Costs, tokens: int, p: float = 0.1, depth: int = 4) -> li
     return out
 
 
-def today(first: dict, fused: dict, p: float = 0.1, depth: int = 4, block: int = 1) -> list[dict]:
+def today(first: dict, fused: dict, p: float = 0.1, depth: int = 4) -> list[dict]:
     """Today's server priced with the first run's measured costs (``first_run_costs``: the LLM's reads packed, the
     joining prompts' pieces riding in them), the router folded into the SLM's reads (its fixed cost per step gone; its
-    cost per row kept, as the first run measured it growing 46 us per row for a reason not yet known), at batch 1 and
-    8 and 16 users, 256- and 2,048-token answers, against the fair LLM alone (each prompt read once)."""
+    cost per row kept, as the first run measured it growing 46 us per row for a reason not yet known), speculating
+    with draft blocks (``core/fast/drafts.py``) and without, at batch 1 and 8 and 16 users, 256- and 2,048-token
+    answers, against the fair LLM alone (each prompt read once, its steps drafted in blocks as R2R's)."""
     costs = first_run_costs(first, fused)
     folded = replace(costs["r2r"], router=(0.0, costs["r2r"].router[1]))
     out = []
@@ -123,9 +124,15 @@ def today(first: dict, fused: dict, p: float = 0.1, depth: int = 4, block: int =
         for tokens in (256, 2048):
             answers = served_answers(c, p, tokens)
             never = [(prompt, [False] * len(routed)) for prompt, routed in answers]
-            alone = simulate(never, c, WaitPolicy(), costs["alone"], SLOTS)["tokens_per_s"]
-            for name, policy in (("m = 1", IMMEDIATE), ("waiting default", default_policy("cuda", SLOTS)),
-                                 (f"speculative default, d{depth}", speculative_policy("cuda", SLOTS, depth))):
+            # the LLM alone on the same engine, drafting in blocks too (it never routes: nothing stops a block)
+            alone = simulate(never, c, replace(default_policy("cuda", SLOTS), block=DRAFT_BLOCK), costs["alone"],
+                             SLOTS)["tokens_per_s"]
+            speculating, waiting = speculative_policy("cuda", SLOTS, depth), default_policy("cuda", SLOTS)
+            for name, policy in (("m = 1", IMMEDIATE), ("waiting, one step per synchronisation", waiting),
+                                 (f"waiting default, blocks of {DRAFT_BLOCK}", replace(waiting, block=DRAFT_BLOCK)),
+                                 (f"speculative, d{depth}, one step per synchronisation", speculating),
+                                 (f"speculative default, d{depth}, blocks of {DRAFT_BLOCK}",
+                                  replace(speculating, block=DRAFT_BLOCK))):
                 run, done = replay(answers, c, policy, folded, SLOTS)
                 k, produced = run.counters, sum(len(a.routed) for a in done)
                 out.append({"concurrency": c, "tokens": tokens, "policy": name,
@@ -180,13 +187,15 @@ def _replayed(run: dict, server: str, costs: dict[str, Costs], plan: dict) -> fl
     tokens, prompt, p = run["tokens"] // requests, plan["prompt"], plan["headline"]
     long = "long" in server
     slots = plan["long_users"] if long else max(plan["serve"])
+    block = run.get("block", DRAFT_BLOCK)  # the server's own on a GPU (``policy.serving_policy``)
     if server == "LLM alone":
         answers = [(prompt, [False] * tokens)] * requests  # never routing: the LLM's reads in the SLM's place
-        return simulate(answers, c, WaitPolicy(), costs["alone"], slots)["tokens_per_s"]
+        policy = replace(default_policy("cuda", slots), block=block)  # (never routing: nothing stops its blocks)
+        return simulate(answers, c, policy, costs["alone"], slots)["tokens_per_s"]
     answers = synthetic([(prompt, [False] * tokens)] * requests, p, agreement=plan.get("agreement", AGREEMENT))
     policy = (speculative_policy("cuda", slots, run["speculate"]) if run.get("policy") == "speculative"
               else default_policy("cuda", slots))
-    return simulate(answers, c, policy, costs["r2r"], slots)["tokens_per_s"]
+    return simulate(answers, c, replace(policy, block=block), costs["r2r"], slots)["tokens_per_s"]
 
 
 def grid_check(data: dict, tolerance: float = 0.15) -> dict:

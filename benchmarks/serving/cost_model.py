@@ -57,6 +57,8 @@ class Costs:
     captured_shapes: bool = False
     gathered_rows: bool = False  # with it: an LLM read at the smaller of that and its rows' own bucket (the server
     # since the first device run gathers the LLM's rows: fast/slot_reads.py; the device ran the server without it)
+    plan: float = 1e-4  # host seconds to plan and apply one step: a draft block's steps after its synchronisation
+    # (host_ops.py measured 0.05-0.07 ms per step between the read-back and the device work at 8 and 16 rows)
 
     def forward(self, role: str, rows: int, tokens: int) -> float:
         model = self.slm if role == "slm" else self.llm

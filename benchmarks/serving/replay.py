@@ -33,7 +33,7 @@ from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
 from r2r_hf.core.ledger import Ledger, RowState
 from r2r_hf.core.plan import Outcome, StepPlan
 from r2r_hf.core.policy import WaitPolicy
-from r2r_hf.core.step import LLMRead, Synced
+from r2r_hf.core.step import Drafted, LLMRead, Synced
 from r2r_hf.core.turn import turn
 
 
@@ -112,6 +112,16 @@ class Clock:
         for forward in self.book.ride(rows, limit):
             self.price("llm", forward)
 
+    def block(self, drafted: Drafted) -> list[int]:
+        """A draft block's price: the SLM's read of every slot per drafted step, back to back (the router folded in
+        them), one host step for the block and the planning of its other steps; what reaches the host at the next step
+        (0: a token, -1: none)."""
+        for _ in drafted.token:
+            self.price("slm", [(r, 0, 1) for r in range(len(self.book.length))])
+        self.spend("host", self.costs.step + (len(drafted.token) - 1) * getattr(self.costs, "plan", 0.0))
+        last = max(i for i, step in enumerate(drafted.active) if any(step))
+        return [0 if c else -1 for c in drafted.committed[last]]
+
     def packs(self, role: str) -> bool:
         return role == "llm" and getattr(self.costs, "packed", False)
 
@@ -178,21 +188,19 @@ class ReplayBatch:
         return Synced(list(proposal.routed), self.ledger.arrive(self.last), set(), [])
 
     def read_llm(self, plan: StepPlan, proposal: SimpleNamespace) -> LLMRead:
-        """As the running batch's: a catch-up, or a resolution reading each resolving row through the token before
-        its last pending position (each writer through its last token), which rejects a row's first pending
-        position the recording says the LLM does not confirm (read back: one host synchronisation)."""
-        rows = self.ledger.rows
+        """As the running batch's: a catch-up, or a resolution (``resolution``: one host synchronisation)."""
         if not plan.resolving:
             self.clock.read("llm", list(plan.llm_reads))
             return LLMRead()
-        needs = {r: [p.index for p in rows[r].pending] for r in plan.resolving}
-        for r in plan.llm_writers:
-            needs.setdefault(r, []).append(rows[r].written)
-        self.clock.read("llm", sorted(needs), upto={r: self.book.prompt[r] + max(n) for r, n in needs.items()})
         self.counters.host_syncs += 1
-        agrees = {r: rows[r].owner.agrees for r in plan.resolving}
-        return LLMRead(rejected={r: next((j for j, p in enumerate(rows[r].pending) if not agrees[r][p.index]), None)
-                                 for r in plan.resolving})
+        return resolution(self.ledger.rows, plan, self.clock)
+
+    def draft(self, policy: WaitPolicy) -> Drafted | None:
+        """As the running batch's draft block (every row taken as greedy: a recording has no sampling)."""
+        drafted = drafted_block(self.ledger, self.book, policy, self.last)
+        if drafted is not None:
+            self.last = self.clock.block(drafted)
+        return drafted
 
     def commit(self, proposal: SimpleNamespace, plan: StepPlan, outcome: Outcome, read: LLMRead) -> tuple:
         """As the running batch's: rollbacks, one token more for each writer, the SLM's read, the host's step."""
@@ -204,6 +212,49 @@ class ReplayBatch:
         self.clock.read("slm", list(outcome.slm_reads))
         self.clock.spend("host", self.clock.costs.step)  # (a resolution's read-back: in the serial step's time)
         return None, {}
+
+
+def resolution(rows: list, plan: StepPlan, clock: Clock) -> LLMRead:
+    """A resolution over recorded routing: one LLM read of each resolving row through the token before its last
+    pending position (of each writer through its last token), rejecting a row's first pending position the recording
+    says the LLM does not confirm (``Routed.agrees``)."""
+    needs = {r: [p.index for p in rows[r].pending] for r in plan.resolving}
+    for r in plan.llm_writers:
+        needs.setdefault(r, []).append(rows[r].written)
+    clock.read("llm", sorted(needs), upto={r: clock.book.prompt[r] + max(n) for r, n in needs.items()})
+    agrees = {r: rows[r].owner.agrees for r in plan.resolving}
+    return LLMRead(rejected={r: next((j for j, p in enumerate(rows[r].pending) if not agrees[r][p.index]), None)
+                             for r in plan.resolving})
+
+
+def drafted_block(ledger: Ledger, book: SlotBook, policy: WaitPolicy, previous: list[int]) -> Drafted | None:
+    """What a draft block (``core/fast/drafts.py``) drafts over recorded routing: its rule per step (a row goes on
+    where it did not route, or routed and may hold one more pending position; the router is never sure: the
+    recording has no scores), each slot's length in ``book`` moved on by its committed tokens."""
+    rows, slots = set(ledger.proposing()), len(ledger.rows)
+    if not rows:
+        return None
+    state = {r: [len(row.pending), row.max_new, len(row.owner.routed) - row.max_new] for r, row in enumerate(ledger.rows)
+             if r in rows}
+    token, routed, committed, active = [], [], [], []
+    for _ in range(policy.block):
+        step = [[0] * slots, [False] * slots, [False] * slots, [r in rows for r in range(slots)]]
+        for r in list(rows):
+            pending, left, index = state[r]
+            hit = ledger.rows[r].owner.routed[index]
+            step[1][r] = hit
+            if hit and pending >= policy.speculate:
+                rows.discard(r)
+                continue
+            step[2][r] = True
+            state[r] = [pending + hit, left - 1, index + 1]
+            book.length[r] += 1
+            book.seen["slm"][r] = book.length[r]
+            if left - 1 <= 0:
+                rows.discard(r)
+        for part, value in zip((token, routed, committed, active), step):
+            part.append(value)
+    return Drafted(list(previous), token, routed, [[False] * slots for _ in token], committed, active)
 
 
 class Arrivals:

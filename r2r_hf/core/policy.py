@@ -74,8 +74,8 @@ class WaitPolicy:
             wait, and ``max_wait`` bounds the age of the oldest, which also bounds a row's speculative tail.
         speculate_below: a row speculates past a routed position only where the router's score there is below this
             (where it is surer, the LLM disagrees far more often: the row waits for it instead).
-        block: with speculation, steps the server drafts on the device per host synchronisation where no step needs
-            the host before the LLM runs (``fast/drafts.py``; 1: a synchronisation per step).
+        block: steps the server drafts on the device per host synchronisation where no step needs the host before
+            the LLM runs (``fast/drafts.py``; 1: a synchronisation per step).
     """
 
     min_rows: tuple[int, ...] = (1,)
@@ -135,17 +135,30 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
 
 
 def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | None = None,
-                   max_wait: int | None = None, speculate: int = 0, speculate_below: float | None = None) -> WaitPolicy:
+                   max_wait: int | None = None, speculate: int = 0, speculate_below: float | None = None,
+                   block: int | None = None) -> WaitPolicy:
     """The server's policy: what its settings name, the rest from the device's default (``default_policy``, or with
-    ``speculate`` ``speculative_policy``)."""
+    ``speculate`` ``speculative_policy``; draft blocks of ``DRAFT_BLOCK`` steps on a GPU)."""
     if speculate:
         default = speculative_policy(device_type, max_rows, speculate)
     elif min_rows is None and max_wait is None:
         return default_policy(device_type, max_rows)
     else:
         default = default_policy("cuda", max_rows)  # what waiting means where it pays
+    if block is None:
+        block = DRAFT_BLOCK if device_type == "cuda" else 1
     return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
-                      check_speculate_below(speculate_below))
+                      check_speculate_below(speculate_below), block)
+
+
+# Steps a server drafts per host synchronisation on a GPU (``fast/drafts.py``). Chosen with the cost model
+# at the first device run's measured costs (benchmarks/serving/calibrated.py, ``today``: 16 slots, p = 0.1, 256- and
+# 2,048-token answers, 0.1 ms of planning per drafted step): speculating, against one synchronisation per step, 2 / 4 / 8
+# gave 1.09 / 1.16 / 1.19x at batch 1, 1.17 / 1.22 / 1.25x at 8 users and 1.20 / 1.27 / 1.31x at 16; 4 takes most of
+# it with half the graph of 8 and shorter bursts of tokens to the clients. One size for every load: each gains more
+# from a larger block (what the first device run measured is the host's time per step, which blocks divide). The
+# waiting default gains as much: 1.19 / 1.22x (blocks of 4) at 8 users, 1.26 / 1.29x at 16.
+DRAFT_BLOCK = 4
 
 
 def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitPolicy:

@@ -156,7 +156,7 @@ def decode_block(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepRes
     every row that ended in the block), or None where this turn cannot draft (``RunningBatch.draft`` says where;
     nor where the LLM is due, or the stop rule reads the device)."""
     ledger = batch.ledger
-    if policy.block < 2 or not policy.speculate or stops.reads() or not hasattr(batch, "draft") or _due(ledger, policy):
+    if policy.block < 2 or stops.reads() or not hasattr(batch, "draft") or _due(ledger, policy):
         return None
     drafted = batch.draft(policy)
     if drafted is None:
@@ -185,14 +185,17 @@ def decode_block(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepRes
 
 def _due(ledger, policy: WaitPolicy) -> bool:
     """Whether the LLM may run within the next ``policy.block`` steps (rows wait or hold pending positions enough
-    for it, or the oldest is old enough by then), or no row proposes: then a step, not a block."""
+    for it, or the oldest is old enough by then; without speculation, one routed row is enough), or no row
+    proposes: then a step, not a block."""
     rows, step = ledger.rows, ledger.step_no
     since = [row.waiting_since for row in rows if row is not None and row.waiting_since is not None]
     held = [row.pending[0].step for row in rows if row is not None and row.pending]
     holders = sum(1 for row in rows if row is not None and (row.waiting_since is not None or row.pending))
     oldest = max((step - s for s in since + held), default=0) + policy.block - 1
-    proposing = ledger.proposing()
-    return not proposing or policy.runs(holders, len(ledger.occupied()), oldest, stalled=False)
+    proposing, running = ledger.proposing(), len(ledger.occupied())
+    if not policy.speculate and (policy.immediate or policy.wanted(running) <= 1):  # one routed row runs the LLM:
+        return True  # a block would draft on after it waits, for nothing
+    return not proposing or policy.runs(holders, running, oldest, stalled=False)
 
 
 def _drafted_proposal(rows: list[int], routed: list[bool]) -> Proposal:

@@ -77,16 +77,19 @@ def compile_now(compile_config, limit: int) -> Callable[[Step, dict], Step]:
     return capture
 
 
-def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step], device: torch.device) -> dict:
-    """Capture every step of ``batch`` now (each slot read per rows and tokens bucket, the router per rows bucket);
-    the report ``/health`` and the log give: the path, the steps captured and the seconds and memory it took."""
+def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step], device: torch.device,
+                  policy) -> dict:
+    """Capture every step of ``batch`` now (each slot read per rows and tokens bucket, the router per rows bucket,
+    the draft blocks ``policy`` asks for); the report ``/health`` and the log give: the path, the steps captured and
+    the seconds and memory it took."""
     memory = graph_memory(device)
     before = memory()
     fuse = settings.capture in ("auto", "graphs") and not settings.unfused_graphs and model.capture_store.fuse
     # As the decoding thread replays them; one collection, then none while it captures (``gc_paused``).
     with torch.inference_mode(), gc_paused(collect=True):
         report = capture_slots(batch.layout, capturer, warm=True, fuse=fuse,
-                               router_dtype=model.capture_store.router_dtype, speculate=settings.speculate > 0)
+                               router_dtype=model.capture_store.router_dtype, speculate=policy.speculate,
+                               block=policy.block)
     path = settings.capture if settings.capture != "auto" else "graphs"
     report = {"path": path, **report, "graph_memory_bytes": memory() - before}
     logger.info("%s %d steps at start-up in %.1f s (%d slots x %d tokens, %.0f MB)",

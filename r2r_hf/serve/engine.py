@@ -65,7 +65,8 @@ class Engine:
         below = settings.speculate_below  # the flag, else what the router was saved with (as generate reads it)
         below = getattr(model.generation_config, "speculate_below", None) if below is None else below
         self.policy = speculation_for(serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
-                                                     settings.llm_max_wait, settings.speculate, below), self.pair)
+                                                     settings.llm_max_wait, settings.speculate, below,
+                                                     settings.draft_block), self.pair)
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
@@ -95,7 +96,7 @@ class Engine:
                 logger.warning("the server's steps run eagerly: %s", why)
             self.capture_report = {"path": "eager", "why": why}
         else:  # every step now, before the server listens (inference mode: as the decoding thread replays them)
-            self.capture_report = capture_batch(batch, self.model, self.settings, capturer, self.device)
+            self.capture_report = capture_batch(batch, self.model, self.settings, capturer, self.device, self.policy)
         return batch
 
     @property

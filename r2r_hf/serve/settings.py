@@ -84,6 +84,7 @@ class ServeSettings:
             one per count of running answers (the last covers larger counts); 1 runs it in the step an answer routes.
             None: ``policy.default_policy`` for the models' device (a GPU waits, a CPU does not).
         llm_max_wait: or once the oldest waiting answer has waited this many steps (0: never wait; None: by device).
+        draft_block: steps drafted on the device per host synchronisation (``core/fast/drafts.py``).
         speculate: routed positions an answer may go past with the SLM's token before it waits (0: off;
             ``core/speculation.py``); with it, ``llm_min_rows`` counts the answers holding pending positions.
         read_timeout: seconds a client may take to send a request, headers and body (slower ones are closed).
@@ -132,6 +133,10 @@ class ServeSettings:
     speculate_below: float | None = setting(None, "with --speculate: an answer goes on past a routed position only "
                                                   "where the router's score is below this (default: everywhere)",
                                             parse="fraction")
+    draft_block: int | None = setting(None, "with captured steps: steps drafted on the device per host "
+                                            "synchronisation while every running answer is greedy (1: a "
+                                            "synchronisation per step; default: 4 on a GPU, 1 elsewhere)",
+                                      parse="positive_int")
     read_timeout: float = setting(30.0, "seconds a client may take to send a request, headers and body (slower ones "
                                         "are closed)", parse="positive_seconds")
     write_timeout: float = setting(30.0, "seconds a client may leave its answer unread (the server's buffer for it "
@@ -165,7 +170,7 @@ class ServeSettings:
 
             check_budget(self.llm_budget)
         from ..core.policy import (  # stdlib only, like this module
-            check_max_wait, check_min_rows, check_speculate, check_speculate_below)
+            check_block, check_max_wait, check_min_rows, check_speculate, check_speculate_below)
 
         if self.llm_min_rows is not None:
             self.llm_min_rows = check_min_rows(self.llm_min_rows)
@@ -173,6 +178,8 @@ class ServeSettings:
             check_max_wait(self.llm_max_wait)
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
+        if self.draft_block is not None:
+            check_block(self.draft_block)
         self._check_speculation()
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")

@@ -1,11 +1,10 @@
 """Draft blocks: k SLM steps of every slot in one captured step, read back once (issue 49, multi-step drafts).
 
 A served step waits on the device once (``turn.decode_step``): the host reads the routing back, plans, and only
-then queues the next step, so the device idles for the host's decisions at every token. Where speculation is on and
-every proposing row proposes the SLM's argmax with the router folded into the SLM's read (greedy rows without
-processors or a budget), nothing a step decides needs the host until the LLM runs: a routed row goes on with the
-SLM's token while it may hold more pending positions and the router is not sure (``plan.plan_step``'s rule), and
-waits otherwise. A draft block applies that rule on the device for k steps — propose (the argmax), route (the folded
+then queues the next step, so the device idles for the host's decisions at every token. Where every proposing row
+proposes the SLM's argmax with the router folded into the SLM's read (greedy rows without processors or a budget),
+nothing a step decides needs the host until the LLM runs: a routed row waits for it, or, speculating, goes on with
+the SLM's token while it may hold more pending positions and the router is not sure (``plan.plan_step``'s rule). A draft block applies that rule on the device for k steps — propose (the argmax), route (the folded
 scores), commit (a row that waits stops drafting; one whose length limit is reached stops), the SLM's read of every
 slot's new token — and the host reads the k steps' tokens and flags back in one synchronisation, then plans and
 applies each step as it would have (``core/blocks.py``), the LLM not running inside a block.
