@@ -122,7 +122,7 @@ def load(engine, model, prompts: list[list[int]], concurrency: int, max_tokens: 
            "itl_p50_ms": 1000 * statistics.median(gaps) if gaps else None,
            "itl_p95_ms": 1000 * gaps[min(len(gaps) - 1, int(0.95 * len(gaps)))] if gaps else None,
            "llm_token_rate": (summary["llm_tokens"] - before["llm_tokens"]) / max(tokens[0], 1),
-           "counters_total": summary,
+           "counters_total": summary, "block": engine.policy.block,  # (steps drafted per synchronisation)
            "host_stages_ms_per_step": {k: 1e3 * v / max(steps, 1) for k, v in sorted(spent.items())}}
     if replays is not None:  # the rest of a step's time: the host's work, and the device idling for it
         out["outside_graphs_ms_per_step"] = 1e3 * (wall - replays.take()) / max(steps, 1)

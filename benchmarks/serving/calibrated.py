@@ -187,7 +187,7 @@ def _replayed(run: dict, server: str, costs: dict[str, Costs], plan: dict) -> fl
     tokens, prompt, p = run["tokens"] // requests, plan["prompt"], plan["headline"]
     long = "long" in server
     slots = plan["long_users"] if long else max(plan["serve"])
-    block = run.get("block", DRAFT_BLOCK)  # the server's own on a GPU (``policy.serving_policy``)
+    block = run.get("block", 1)  # steps its server drafted per synchronisation (runs before blocks: 1)
     if server == "LLM alone":
         answers = [(prompt, [False] * tokens)] * requests  # never routing: the LLM's reads in the SLM's place
         policy = replace(default_policy("cuda", slots), block=block)  # (never routing: nothing stops its blocks)
@@ -255,7 +255,7 @@ def predict_second(first: dict, fused: dict, plan: dict) -> dict:
     for server, c, tokens, policy in loads:
         requests = c if "long" in server else max(2 * c, 4)
         run = {"concurrency": c, "requests": requests, "tokens": requests * tokens, "policy": policy,
-               "speculate": plan["speculate"]}
+               "speculate": plan["speculate"], "block": DRAFT_BLOCK}  # (the servers' default on a GPU)
         served.append({"server": server, "concurrency": c, "tokens_per_s": _replayed(run, server, costs, plan)})
     return {"costs": "the first device run's (measured_costs), the LLM's reads packed", "grid": grid,
             "served": served}
