@@ -44,11 +44,12 @@ PROMPT = 16
 ROUTINGS = {"never": float("inf"), "p = 0.1": 0.9, "always": 0.0}  # the threshold over HashRouter's scores
 
 
-def pair(counter: Counter | None = None) -> R2RForCausalLM:
-    """The tiny pair on emulated graphs whose replays pause ``counter`` (and add up their time)."""
+def pair(counter: Counter | None = None, fuse: bool | str = False) -> R2RForCausalLM:
+    """The tiny pair on emulated graphs whose replays pause ``counter`` (and add up their time); ``fuse="plain"``: the
+    GPU's path (fused regions, run plain here: the LLM's reads packed, the router folded into the SLM's reads)."""
     slm, llm = random_model("tiny", torch.float32, "cpu", 0), random_model("tiny-llm", torch.float32, "cpu", 1)
     model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=[64, 64]).eval()
-    model.capture_store = emulated_store(counting_steps(counter))
+    model.capture_store = emulated_store(counting_steps(counter), fuse=fuse)
     return model
 
 
@@ -113,7 +114,7 @@ def host_seconds(run, arg, steps, repeats: int = 3) -> float:
     return best
 
 
-def engine_for(model, rows: int, tokens: int):
+def engine_for(model, rows: int, tokens: int, block: int = 1):
     """A captured engine of ``rows`` slots (the GPU's waiting default), not started: the caller drives its turns."""
     from r2r_hf.core.policy import default_policy
     from r2r_hf.serve.engine import Engine
@@ -121,16 +122,18 @@ def engine_for(model, rows: int, tokens: int):
 
     wait = default_policy("cuda", rows)
     settings = ServeSettings(max_batch_size=rows, max_queue=1024, batch_wait_ms=0, capture="auto",
-                             max_context=PROMPT + tokens + 8, llm_min_rows=wait.min_rows, llm_max_wait=wait.max_wait)
+                             max_context=PROMPT + tokens + 8, llm_min_rows=wait.min_rows, llm_max_wait=wait.max_wait,
+                             draft_block=block)
     return Engine(model, Letters(), settings)
 
 
-def served_per_step(model, counter: Counter, rows: int, threshold: float, steps: int) -> tuple[dict, float]:
+def served_per_step(model, counter: Counter, rows: int, threshold: float, steps: int,
+                    block: int = 1) -> tuple[dict, float]:
     """Counts per served step at ``rows`` rows (``steps`` counted after a warm-up), and the host ms per step."""
     from r2r_hf.model.row_settings import resolve_row
 
     warm, tokens = 6, 5 * steps + 12  # five stretches of ``steps`` after the warm-up: counted, timed 3 times, deciding
-    engine = engine_for(model, rows, tokens)
+    engine = engine_for(model, rows, tokens, block)
     generator = torch.Generator().manual_seed(rows)
     for _ in range(rows):
         prompt = torch.randint(100, 900, (PROMPT,), generator=generator).tolist()
@@ -149,19 +152,20 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
     before = engine.counters.steps
     with counter:
         turns(steps)
-    counted = engine.counters.steps - before
-    host_ms = 1e3 * host_seconds(turns, steps, model.capture_store.graph_step) / steps
+    counted = engine.counters.steps - before  # (``steps`` turns, or more steps where turns draft blocks)
+    host_ms = 1e3 * host_seconds(turns, steps, model.capture_store.graph_step) / counted
     with deciding() as gaps:
         turns(steps)
-    if counted != steps or len(engine.batch.ledger.occupied()) != rows:
+    if counted < steps or (block == 1 and counted != steps) or len(engine.batch.ledger.occupied()) != rows:
         raise RuntimeError(f"{counted} steps in {steps} turns, {len(engine.batch.ledger.occupied())} rows left")
-    return {**counter.counts.per(steps), "decide_ms": 2e3 * sum(gaps) / len(gaps)}, host_ms
+    return {**counter.counts.per(counted), "decide_ms": 2e3 * sum(gaps) / max(len(gaps), 1)}, host_ms
 
 
 def measure(rows: tuple[int, ...] = (8, 16), tokens: int = 16, steps: int = 12,
-            routings: dict[str, float] = ROUTINGS) -> dict:
+            routings: dict[str, float] = ROUTINGS, fused: bool = False) -> dict:
     """Every count of the module docstring: ``generate`` at batch 1, never and always routing; the engine at each of
-    ``rows`` under each routing."""
+    ``rows`` under each routing; with ``fused``, the engine again on the GPU's path (``fused``: the LLM's reads
+    packed, the router folded into the SLM's reads), one step per synchronisation and in blocks of 4."""
     torch.manual_seed(0)
     counter = Counter()
     model = pair(counter)
@@ -176,6 +180,21 @@ def measure(rows: tuple[int, ...] = (8, 16), tokens: int = 16, steps: int = 12,
                 for name, threshold in routings.items():
                     counts, host_ms = served_per_step(model, counter, k, threshold, steps)
                     out["server"][f"{k} rows, {name}"] = {**counts, "host_ms": host_ms}
+    if fused:
+        out["server_fused"] = served_fused(rows, steps, routings)
+    return out
+
+
+def served_fused(rows: tuple[int, ...], steps: int, routings: dict[str, float]) -> dict:
+    """The engine on the fused path's shapes (``pair(fuse="plain")``), blocks of 1 and 4 (``fast/drafts.py``)."""
+    counter = Counter()
+    model, out = pair(counter, fuse="plain"), {}
+    with torch.inference_mode(), serving_shape(model):
+        for k in rows:
+            for name, threshold in routings.items():
+                for block in (1, 4):
+                    counts, host_ms = served_per_step(model, counter, k, threshold, steps, block)
+                    out[f"{k} rows, {name}, blocks of {block}"] = {**counts, "host_ms": host_ms}
     return out
 
 
@@ -185,14 +204,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=16, help="served steps counted per case")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    found = measure(steps=args.steps)
+    found = measure(steps=args.steps, fused=True)
     result = {"conditions": {**versions(), "cpu": hardware(), "threads": 1, "dtype": "float32",
                              "models": "tiny + tiny-llm (benchmarks/speed/parts.py)",
-                             "graphs": "emulated, HF's forward",
+                             "graphs": "emulated: HF's forward (server), fused regions run plain (server_fused)",
                              "prompt": PROMPT},
               **found}
     Path(args.out).write_text(json.dumps(result, indent=1))
-    for section in ("generate_1", "server"):
+    for section in ("generate_1", "server", "server_fused"):
         for name, c in found[section].items():
             print(f"{section:10s} {name:32s} h2d {c['h2d_syncing']:5.1f}  d2h {c['d2h_reads']:4.1f}  "
                   f"eager {c['eager_ops']:6.1f}  aten {c['aten_ops']:6.1f}  replays {c['graph_replays']:4.1f}  "
