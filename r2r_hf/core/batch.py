@@ -32,7 +32,7 @@ from .ledger import Ledger, RowState
 from .pair import RoutedPair
 from .plan import Outcome, StepPlan
 from .policy import WaitPolicy
-from .routing import Routing
+from .routing import Routing, fixed_routing
 from .speculation import resolve, roll_back
 from .staging import in_order, staged
 from .step import LLMRead, Proposal, Synced
@@ -75,9 +75,10 @@ class RunningBatch:
     @classmethod
     def for_call(cls, routing: Routing, input_ids: torch.Tensor, new_tokens: int,
                  attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                 pad: torch.Tensor | None = None, counters: Counters | None = None) -> RunningBatch:
+                 pad: torch.Tensor | None = None, counters: Counters | None = None, scored: bool = True) -> RunningBatch:
         """A generate call's batch over its left-padded prompts ``input_ids`` [B, P] (every row of the rectangle,
-        at most ``new_tokens`` each; finished rows commit ``pad``); the SLM reads the prompts."""
+        at most ``new_tokens`` each; finished rows commit ``pad``); the SLM reads the prompts. ``scored``: the call
+        returns the router's scores (``routing.fixed_routing``)."""
         counters = counters or Counters()
         seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.calls.capacity)
         layout = RectangleLayout(routing.calls, seq, counters, pad)
@@ -86,7 +87,8 @@ class RunningBatch:
         rows, device = input_ids.shape[0], input_ids.device
         budget = None if routing.llm_budget is None else Budget.start(routing.llm_budget, rows, new_tokens, device)
         batch = cls(routing.pair, layout, choice, counters, rows, device, budget, routing.sampler.do_sample)
-        batch.ledger.rows = [RowState(max_new=new_tokens) for _ in range(rows)]
+        routes = fixed_routing(routing.threshold, routing.llm_budget, scored)
+        batch.ledger.rows = [RowState(max_new=new_tokens, routes=routes) for _ in range(rows)]
         batch.thresholds.fill_(routing.threshold)
         batch.store_slm(list(range(rows)), *layout.slm_read(list(range(rows))))
         return batch
@@ -120,7 +122,8 @@ class RunningBatch:
         self.counters.join_bytes += layout.reserve(len(rows), needed)
         for slot, joiner in zip(free, joiners):
             layout.place(slot, joiner.prompt)
-            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new)
+            routes = fixed_routing(joiner.threshold, joiner.llm_budget)  # (nothing reads a served row's scores)
+            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes)
             self.choice.set(slot, joiner.rule)
             self.thresholds[slot] = joiner.threshold
             self.budget.place(slot, math.inf if joiner.llm_budget is None else joiner.llm_budget, joiner.max_new)
@@ -181,7 +184,8 @@ class RunningBatch:
     def propose(self, policy: WaitPolicy) -> Proposal:
         """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
         may speculate, also each row's stream after its draw (a row that goes on past a routed position keeps it)
-        and, where ``policy.speculate_below`` bounds it, whether its score reaches the bound (it then waits)."""
+        and, where ``policy.speculate_below`` bounds it, whether its score reaches the bound (it then waits). Where
+        no proposing row's routing needs the router (``RowState.routes``), it does not run: scores NaN."""
         rows, speculate = self.ledger.proposing(), policy.speculate > 0
         if not rows:
             nothing = torch.zeros(0, device=self.device)
@@ -191,11 +195,11 @@ class RunningBatch:
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
         scores, token, ok = self.choice.propose(logits, rows, rows if index is None else None)
         after = self.choice.state(rows) if speculate else {}
-        self.pair.router.step()
-        if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
-            self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
-        router_scores = self.layout.route(logits, hidden, token).to(token.device)
-        routed = router_scores >= _taken(self.thresholds, index)
+        if all(self.ledger.rows[r].routes is not None for r in rows):
+            router_scores = torch.full(token.shape, math.nan, device=token.device)
+            routed = _taken(self.thresholds, index).to(token.device) <= 0  # (fixed: threshold <= 0 routes all)
+        else:
+            router_scores, routed = self._route(rows, index, logits, hidden, token)
         if self.lockstep:  # a rectangle's finished rows route nothing (a slot's proposers all run)
             routed &= self.running
         if not self._spends_none(rows):
@@ -206,6 +210,16 @@ class RunningBatch:
         below = policy.speculate_below
         sure = router_scores >= below if speculate and below < math.inf else None
         return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after, sure)
+
+    def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
+               token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's scores of the proposals and where they reach each row's threshold (one router step)."""
+        self.pair.router.step()
+        self.counters.router_steps += 1
+        if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
+            self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
+        router_scores = self.layout.route(logits, hidden, token).to(token.device)
+        return router_scores, router_scores >= _taken(self.thresholds, index)
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""

@@ -88,6 +88,8 @@ class Counters:
         slm_rows_read, llm_rows_read: token-rows each model's forwards computed (padding included: a padded read
             counts rows x width, a packed one its tokens bucket), from the shapes the host chose (so they count
             under captured graphs too); slm_rows_real, llm_rows_real: of those, real tokens.
+        router_steps: steps in which the router scored the proposals (it does not run where no proposing row's
+            routing depends on it: ``routing.fixed_routing``).
         resolutions: LLM forwards that resolved speculative (pending) positions (``speculation.py``); agreed: pending
             positions the LLM confirmed; rejected: those it did not; thrown: committed tokens thrown away by rollbacks.
     """
@@ -108,6 +110,7 @@ class Counters:
     slm_rows_real: int = 0
     llm_rows_read: int = 0
     llm_rows_real: int = 0
+    router_steps: int = 0
     resolutions: int = 0
     agreed: int = 0
     rejected: int = 0
@@ -171,6 +174,8 @@ class Counters:
             "llm_rows_useful": self.llm_rows_real / self.llm_rows_read if self.llm_rows_read else None,
             "slm_rows_useful": self.slm_rows_real / self.slm_rows_read if self.slm_rows_read else None,
             "llm_forwards": self.llm_forwards,
+            "slm_forwards": self.slm_forwards,
+            "router_steps": self.router_steps,
             "speculative_agreed": self.agreed,
             "speculative_rejected": self.rejected,
             "thrown": self.thrown,

@@ -58,8 +58,9 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
     streamer (it already received the prompt; a ``RoutingAwareStreamer`` is also told which rows the LLM wrote)."""
     rows, prompt_len = input_ids.shape
     new_max = call_length(generation_config, prompt_len) - prompt_len
+    scored = bool(generation_config.return_dict_in_generate) or isinstance(streamer, RoutingAwareStreamer)
     batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
-                                  _finished_pad(generation_config, stopping_criteria))
+                                  _finished_pad(generation_config, stopping_criteria), scored=scored)
     records = _Records.of(generation_config, routing.sampler.state())
     criteria, stops = _needed(stopping_criteria, prompt_len + new_max), Finished(batch)
     while True:
@@ -156,7 +157,10 @@ class _Records:
         rows not finished when it was written."""
         if out.applied.written and not out.outcome.rollbacks:
             column = next(iter(out.applied.written.values()))  # (lockstep: every writer wrote the same column)
-            self.written[column] = (out.routed, out.router_scores, running)
+            routed = out.routed
+            if out.plan.llm_writers and not out.proposal.rows:  # frontier tokens (``StepPlan.frontier``): the LLM's
+                routed = routed.index_fill(0, torch.tensor(out.plan.llm_writers, device=routed.device), True)
+            self.written[column] = (routed, out.router_scores, running)
             if self.scores_out is not None or self.logits_out is not None:
                 self.chosen[column] = chosen_from(out, vocab)
 

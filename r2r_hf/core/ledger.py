@@ -59,6 +59,8 @@ class RowState:
         tail: each token past ``confirmed`` (``Written``).
         arrived: (token, counts as the LLM's) of each answer token that reached the host and was not delivered.
         delivered: answer tokens handed to the caller (``Synced.delivered``): confirmed ones only.
+        routes: the router's decision is known without it (``routing.fixed_routing``): True, every proposal routes;
+            False, none does; None: the router decides.
     """
 
     owner: Any = None
@@ -74,6 +76,7 @@ class RowState:
     tail: list[Written] = field(default_factory=list)
     arrived: list[tuple[int, bool]] = field(default_factory=list)
     delivered: int = 0
+    routes: bool | None = None
 
     def last_index(self, index: int) -> bool:
         """Whether answer token ``index`` is the last the length limit allows."""
@@ -168,13 +171,16 @@ class Ledger:
     def apply(self, plan: StepPlan, outcome: Outcome, before: Mapping[int, Any] = {},  # noqa: B006 (read only)
               after: Mapping[int, Any] = {}, streams: Mapping[int, Any] = {}) -> Applied:  # noqa: B006
         """The step ran ``plan`` and committed ``outcome``: routed rows not written now wait from where their stream
-        stood before the SLM's draw (``before``); rows are cut back where the LLM rejected a pending token; the
+        stood before the SLM's draw (``before``), the plan's frontier rows from the next step, where it stood after
+        this step's draw (``after``); rows are cut back where the LLM rejected a pending token; the
         LLM's rows stop waiting; every writer has one token more (a speculating row's is pending, with its stream
         before and after the SLM's draw: ``before``, ``after``; ``streams``: each writer's stream after the step,
         where the batch keeps them); what is confirmed moves on. The one writer of a row's progress."""
         for r in plan.routed:
             if r not in plan.ended and r not in plan.speculating:
                 self.rows[r].waiting_since, self.rows[r].rng = plan.step, before.get(r)
+        for r in plan.frontier:  # its next position routes for sure: it waits from the next step, proposing nothing
+            self.rows[r].waiting_since, self.rows[r].rng = plan.step + 1, after.get(r)
         kept = {r: self.rows[r].tail[outcome.rollbacks[r] - self.rows[r].confirmed].by_llm for r in outcome.kept}
         for r, index in outcome.rollbacks.items():
             self._cut(r, index)
@@ -210,12 +216,12 @@ class Ledger:
         """Tokens before a row's first pending position are confirmed (in lockstep, before every row's); the newly
         confirmed ones per row."""
         live = [(r, row) for r, row in enumerate(self.rows) if row is not None]
-        frontier = {r: row.pending[0].index if row.pending else row.written for r, row in live}
+        upto = {r: row.pending[0].index if row.pending else row.written for r, row in live}
         if self.lockstep and live:
-            frontier = dict.fromkeys(frontier, min(frontier.values()))
+            upto = dict.fromkeys(upto, min(upto.values()))
         confirmed = {}
         for r, row in live:
-            new = frontier[r] - row.confirmed
+            new = upto[r] - row.confirmed
             if new > 0:
                 confirmed[r], row.tail = row.tail[:new], row.tail[new:]
                 row.confirmed += new

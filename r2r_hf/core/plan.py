@@ -37,6 +37,10 @@ class StepPlan:
         slm_reads: rows the SLM reads the committed token of (writers that will propose again), unless a
             resolution cuts rows back (``Outcome.slm_reads``).
         waited: steps each LLM writer waited (0: routed in this step).
+        frontier: speculating rows that route everywhere (``RowState.routes``) and now hold as many pending positions
+            as they may: their next token is the LLM's whatever the SLM proposes, so they wait from the next step
+            without proposing (the SLM does not read their token now) and the resolution of their tail also gives
+            that token (the *frontier token*: no SLM step, no second LLM forward spent on it).
     """
 
     step: int
@@ -51,6 +55,7 @@ class StepPlan:
     waiting: tuple[int, ...] = ()
     slm_reads: tuple[int, ...] = ()
     waited: tuple[int, ...] = ()
+    frontier: tuple[int, ...] = ()
 
     @property
     def writers(self) -> tuple[int, ...]:
@@ -87,8 +92,11 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
                               or (bool(since) and lockstep))
     if not runs:
         slm_reads = tuple(r for r in sorted(slm_writers) if rows[r].max_new > 1)
+        frontier = _frontier(rows, speculating, slm_reads, policy, lockstep)
         return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, (), speculating,
-                        waiting=tuple(sorted(since)), slm_reads=slm_reads)
+                        waiting=tuple(sorted({*since, *frontier})), slm_reads=tuple(r for r in slm_reads
+                                                                                  if r not in frontier),
+                        frontier=frontier)
     llm_writers = tuple(sorted(set(since) | set(speculating)))  # a row routed now is written now
     slm_writers = tuple(r for r in slm_writers if r not in speculating)
     resolving = tuple(r for r in occupied if rows[r].pending)
@@ -96,6 +104,16 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     slm_reads = tuple(r for r in sorted(slm_writers + llm_writers) if rows[r].max_new > 1)
     return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, llm_writers, (),
                     resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
+
+
+def _frontier(rows: Sequence, speculating: Sequence[int], slm_reads: Sequence[int], policy: WaitPolicy,
+              lockstep: bool) -> tuple[int, ...]:
+    """The speculating rows whose next token is the LLM's for sure (``StepPlan.frontier``): they route everywhere, hold
+    ``policy.speculate`` pending positions after this step and have a token left after it. In lockstep every row the
+    SLM would read must be one (the rectangle's SLM reads every row or none)."""
+    full = tuple(r for r in speculating if rows[r].routes and len(rows[r].pending) + 1 >= policy.speculate
+                 and r in slm_reads)
+    return () if lockstep and set(full) != set(slm_reads) else full
 
 
 @dataclass(frozen=True)
