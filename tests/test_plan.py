@@ -84,3 +84,27 @@ def test_a_row_the_router_is_sure_of_waits_rather_than_speculates():
     rows = _rows({}, {})
     plan = plan_step(rows, 0, [0, 1], [True, True], set(), policy, sure=[True, False])
     assert plan.speculating == (1,) and plan.waiting == (0,), "row 0's score reached speculate_below"
+
+
+def test_a_row_that_routes_everywhere_waits_for_its_frontier_token_once_it_holds_its_depth():
+    """Its next position routes whatever the SLM proposes and it may hold no more pending positions: it waits without
+    proposing (the SLM does not read its token now) and the resolution of its tail writes its next token."""
+    from r2r_hf.core.ledger import Ledger
+
+    policy = WaitPolicy((4,), 16, speculate=2)
+    ledger = Ledger(3)
+    ledger.rows = _rows({"routes": True, "pending": [Pending(0, 0)], "written": 1},
+                        {"pending": [Pending(0, 0)], "written": 1}, {"routes": True, "written": 1})
+    plan = plan_step(ledger.rows, 1, [0, 1, 2], [True, True, True], set(), policy)
+    assert plan.frontier == (0,) and plan.speculating == (0, 1, 2), "row 1's router decides; row 2 holds one"
+    assert plan.slm_reads == (1, 2) and plan.waiting == (0,)
+    ledger.apply(plan, settle(ledger.rows, plan, {}), after={0: "stream after its draw"})
+    assert (ledger.rows[0].waiting_since, ledger.rows[0].rng) == (2, "stream after its draw")
+    assert ledger.proposing() == [1, 2]
+    runs = plan_step(ledger.rows, 2, [1, 2], [True, True], set(), WaitPolicy((3,), 16, speculate=2))  # three hold
+    assert runs.llm_writers == (0, 1, 2) and runs.resolving == (0, 1, 2) and runs.waited == (0, 0, 0)
+    rows = _rows({"routes": True, "pending": [Pending(0, 0)]}, {"routes": True, "max_new": 1})
+    assert plan_step(rows, 1, [0, 1], [True, True], set(), policy).frontier == (0,), "row 1 writes its last token"
+    rows[1].max_new = 5
+    assert plan_step(rows, 1, [0, 1], [True, False], set(), policy, lockstep=True).frontier == (), \
+        "a rectangle's SLM reads every row or none: row 1 proposes next"

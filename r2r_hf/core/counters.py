@@ -90,6 +90,8 @@ class Counters:
             under captured graphs too); slm_rows_real, llm_rows_real: of those, real tokens.
         router_steps: steps in which the router scored the proposals (it does not run where no proposing row's
             routing depends on it: ``routing.fixed_routing``).
+        frontier_tokens: tokens the LLM wrote from a resolving read at the position after a row's tail, which the SLM
+            did not propose (``plan.StepPlan.frontier``; a rollback of the tail discards it: not counted).
         resolutions: LLM forwards that resolved speculative (pending) positions (``speculation.py``); agreed: pending
             positions the LLM confirmed; rejected: those it did not; thrown: committed tokens thrown away by rollbacks.
     """
@@ -111,6 +113,7 @@ class Counters:
     llm_rows_read: int = 0
     llm_rows_real: int = 0
     router_steps: int = 0
+    frontier_tokens: int = 0
     resolutions: int = 0
     agreed: int = 0
     rejected: int = 0
@@ -140,6 +143,8 @@ class Counters:
             self.llm_rows += len(served)
             self.waits.extend(plan.waited)
         if plan.resolving:  # the LLM judged pending positions: confirmed some, rejected some, threw tokens away
+            self.frontier_tokens += sum(not waited and r not in plan.proposed and r not in outcome.rollbacks
+                                        for r, waited in zip(plan.llm_writers, plan.waited))
             self.resolutions += 1
             self.agreed += outcome.agreed
             self.rejected += outcome.rejected
@@ -176,6 +181,7 @@ class Counters:
             "llm_forwards": self.llm_forwards,
             "slm_forwards": self.slm_forwards,
             "router_steps": self.router_steps,
+            "frontier_tokens": self.frontier_tokens,
             "speculative_agreed": self.agreed,
             "speculative_rejected": self.rejected,
             "thrown": self.thrown,

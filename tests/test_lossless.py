@@ -1,0 +1,125 @@
+"""Threshold 0 with speculation is lossless speculative decoding with the SLM as draft (issue 50): the LLM's own
+answer, token for token, in ``generate`` and in the server's slots. Where every pending position of a row is
+confirmed, the resolving read also gives the LLM's token at the next position (the frontier token: no SLM step, no
+second LLM forward); where the router cannot change a decision it does not run (router steps 0).
+
+The identity pair (the LLM is the SLM itself) agrees at every position, so its counts are exact: one SLM forward
+per token but the frontier tokens. The related pair mostly agrees (rollbacks happen too).
+"""
+
+import pytest
+import torch
+from conftest import PROMPTS as SHORT
+from conftest import SMALL_ROUTER
+
+from r2r_hf import R2RForCausalLM
+from r2r_hf.core.policy import WaitPolicy
+from r2r_hf.testing import make_related_llm, make_tiny_slm
+from test_batching import Driver, _alone
+
+GREEDY = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=2)
+SAMPLED = dict(GREEDY, do_sample=True, temperature=0.9, top_k=30)
+
+
+@pytest.fixture(scope="module")
+def related():
+    slm = make_tiny_slm()
+    return R2RForCausalLM.from_models(slm, make_related_llm(slm), **SMALL_ROUTER)
+
+
+@pytest.fixture(scope="module")
+def identity():
+    slm = make_tiny_slm()
+    return R2RForCausalLM.from_models(slm, slm, **SMALL_ROUTER)
+
+
+def _llm(model, enc, options):
+    torch.manual_seed(5)
+    return model.llm.generate(**enc, **options)
+
+
+def _r2r(model, enc, options, **r2r):
+    torch.manual_seed(5)
+    return model.generate(**enc, **options, threshold=0.0, return_dict_in_generate=True, **r2r)
+
+
+@pytest.mark.parametrize("rows, options", [(1, GREEDY), (1, SAMPLED), (2, GREEDY)],
+                         ids=["one-greedy", "one-seeded", "batch-greedy"])
+@pytest.mark.parametrize("depth", [1, 4, 8])
+def test_threshold_0_speculating_is_the_llms_answer_with_frontier_tokens_and_no_router(related, tok, rows, options,
+                                                                                      depth):
+    enc = tok(SHORT[:rows], return_tensors="pt", padding=True)
+    want = _llm(related, enc, options)
+    out = _r2r(related, enc, options, speculate=depth, llm_max_wait=64)
+    assert torch.equal(out.sequences, want)
+    c = out.counters
+    assert c["router_steps"] == 0, "every position routes: the router cannot change a decision"
+    assert c["frontier_tokens"] > 0 and c["speculative_agreed"] > 0
+    assert torch.equal(out.routed, out.generated_mask) and torch.equal(out.llm_tokens, out.generated_mask.sum(-1))
+    assert torch.isnan(out.router_scores).all(), "nothing was scored"
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4, 8])
+def test_every_confirmed_tail_takes_its_frontier_token_instead_of_an_slm_step(identity, tok, depth):
+    """With nothing rejected, the SLM reads once per token but the frontier tokens (and the LLM wrote those): before,
+    it read every token, the last of each tail alone, and proposed a token the LLM then replaced."""
+    enc = tok(SHORT[:1], return_tensors="pt")
+    out = _r2r(identity, enc, dict(GREEDY, max_new_tokens=40, eos_token_id=None), speculate=depth, llm_max_wait=64)
+    c = out.counters
+    assert c["generated"] == 40 and c["speculative_rejected"] == 0
+    assert c["frontier_tokens"] >= c["llm_forwards"] - 1, "each resolution but perhaps the last took one"
+    assert c["slm_forwards"] == c["generated"] - c["frontier_tokens"], "the prompt's read, none for the last token"
+    assert c["steps"] <= c["generated"] + 1
+
+
+def test_captured_generate_takes_frontier_tokens_too(related, tok, monkeypatch):
+    from r2r_hf.testing.graphs import emulated_store
+
+    monkeypatch.setattr(related, "capture_store", emulated_store())
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    want = _llm(related, enc, GREEDY)
+    out = _r2r(related, enc, GREEDY, speculate=4, llm_max_wait=16, cache_implementation="static")
+    assert torch.equal(out.sequences, want) and out.counters["frontier_tokens"] > 0
+    assert out.counters["router_steps"] == 0
+
+
+def test_the_router_runs_at_a_threshold_that_routes_nothing_only_where_its_scores_are_returned(related, tok):
+    enc = tok(SHORT[:1], return_tensors="pt")
+    calls = []
+    scores = related.router.scores
+    related.router.scores = lambda *a: calls.append(1) or scores(*a)
+    try:
+        probe = related.generate(**enc, **GREEDY, threshold=float("inf"), return_dict_in_generate=True)
+        assert calls and torch.isfinite(probe.router_scores[probe.generated_mask]).all(), "the probe's scores"
+        calls.clear()
+        plain = related.generate(**enc, **GREEDY, threshold=float("inf"))
+        assert not calls and torch.equal(plain, probe.sequences), "no one reads them: the router does not run"
+        related.generate(**enc, **GREEDY, threshold=0.5)
+        assert calls, "where it decides, it runs"
+    finally:
+        del related.router.scores
+
+
+@pytest.mark.parametrize("policy", [WaitPolicy((4,), 16, speculate=2), WaitPolicy((4,), 32, speculate=4)],
+                         ids=["s2", "s4"])
+def test_served_rows_at_threshold_0_answer_as_the_llm_and_take_frontier_tokens(related, tok, policy):
+    """Rows at threshold 0 (greedy, seeded) beside a row the router decides: each answers as alone (the threshold-0
+    rows as the LLM alone), the frontier tokens are taken, and the router runs only in steps a routed row proposes."""
+    rows = {"greedy": (0, dict(max_new_tokens=14, do_sample=False, threshold=0.0)),
+            "seeded": (2, dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=20, seed=7, threshold=0.0)),
+            "long": (1, dict(max_new_tokens=16, do_sample=False, threshold=0.0))}
+    run = Driver(related, tok, slots=3, policy=policy)
+    for name, (prompt, options) in rows.items():
+        run.join(name, prompt, **options)
+    run.run()
+    for name, (prompt, options) in rows.items():
+        assert run.out[name] == _alone(related, tok, prompt, **dict(options)), name
+        assert all(by_llm for _, by_llm in run.out[name]), "every token is the LLM's"
+    c = run.batch.counters
+    assert c.router_steps == 0 and c.frontier_tokens > 0 and c.agreed > 0
+    mixed = Driver(related, tok, slots=2, policy=policy)
+    mixed.join("greedy", 0, **rows["greedy"][1])
+    mixed.join("routed", 4, max_new_tokens=6, do_sample=False, threshold=0.5)
+    mixed.run()
+    assert mixed.out["greedy"] == run.out["greedy"], "its neighbour does not change its answer"
+    assert 0 < mixed.batch.counters.router_steps <= 6, "the router ran while the routed row proposed"
