@@ -123,3 +123,56 @@ def test_served_rows_at_threshold_0_answer_as_the_llm_and_take_frontier_tokens(r
     mixed.run()
     assert mixed.out["greedy"] == run.out["greedy"], "its neighbour does not change its answer"
     assert 0 < mixed.batch.counters.router_steps <= 6, "the router ran while the routed row proposed"
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.45])
+def test_captured_generates_resolving_reads_are_fused_and_keep_the_judged_positions_only(related, tok, monkeypatch,
+                                                                                          threshold):
+    """Generate's static rectangle resolves through a fused read (plain regions on emulated graphs) whose head keeps
+    the positions the resolution judges (a bucket of them), with the eager answer."""
+    from r2r_hf.testing.graphs import emulated_store
+
+    monkeypatch.setattr(related, "capture_store", emulated_store(fuse="plain"))
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    eager = related.generate(**enc, **GREEDY, threshold=threshold, return_dict_in_generate=True)
+    fast = related.generate(**enc, **GREEDY, threshold=threshold, speculate=4, llm_max_wait=16,
+                            cache_implementation="static", return_dict_in_generate=True)
+    assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
+    state = related.capture_store.state
+    kept = [key for key in state.reads if key[0] == "llm" and key[4]]
+    assert kept and state.fused["llm"] is not None, "the resolving reads were captured fused"
+    assert all(key[4] <= key[1] for key in kept), "a piece keeps at most its own positions"
+
+
+def test_a_fused_resolving_read_gives_the_eager_logits_at_the_kept_positions(related, tok):
+    from r2r_hf.core.fast.static_reads import CapturedState
+    from r2r_hf.core.layouts.model_calls import EagerCalls
+    from r2r_hf.core.layouts.rectangle import Committed
+    from r2r_hf.testing.graphs import EmulatedGraphStep
+
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    ids = torch.cat([enc["input_ids"], torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))], 1)
+    mask = torch.cat([enc["attention_mask"], torch.ones(2, 12, dtype=torch.long)], 1)
+    seq = Committed.from_prompt(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), 64)
+    seq.length = ids.shape[1]
+    start, keep = enc["input_ids"].shape[1] - 1, [seq.length - 9, seq.length - 6, seq.length - 5, seq.length - 1]
+    pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
+    state = CapturedState(related.slm, related.llm, related.router, related.config.num_topk_logits,
+                          lambda fn, example: EmulatedGraphStep(fn, example, pool), 2, 64, True, fuse="plain")
+    eager = EagerCalls(related.slm, related.llm, related.router, related.config.num_topk_logits, "static", 64,
+                       caches=(state.slm_cache, state.llm_cache))
+    with torch.inference_mode():
+        eager.llm_read(_upto(seq, start), 0)
+        want = eager.llm_predict(seq, start, seq.length, keep)
+        eager.crop(0, seq.length - start)
+        got = state.predict(seq, start, seq.length, keep)
+    assert got.shape == want.shape == (2, 4, want.shape[-1])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert [key[4] for key in state.reads] == [4], "one read of the 13 columns' bucket keeping 4 positions"
+
+
+def _upto(seq, end):
+    """``seq`` as it stood with ``end`` columns committed."""
+    import dataclasses
+
+    return dataclasses.replace(seq, length=end)
