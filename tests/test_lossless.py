@@ -176,3 +176,19 @@ def _upto(seq, end):
     import dataclasses
 
     return dataclasses.replace(seq, length=end)
+
+
+@pytest.mark.parametrize("at", [5, 11, 17])
+def test_a_tail_that_holds_the_answers_end_goes_no_further(identity, tok, at):
+    """Once the host sees an EOS in a row's speculative tail, the row drafts no further: the LLM resolves it in the
+    next step (before, the SLM drafted on to its depth, past the answer's end)."""
+    enc = tok(SHORT[:1], return_tensors="pt")
+    options = dict(GREEDY, max_new_tokens=40, eos_token_id=None)
+    free = identity.generate(**enc, **options)[0, enc["input_ids"].shape[1]:].tolist()
+    eos = free[at]
+    end = free.index(eos)  # (the answer ends at its first occurrence)
+    want = identity.llm.generate(**enc, **dict(options, eos_token_id=eos))
+    out = _r2r(identity, enc, dict(options, eos_token_id=eos), speculate=16, llm_max_wait=64)
+    assert torch.equal(out.sequences[:, : want.shape[1]], want) and out.counters["generated"] == end + 1
+    assert out.counters["steps"] <= end + 3, "the step after the EOS resolves the tail (the next finds it ended)"
+    assert out.counters["slm_forwards"] <= end + 3

@@ -48,6 +48,7 @@ class Joiner:
     rule: RowRule
     llm_budget: float | None = None
     owner: Any = None
+    ends: frozenset[int] = frozenset()  # tokens that end its answer (``RowState.ends``)
 
 
 class RunningBatch:
@@ -75,10 +76,11 @@ class RunningBatch:
     @classmethod
     def for_call(cls, routing: Routing, input_ids: torch.Tensor, new_tokens: int,
                  attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                 pad: torch.Tensor | None = None, counters: Counters | None = None, scored: bool = True) -> RunningBatch:
+                 pad: torch.Tensor | None = None, counters: Counters | None = None, scored: bool = True,
+                 ends: frozenset[int] = frozenset()) -> RunningBatch:
         """A generate call's batch over its left-padded prompts ``input_ids`` [B, P] (every row of the rectangle,
         at most ``new_tokens`` each; finished rows commit ``pad``); the SLM reads the prompts. ``scored``: the call
-        returns the router's scores (``routing.fixed_routing``)."""
+        returns the router's scores (``routing.fixed_routing``); ``ends``: the tokens that end an answer."""
         counters = counters or Counters()
         seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.calls.capacity)
         layout = RectangleLayout(routing.calls, seq, counters, pad)
@@ -88,7 +90,7 @@ class RunningBatch:
         budget = None if routing.llm_budget is None else Budget.start(routing.llm_budget, rows, new_tokens, device)
         batch = cls(routing.pair, layout, choice, counters, rows, device, budget, routing.sampler.do_sample)
         routes = fixed_routing(routing.threshold, routing.llm_budget, scored)
-        batch.ledger.rows = [RowState(max_new=new_tokens, routes=routes) for _ in range(rows)]
+        batch.ledger.rows = [RowState(max_new=new_tokens, routes=routes, ends=ends) for _ in range(rows)]
         batch.thresholds.fill_(routing.threshold)
         batch.store_slm(list(range(rows)), *layout.slm_read(list(range(rows))))
         return batch
@@ -123,7 +125,7 @@ class RunningBatch:
         for slot, joiner in zip(free, joiners):
             layout.place(slot, joiner.prompt)
             routes = fixed_routing(joiner.threshold, joiner.llm_budget)  # (nothing reads a served row's scores)
-            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes)
+            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes, ends=joiner.ends)
             self.choice.set(slot, joiner.rule)
             self.thresholds[slot] = joiner.threshold
             self.budget.place(slot, math.inf if joiner.llm_budget is None else joiner.llm_budget, joiner.max_new)

@@ -60,7 +60,8 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
     new_max = call_length(generation_config, prompt_len) - prompt_len
     scored = bool(generation_config.return_dict_in_generate) or isinstance(streamer, RoutingAwareStreamer)
     batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
-                                  _finished_pad(generation_config, stopping_criteria), scored=scored)
+                                  _finished_pad(generation_config, stopping_criteria), scored=scored,
+                                  ends=_ends(generation_config))
     records = _Records.of(generation_config, routing.sampler.state())
     criteria, stops = _needed(stopping_criteria, prompt_len + new_max), Finished(batch)
     while True:
@@ -77,6 +78,12 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
         streamer.end()
     sequences = batch.layout.seq.ids[:, : prompt_len + records.step].clone()
     return records.output(sequences, routing, batch.counters) if records.return_dict else sequences
+
+
+def _ends(config: GenerationConfig) -> frozenset[int]:
+    """The tokens that end an answer (HF's EOS ids)."""
+    eos = config.eos_token_id
+    return frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
 
 
 def _finished_pad(config: GenerationConfig, criteria: StoppingCriteriaList) -> torch.Tensor | None:

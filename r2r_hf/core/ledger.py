@@ -61,6 +61,8 @@ class RowState:
         delivered: answer tokens handed to the caller (``Synced.delivered``): confirmed ones only.
         routes: the router's decision is known without it (``routing.fixed_routing``): True, every proposal routes;
             False, none does; None: the router decides.
+        ends: tokens that end its answer: a speculative tail the host has seen one in goes no further (what the SLM
+            would write past it the LLM most likely never needs: ``plan.plan_step``).
     """
 
     owner: Any = None
@@ -77,10 +79,15 @@ class RowState:
     arrived: list[tuple[int, bool]] = field(default_factory=list)
     delivered: int = 0
     routes: bool | None = None
+    ends: frozenset[int] = frozenset()
 
     def last_index(self, index: int) -> bool:
         """Whether answer token ``index`` is the last the length limit allows."""
         return index == self.written + self.max_new - 1
+
+    def ended_in_tail(self) -> bool:
+        """Whether a token of its speculative tail that reached the host ends its answer (once confirmed)."""
+        return bool(self.ends and self.pending) and any(token in self.ends for token, _ in self.arrived)
 
 
 @dataclass(frozen=True)

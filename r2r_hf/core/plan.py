@@ -72,7 +72,8 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
         step: the step's number.
         proposed: rows that proposed; routed: the router's decision for each of them.
         ended: rows whose answer ended before this step.
-        policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``).
+        policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``); a row
+            whose tail holds a token that ends its answer holds no more (``RowState.ended_in_tail``).
         lockstep: the rows move together (HF's rectangle): the LLM reads every row whenever it runs, and a routed
             row cannot wait with no token (the LLM runs instead).
         sure: for each proposing row, whether the router is surer than ``policy.speculate_below`` (it then waits).
@@ -80,7 +81,8 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
     hits = [r for r, hit in zip(proposed, routed) if hit and r not in ended]
     unsure = {r for r, s in zip(proposed, sure or [False] * len(proposed)) if not s}
-    speculating = tuple(r for r in hits if len(rows[r].pending) < policy.speculate and r in unsure)
+    speculating = tuple(r for r in hits if len(rows[r].pending) < policy.speculate and r in unsure
+                        and not rows[r].ended_in_tail())
     slm_writers = tuple(r for r, hit in zip(proposed, routed) if r not in ended and (not hit or r in speculating))
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
     since.update({r: step for r in hits if r not in speculating})

@@ -215,7 +215,7 @@ class Engine:
             for i, (prompt, choice) in enumerate(zip(request.prompts, request.choices)):
                 s = choice.settings
                 joiners.append(Joiner(prompt, s.max_new_tokens, s.threshold, s.rule(self.device, fresh_seed()),
-                                      s.llm_budget, owner=Row(request, i, choice, self.tokenizer)))
+                                      s.llm_budget, owner=Row(request, i, choice, self.tokenizer), ends=s.eos_ids))
         if self.batch.ledger.occupied():
             self.joins_running += 1
         self.batch.join(joiners, prefill=self.settings.prefill_chunk)
