@@ -192,3 +192,76 @@ def test_a_tail_that_holds_the_answers_end_goes_no_further(identity, tok, at):
     assert torch.equal(out.sequences[:, : want.shape[1]], want) and out.counters["generated"] == end + 1
     assert out.counters["steps"] <= end + 3, "the step after the EOS resolves the tail (the next finds it ended)"
     assert out.counters["slm_forwards"] <= end + 3
+
+
+def test_generate_returns_what_speculation_did_per_row(related, tok):
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    out = _r2r(related, enc, GREEDY, speculate=4, llm_max_wait=16)
+    per_row, c = out.speculation, out.counters
+    assert set(per_row) == {"pending_resolved", "agreed", "rejected", "thrown"}
+    assert all(values.shape == (2,) for values in per_row.values())
+    assert int(per_row["agreed"].sum()) == c["speculative_agreed"] and int(per_row["thrown"].sum()) == c["thrown"]
+    assert int(per_row["rejected"].sum()) == c["speculative_rejected"]
+    assert (per_row["pending_resolved"] >= per_row["agreed"] + per_row["rejected"]).all()
+    off = related.generate(**enc, **GREEDY, threshold=0.0, return_dict_in_generate=True)
+    assert all(int(v.sum()) == 0 for v in off.speculation.values()), "no speculation: zeros"
+
+
+def test_a_rows_own_depth_bounds_its_tail_and_changes_no_answer(related, tok):
+    """A request may lower its depth or turn speculation off (``RowState.depth``): its answer and its neighbours'
+    are what they are alone."""
+    policy = WaitPolicy((4,), 16, speculate=4)
+    rows = {"off": 0, "two": 2, "server's": None}
+    run = Driver(related, tok, slots=3, policy=policy)
+    for i, (name, depth) in enumerate(rows.items()):
+        run.join(name, i, max_new_tokens=14, do_sample=False, threshold=0.0)
+        run.batch.ledger.rows[i].depth = depth
+    deepest = dict.fromkeys(rows, 0)
+    while run.batch.ledger.occupied():
+        run.run(1)
+        for r, row in enumerate(run.batch.ledger.rows):
+            if row is not None:
+                deepest[row.owner] = max(deepest[row.owner], len(row.pending))
+    for i, name in enumerate(rows):
+        assert run.out[name] == _alone(related, tok, i, max_new_tokens=14, do_sample=False, threshold=0.0), name
+    assert deepest == {"off": 0, "two": 2, "server's": 4}
+
+
+def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_did(related, tok):
+    """Over HTTP: ``speculate`` in the body (0: off, at most the server's depth; else one sentence, a 400); the
+    answers are each prompt's answer alone (threshold 0: the LLM's); ``usage.speculation`` counts each request's
+    own; ``/metrics`` has acceptance per resolution as a histogram."""
+    import concurrent.futures
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    from serving import serving
+
+    from test_batching import PROMPTS
+
+    depths = [0, 2, None, 4]
+    with serving(related, tok, max_batch_size=4, llm_min_rows=(5,), llm_max_wait=16, speculate=4) as (url, _):
+        def ask(i):
+            body = dict(model="tiny", prompt=PROMPTS[i], max_tokens=12, temperature=0, threshold=0.0)
+            if depths[i] is not None:
+                body["speculate"] = depths[i]
+            return httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+
+        with concurrent.futures.ThreadPoolExecutor(len(depths)) as pool:
+            answers = list(pool.map(ask, range(len(depths))))
+        refused = [httpx.post(url + "/v1/completions", json=dict(model="tiny", prompt="x", max_tokens=2, speculate=v),
+                              timeout=30) for v in (5, -1, 1.5)]
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+    for i, out in enumerate(answers):
+        alone = related.llm.generate(**tok([PROMPTS[i]], return_tensors="pt"), max_new_tokens=12, do_sample=False)
+        assert out["choices"][0]["text"] == tok.decode(alone[0, len(tok(PROMPTS[i])["input_ids"]):]), i
+    spec = [out["usage"]["speculation"] for out in answers]
+    assert spec[0] == {"pending_resolved": 0, "agreed": 0, "rejected": 0, "thrown": 0}, "speculation off"
+    assert all(s["pending_resolved"] > 0 for s in spec[1:])
+    for response in refused[:2]:
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "speculate" and "from 0 (off) to 4" in error["message"]
+    assert refused[2].status_code == 400 and "speculate" in refused[2].text
+    family = next(f for f in text_string_to_metric_families(metrics) if f.name == "r2r_speculative_accepted")
+    count = next(s.value for s in family.samples if s.name.endswith("_count"))
+    assert count > 0, "one entry per answer and resolution"

@@ -74,7 +74,10 @@ def test_settle_cuts_a_slot_back_alone_and_a_rectangle_together():
     assert together.writers == (0, 1, 2) and together.slm_writers == ()
     assert (slots.thrown, together.thrown) == (2, 4), "tokens past each cut thrown away (a kept token stays)"
     planned = settle(rows, plan, {0: None, 1: None})
-    assert planned == Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, 3)
+    assert planned == Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, 3,
+                              tally={0: (2, 0, 0), 1: (1, 0, 0)})
+    assert slots.tally == {0: (1, 1, 2), 1: (1, 0, 0)}, "per row: (agreed, rejected, thrown)"
+    assert together.tally == {0: (1, 1, 2), 1: (1, 0, 1), 2: (0, 0, 1)}, "row 2 resolved nothing: cut back with them"
     assert planned.writers == plan.writers, "nothing rejected: the plan's commits"
     assert settle(rows, plan, {}).writers == plan.writers, "nothing to resolve: the plan as planned"
 

@@ -49,6 +49,7 @@ class Joiner:
     llm_budget: float | None = None
     owner: Any = None
     ends: frozenset[int] = frozenset()  # tokens that end its answer (``RowState.ends``)
+    depth: int | None = None  # pending positions it may hold at most (``RowState.depth``; None: the policy's)
 
 
 class RunningBatch:
@@ -125,7 +126,8 @@ class RunningBatch:
         for slot, joiner in zip(free, joiners):
             layout.place(slot, joiner.prompt)
             routes = fixed_routing(joiner.threshold, joiner.llm_budget)  # (nothing reads a served row's scores)
-            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes, ends=joiner.ends)
+            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes, ends=joiner.ends,
+                                  depth=joiner.depth)
             self.choice.set(slot, joiner.rule)
             self.thresholds[slot] = joiner.threshold
             self.budget.place(slot, math.inf if joiner.llm_budget is None else joiner.llm_budget, joiner.max_new)

@@ -77,7 +77,7 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
     if streamer is not None:
         streamer.end()
     sequences = batch.layout.seq.ids[:, : prompt_len + records.step].clone()
-    return records.output(sequences, routing, batch.counters) if records.return_dict else sequences
+    return records.output(sequences, routing, batch.counters, batch.ledger.rows) if records.return_dict else sequences
 
 
 def _ends(config: GenerationConfig) -> frozenset[int]:
@@ -198,7 +198,7 @@ class _Records:
         routed, scores, written, running = (torch.stack(part, 1) for part in zip(*self.columns))
         return routed & running, torch.where(written & running, scores, float("nan")), running
 
-    def output(self, sequences: torch.Tensor, routing: Routing, counters) -> R2RGenerateOutput:
+    def output(self, sequences: torch.Tensor, routing: Routing, counters, rows) -> R2RGenerateOutput:
         if self.columns:
             routed, scores, generated = self.matrices()
         else:
@@ -211,7 +211,13 @@ class _Records:
             router_scores=scores, generated_mask=generated,
             llm_token_rate=routed.sum().item() / max(generated.sum().item(), 1), threshold=routing.threshold,
             llm_budget=None if routing.llm_budget is None else float(routing.llm_budget), llm_tokens=llm_tokens,
-            counters=counters.summary())
+            counters=counters.summary(), speculation=_per_row(rows, sequences.device))
+
+
+def _per_row(rows, device: torch.device) -> dict[str, torch.Tensor]:
+    """Each row's speculative counts (``ledger.Speculated``) as long [B] tensors by name."""
+    counts = [row.speculated.as_dict() for row in rows]
+    return {name: torch.tensor([c[name] for c in counts], device=device) for name in counts[0]}
 
 
 def chosen_from(out: StepResult, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

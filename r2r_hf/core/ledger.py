@@ -32,6 +32,22 @@ class Pending:
     after: Any = None
 
 
+@dataclass
+class Speculated:
+    """What speculation did for one answer (its ``usage``, ``generate``'s per-row counts): pending positions the LLM
+    resolved (settled: confirmed, or cut away after the one it rejected), confirmed, rejected, and committed tokens
+    its rollbacks threw away."""
+
+    resolved: int = 0
+    agreed: int = 0
+    rejected: int = 0
+    thrown: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"pending_resolved": self.resolved, "agreed": self.agreed, "rejected": self.rejected,
+                "thrown": self.thrown}
+
+
 class Written(NamedTuple):
     """One committed answer token as the ledger keeps it until it is confirmed (and hands it on then)."""
 
@@ -63,6 +79,8 @@ class RowState:
             False, none does; None: the router decides.
         ends: tokens that end its answer: a speculative tail the host has seen one in goes no further (what the SLM
             would write past it the LLM most likely never needs: ``plan.plan_step``).
+        depth: pending positions it may hold at most (None: the policy's; ``plan.depth``: a request's own switch).
+        speculated: what speculation did for it so far (``Speculated``).
     """
 
     owner: Any = None
@@ -80,6 +98,8 @@ class RowState:
     delivered: int = 0
     routes: bool | None = None
     ends: frozenset[int] = frozenset()
+    depth: int | None = None
+    speculated: Speculated = field(default_factory=Speculated)
 
     def last_index(self, index: int) -> bool:
         """Whether answer token ``index`` is the last the length limit allows."""
@@ -188,6 +208,7 @@ class Ledger:
                 self.rows[r].waiting_since, self.rows[r].rng = plan.step, before.get(r)
         for r in plan.frontier:  # its next position routes for sure: it waits from the next step, proposing nothing
             self.rows[r].waiting_since, self.rows[r].rng = plan.step + 1, after.get(r)
+        self._tally(outcome)
         kept = {r: self.rows[r].tail[outcome.rollbacks[r] - self.rows[r].confirmed].by_llm for r in outcome.kept}
         for r, index in outcome.rollbacks.items():
             self._cut(r, index)
@@ -209,6 +230,15 @@ class Ledger:
             self.rows[r].pending = []
         self.step_no += 1
         return Applied(written, self._confirm())
+
+    def _tally(self, outcome: Outcome) -> None:
+        """Each row's speculative counts (before its pending positions are settled or cut)."""
+        for r in outcome.resolved:
+            self.rows[r].speculated.resolved += len(self.rows[r].pending)
+        for r, (agreed, rejected, thrown) in outcome.tally.items():
+            counts = self.rows[r].speculated
+            counts.agreed, counts.rejected, counts.thrown = (counts.agreed + agreed, counts.rejected + rejected,
+                                                             counts.thrown + thrown)
 
     def _cut(self, r: int, index: int) -> None:
         """Row ``r`` back to its first ``index`` answer tokens (those past it are thrown away)."""

@@ -81,7 +81,7 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
     hits = [r for r, hit in zip(proposed, routed) if hit and r not in ended]
     unsure = {r for r, s in zip(proposed, sure or [False] * len(proposed)) if not s}
-    speculating = tuple(r for r in hits if len(rows[r].pending) < policy.speculate and r in unsure
+    speculating = tuple(r for r in hits if len(rows[r].pending) < depth(rows[r], policy) and r in unsure
                         and not rows[r].ended_in_tail())
     slm_writers = tuple(r for r, hit in zip(proposed, routed) if r not in ended and (not hit or r in speculating))
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
@@ -108,12 +108,17 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
                     resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
 
 
+def depth(row, policy: WaitPolicy) -> int:
+    """Pending positions ``row`` may hold: the policy's, or less where its request asked (``RowState.depth``)."""
+    return policy.speculate if row.depth is None else min(policy.speculate, row.depth)
+
+
 def _frontier(rows: Sequence, speculating: Sequence[int], slm_reads: Sequence[int], policy: WaitPolicy,
               lockstep: bool) -> tuple[int, ...]:
     """The speculating rows whose next token is the LLM's for sure (``StepPlan.frontier``): they route everywhere, hold
     ``policy.speculate`` pending positions after this step and have a token left after it. In lockstep every row the
     SLM would read must be one (the rectangle's SLM reads every row or none)."""
-    full = tuple(r for r in speculating if rows[r].routes and len(rows[r].pending) + 1 >= policy.speculate
+    full = tuple(r for r in speculating if rows[r].routes and len(rows[r].pending) + 1 >= depth(rows[r], policy)
                  and r in slm_reads)
     return () if lockstep and set(full) != set(slm_reads) else full
 
@@ -132,6 +137,7 @@ class Outcome:
         slm_reads: rows the SLM reads the committed token of (those that will propose again).
         agreed: pending positions the LLM confirmed; rejected: those it did not (at most one per row).
         thrown: committed tokens the rollbacks throw away.
+        tally: the same per row, (agreed, rejected, thrown), for each row resolved or cut back (a request's counts).
     """
 
     llm_writers: tuple[int, ...] = ()
@@ -143,6 +149,7 @@ class Outcome:
     agreed: int = 0
     rejected: int = 0
     thrown: int = 0
+    tally: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def writers(self) -> tuple[int, ...]:
@@ -156,9 +163,10 @@ def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], l
     planned; a rejected row is cut back there and the LLM's token committed; in lockstep every row is cut back to
     the earliest such position, where the rejected rows get the LLM's token and the others keep theirs."""
     cut = {r: rows[r].pending[j].index for r, j in rejected.items() if j is not None}
-    agreed = sum(len(rows[r].pending) if j is None else j for r, j in rejected.items())
+    agreed = {r: len(rows[r].pending) if j is None else j for r, j in rejected.items()}
     if not cut:
-        return Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, agreed)
+        return Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads,
+                       sum(agreed.values()), tally={r: (n, 0, 0) for r, n in agreed.items()})
     if lockstep:
         index = min(cut.values())
         occupied = [r for r, row in enumerate(rows) if row is not None and r not in plan.ended]
@@ -171,6 +179,7 @@ def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], l
         slm = tuple(r for r in plan.slm_writers if r not in cut)
     writers = sorted(llm + slm + kept)
     left = {r: rows[r].max_new + (rows[r].written - rollbacks[r] if r in rollbacks else 0) for r in writers}
-    thrown = sum(rows[r].written - i - (r in kept) for r, i in rollbacks.items())
-    return Outcome(llm, slm, rollbacks, kept, plan.resolving, tuple(r for r in writers if left[r] > 1), agreed,
-                   len(cut), thrown)
+    thrown = {r: rows[r].written - i - (r in kept) for r, i in rollbacks.items()}
+    tally = {r: (agreed.get(r, 0), int(r in cut), thrown.get(r, 0)) for r in sorted({*agreed, *thrown})}
+    return Outcome(llm, slm, rollbacks, kept, plan.resolving, tuple(r for r in writers if left[r] > 1),
+                   sum(agreed.values()), len(cut), sum(thrown.values()), tally)
