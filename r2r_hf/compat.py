@@ -52,13 +52,16 @@ def cache_of(kwargs: dict):
 
 def crop_cache(cache, tokens: int) -> None:
     """Drop the last ``tokens`` tokens of an HF cache in place (a rollback). Dynamic layers crop by a negative count
-    on every supported release; a static layer keeps its memory and moves back its device length (5.17's has no
-    ``crop``), so captured calls over it stay valid."""
+    on every supported release (a windowed or convolution layer only where it records its past: ``make_cache``); a
+    static layer keeps its memory and moves back its device length (5.17's has no ``crop``), so captured calls over it
+    stay valid, and a windowed static layer its host count too (R2R's static caches have none: ``static_cache``)."""
     if tokens <= 0:
         return
     for layer in cache.layers:
         length = getattr(layer, "cumulative_length", None)
         if isinstance(length, torch.Tensor):
             length.sub_(tokens)
+            if isinstance(getattr(layer, "cumulative_length_int", None), int):
+                layer.cumulative_length_int -= tokens
         else:
             layer.crop(-tokens)

@@ -43,3 +43,37 @@ def test_the_llm_alone_is_the_llm_in_both_places_and_writes_what_it_writes_alone
     prompt = torch.randint(3, 1000, (1, 8), generator=torch.Generator().manual_seed(0))
     options = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(alone.generate(prompt, **options, threshold=float("inf")), llm.generate(prompt, **options))
+
+
+def test_the_llm_alone_reads_each_prompt_once():
+    """The fair denominator (issue 49, item 6): the LLM alone reads each prompt once, in the one slot cache it decodes
+    from. Built as R2R over (llm, llm), its second cache read every prompt again (chunked prefill reads a joining
+    prompt with both models), a 32B forward that no LLM server pays."""
+    import torch
+
+    from benchmarks.synthetic import Letters, serving_shape
+    from r2r_hf.serve.engine import Engine
+    from r2r_hf.serve.settings import ServeSettings
+    from r2r_hf.testing.graphs import emulated_store
+
+    model = gpu_serve.build(True, "cpu", torch.float32)
+    model.capture_store = emulated_store()
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 900, (n,), generator=generator).tolist() for n in (16, 9, 23, 16, 12, 30)]
+    max_tokens = 4
+    with serving_shape(model), torch.inference_mode():
+        alone = gpu_serve.llm_alone(model)
+        settings = ServeSettings(max_batch_size=4, max_queue=64, batch_wait_ms=0, max_context=48,
+                                 **gpu_serve.ALONE_OPTIONS)
+        engine = Engine(alone, Letters(), settings)
+        assert engine.capture_report["path"] == "graphs"
+        engine.start()
+        try:
+            run = gpu_serve.load(engine, alone, prompts, 3, max_tokens, float("inf"), timeout=120)
+        finally:
+            engine.stop(0)
+    counters = engine.counters
+    assert run["tokens"] == max_tokens * len(prompts)
+    assert counters.llm_forwards == counters.llm_rows_real == 0, "its second slot cache is never read"
+    # the model reads each prompt once, and each answer token but the last (the answer ends there) once
+    assert counters.slm_rows_real == sum(len(p) for p in prompts) + len(prompts) * (max_tokens - 1)

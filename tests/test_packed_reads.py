@@ -111,3 +111,23 @@ def test_a_joining_prompt_rides_in_the_llms_next_read(model, tok):
     llm = [shape for shape in run.batch.counters.shapes if shape[0] == "llm"]
     assert llm and all(rows == 2 for _, rows, _ in llm[:3]), llm
     assert len(llm) == 3, "one LLM forward per turn: row 1's pieces rode in row 0's reads"
+
+
+def test_the_router_scores_greedy_rows_inside_the_slms_read(model, tok):
+    """The router folded into the server's SLM reads (``fast/router_copy.folded``): greedy rows without processors
+    are scored in the captured SLM read that gave their logits, with no router step of their own; a sampled row's
+    proposal exists only after its draw, so it is scored by the router step. Answers are ``generate``'s alone."""
+    tau = _threshold(model, tok, 0.6)
+    for sampled, steps_wanted in ((False, 0), (True, None)):
+        run = _packed(Driver(model, tok, slots=2, policy=WaitPolicy((2,), 4), capacity=64))
+        router_calls = []
+        step = run.batch.layout.router_step
+        run.batch.layout.router_step = lambda *args: (router_calls.append(1), step(*args))[1]
+        options = {"max_new_tokens": 10, "threshold": tau, "do_sample": sampled,
+                   **({"seed": 3, "temperature": 1.0} if sampled else {})}
+        for i in range(2):
+            run.join(i, i, **options)
+        run.run()
+        for i in range(2):
+            assert run.out[i] == _alone(model, tok, i, **options), (sampled, i)
+        assert (len(router_calls) == 0) if steps_wanted == 0 else len(router_calls) > 0, sampled

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from r2r_hf.core.counters import Counters
 from r2r_hf.serve.errors import APIError
 from r2r_hf.serve.metrics import ServeMetrics
-from serving import serving, slow_decoding
+from serving import gap_threshold, serving, slow_decoding
 
 
 def _families(text: str) -> dict:
@@ -109,6 +109,36 @@ def test_a_request_refused_while_draining_is_counted_as_rejected(model, tok):
         engine.submit(Request([[1, 2]], [None], lambda event: None))
     assert refused.value.status == 503
     assert _requests(engine.metrics.text().decode())["rejected"] == 1
+
+
+def test_token_rows_and_speculation_are_counters_on_a_real_scrape(model, tok):
+    """Issue 49, item 7: each model's token-rows read (padding included) and real, and the speculative counts, are
+    Prometheus counters with help text, equal to the engine's counters (computed from the shapes the host chose)."""
+    import concurrent.futures
+
+    prompts = ["the old man said that he was", "water", "a man and a dog", "he said that"]
+    tau = gap_threshold(model, tok, prompts, 0.5, 0.9)
+    body = {"model": "tiny", "max_tokens": 12, "temperature": 0, "threshold": tau}
+    with serving(model, tok, max_batch_size=4, speculate=2, llm_min_rows=(2,), llm_max_wait=4) as (url, service):
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answered = list(pool.map(lambda p: httpx.post(url + "/v1/completions", json={**body, "prompt": p},
+                                                          timeout=60).status_code, prompts))
+        text = httpx.get(url + "/metrics", timeout=30).text
+        counters = service.engine.counters
+    assert answered == [200] * 4
+    families = _families(text)
+    expected = {"r2r_llm_token_rows_read": counters.llm_rows_read, "r2r_llm_token_rows_real": counters.llm_rows_real,
+                "r2r_slm_token_rows_read": counters.slm_rows_read, "r2r_slm_token_rows_real": counters.slm_rows_real,
+                "r2r_speculative_resolutions": counters.resolutions, "r2r_speculative_agreed": counters.agreed,
+                "r2r_speculative_rejected": counters.rejected, "r2r_speculative_thrown_tokens": counters.thrown}
+    for name, value in expected.items():
+        family = families[name]
+        assert family.type == "counter" and len(family.documentation) > 20, name
+        assert [(s.name, s.value) for s in family.samples if not s.name.endswith("_created")] == \
+            [(name + "_total", value)], name
+    assert 0 < counters.llm_rows_real <= counters.llm_rows_read and 0 < counters.slm_rows_real <= counters.slm_rows_read
+    assert counters.slm_rows_real >= sum(len(tok(p)["input_ids"]) for p in prompts), "every prompt was read"
+    assert counters.resolutions > 0 and counters.agreed + counters.rejected > 0, "the answers speculated"
 
 
 # ------------------------------------------------------------------ 4. Ray: every replica on every scrape

@@ -12,10 +12,10 @@ per row at a share ``p`` by a router that pays the real router's cost and routes
 state falls below ``p`` (per row, whatever its neighbours; bf16 rounding may move which tokens route, not how many).
 Servers, each fresh, in order of value: R2R on fused reads with the GPU's waiting default (what the cost model
 predicts), then **the LLM alone on the same engine** (the LLM in the SLM's place, never routing, a 16-wide router: no
-SLM, no LLM catch-up; R2R at threshold 0 would still run the SLM and the router every step), their ratio at each
-concurrency, then R2R with ``m = 1``, R2R speculating (depth 4, the server's default policy for it; random weights roll
-every resolution back: the worst case) and, as a peer where the image's transformers has it, HF's own continuous
-batching of the LLM alone (``generate_batch``, paged attention).
+SLM, no LLM catch-up, each prompt read once: ``ALONE_OPTIONS``; R2R at threshold 0 would still run the SLM and the
+router every step), their ratio at each concurrency, then R2R with ``m = 1``, R2R speculating (depth 4, the server's
+default policy for it; random weights roll every resolution back: the worst case) and, as a peer where the image's
+transformers has it, HF's own continuous batching of the LLM alone (``generate_batch``, paged attention).
 """
 
 from __future__ import annotations
@@ -159,10 +159,18 @@ def timed_replays(graph_step: type) -> type:
     return Timed
 
 
+# The LLM alone's server settings: it never routes, and it reads each joining prompt whole at the join (no chunks),
+# with the model in the SLM's place only. Chunked prefill reads a prompt with both models (R2R's LLM reads it ahead of
+# its first catch-up), which here read every prompt twice: a 32B forward per join that no LLM server pays. The same
+# tokens in the same forwards where a prompt fits one chunk (the served loads' prompts do); a longer one is read in
+# one turn rather than spread over several, which an LLM server's throughput does not feel.
+ALONE_OPTIONS = dict(llm_min_rows=(1,), llm_max_wait=0, prefill_chunk=None)
+
+
 def llm_alone(model: R2RForCausalLM) -> R2RForCausalLM:
-    """The LLM alone on the same engine: the LLM in the SLM's place, never routing (threshold inf), a 16-wide router
-    (one small captured graph per step): no SLM forward, no LLM catch-up. Its LLM-side slots are captured and never
-    read (the engine captures both models' reads at start-up)."""
+    """The LLM alone on the same engine, served with ``ALONE_OPTIONS``: the LLM in the SLM's place, never routing
+    (threshold inf), a 16-wide router (one small captured graph per step): no SLM forward, no LLM catch-up, each prompt
+    read once. Its LLM-side slots are captured at start-up (the engine captures both models' reads) and never read."""
     alone = R2RForCausalLM.from_models(model.llm, model.llm, router_hidden_dims=[16]).eval()
     store = model.capture_store
     alone.capture_store = type(store)(graph_step=store.graph_step, graph_devices=store.graph_devices, fuse=store.fuse,
@@ -214,7 +222,7 @@ def serving_phase(model, share: float, concurrencies: tuple[int, ...], max_token
     wait = default_policy("cuda", slots)
     m1 = dict(llm_min_rows=(1,), llm_max_wait=0)
     servers = [("R2R, waiting", lambda: model, dict(llm_min_rows=wait.min_rows, llm_max_wait=wait.max_wait), 1 - share),
-               ("LLM alone", lambda: llm_alone(model), m1, float("inf")),
+               ("LLM alone", lambda: llm_alone(model), ALONE_OPTIONS, float("inf")),
                ("R2R, m = 1", lambda: model, m1, 1 - share),
                # speculative routing's server default at depth 4; random weights disagree at every routed position,
                # so every resolution rolls back: the worst case's cost (the real pair's agreement is ~88 %)

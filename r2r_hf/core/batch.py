@@ -68,6 +68,8 @@ class RunningBatch:
         self.device = device
         self.slm_logits: torch.Tensor | None = None  # [S, V] the SLM after each row's last token
         self.slm_hidden: torch.Tensor | None = None  # [S, H] its post-norm hidden state there
+        self.slm_scores: torch.Tensor | None = None  # [S] the router's scores of its argmax there (folded reads)
+        self.unscored: set[int] = set(range(slots))  # rows whose SLM outputs came without folded scores
         self.thresholds = torch.full((slots,), math.inf, device=device)
         self.running = torch.ones(slots, dtype=torch.bool, device=device)  # generate: rows not finished
         self.last_token = torch.full((slots,), -1, dtype=torch.long, device=device)  # committed at the last step
@@ -146,31 +148,41 @@ class RunningBatch:
         rows = self.ledger.prefilling()
         if not rows:
             return []
-        done, logits, hidden = self.layout.prefill(rows, limit)
+        done, *outputs = self.layout.prefill(rows, limit)
         if done:
-            self._ready(done, logits, hidden)
+            self._ready(done, *outputs)
         return done
 
-    def _ready(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Rows whose prompt the SLM has read: their first proposal comes from ``logits`` and ``hidden``."""
-        self.store_slm(rows, logits, hidden)
+    def _ready(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor,
+               scores: torch.Tensor | None = None) -> None:
+        """Rows whose prompt the SLM has read: their first proposal comes from these outputs (``store_slm``)."""
+        self.store_slm(rows, logits, hidden, scores)
         for r in rows:
             self.ledger.rows[r].prefilling = False
 
-    def store_slm(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor) -> None:
-        """The SLM's logits [k, V] and hidden states [k, H] after the last token of each of ``rows``.
+    def store_slm(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor,
+                  scores: torch.Tensor | None = None) -> None:
+        """The SLM's logits [k, V] and hidden states [k, H] after the last token of each of ``rows``, and where its
+        read folded the router, the router's scores [k] of each row's argmax proposal (``layouts.Layout.slm_read``).
 
         Into new tensors, never in place: a captured router skips copying an input it was given last time as the
         same tensor (``fast/graphs.CudaGraphStep``), and the proposals of every slot are these tensors themselves."""
+        if scores is None:
+            self.unscored.update(rows)
+        else:
+            self.unscored.difference_update(rows)
         at = self.index(rows)
         if at is None:
-            self.slm_logits, self.slm_hidden = logits, hidden
+            self.slm_logits, self.slm_hidden, self.slm_scores = logits, hidden, scores
             return
         if self.slm_logits is None:
             self.slm_logits = logits.new_zeros(len(self.ledger.rows), logits.shape[-1])
             self.slm_hidden = hidden.new_zeros(len(self.ledger.rows), hidden.shape[-1])
         self.slm_logits = self.slm_logits.index_put((at.to(self.slm_logits.device),), logits)
         self.slm_hidden = self.slm_hidden.index_put((at.to(self.slm_hidden.device),), hidden.to(self.slm_hidden.device))
+        if scores is not None:
+            scored = scores.new_zeros(len(self.ledger.rows)) if self.slm_scores is None else self.slm_scores
+            self.slm_scores = scored.index_put((at.to(scored.device),), scores.to(scored.dtype))
 
     def leave(self, rows: list[int]) -> None:
         """Free the slots of ``rows`` (nothing is copied: a later row writes over them)."""
@@ -218,11 +230,14 @@ class RunningBatch:
     def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
                token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The router's scores of the proposals and where they reach each row's threshold (one router step)."""
-        self.pair.router.step()
         self.counters.router_steps += 1
-        if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
-            self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
-        router_scores = self.layout.route(logits, hidden, token).to(token.device)
+        if self.unscored.isdisjoint(rows) and self.choice.argmax(rows):  # scored in the SLM's read (folded)
+            router_scores = _taken(self.slm_scores, index).to(token.device)
+        else:
+            self.pair.router.step()
+            if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
+                self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
+            router_scores = self.layout.route(logits, hidden, token).to(token.device)
         return router_scores, router_scores >= _taken(self.thresholds, index)
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:

@@ -61,6 +61,10 @@ class Chooser(Protocol):
     def restore(self, row: int, state: Any) -> None:
         """Row ``row``'s stream stands at ``state`` (a rollback; None: greedy)."""
 
+    def argmax(self, rows: list[int]) -> bool:
+        """Whether each of ``rows`` proposes the raw argmax of the SLM's logits (greedy, no processors): the router's
+        scores of that proposal may then come from the SLM's read (``fast/router_copy.folded``)."""
+
     def flags(self) -> torch.Tensor | None:
         """[S] rows whose last LLM draw failed (read in the next synchronisation), or None: none can fail."""
 
@@ -141,6 +145,9 @@ class CallChoice:
     def restore(self, row: int, state: Any) -> None:
         self.sampler.restore(state)
 
+    def argmax(self, rows: list[int]) -> bool:
+        return not self.sampler.do_sample and _none(self.processors)
+
     def flags(self) -> None:
         return None  # an argmax or a batch draw over HF's processors fails loudly, as HF's own would
 
@@ -217,6 +224,9 @@ class RowChoice:
     def restore(self, row: int, state: Any) -> None:
         if state is not None:
             self.rules[row].generator.set_state(state)
+
+    def argmax(self, rows: list[int]) -> bool:
+        return all(self.rules[r].generator is None and _none(self.rules[r].processors) for r in rows)
 
     def flags(self) -> torch.Tensor:
         return self.bad

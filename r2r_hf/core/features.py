@@ -113,8 +113,9 @@ def output_device(model: nn.Module) -> torch.device:
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of a left-padded batch: 0, 1, ... from each row's first real token (pads get 0)."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+    """Position ids of a left-padded batch: 0, 1, ... from each row's first real token (pads get 0), as HF's
+    ``generate`` prepares them."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
 def lm_forward(

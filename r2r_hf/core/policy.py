@@ -149,6 +149,14 @@ SPECULATE_WAIT = 32
 _said: set[str] = set()
 
 
+def say_once(message: str) -> None:
+    """Log ``message`` as a warning the first time this process says it (why a feature is off, for a call or a
+    model)."""
+    if message not in _said:
+        _said.add(message)
+        logger.warning(message)
+
+
 def call_policy(generation_config, rows: int) -> WaitPolicy:
     """A generate call's policy: the LLM runs in the step a row routes, or, where the call asks to ``speculate``
     (pending positions a row may hold), once the oldest pending position is ``llm_max_wait`` steps old. Where
@@ -166,8 +174,6 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
                                                           generation_config.output_logits):
         why = "output_scores/output_logits record what each token was chosen from, and a rollback would rewrite them"
     if why is not None:
-        if why not in _said:
-            _said.add(why)
-            logger.warning("speculation is off for this call: %s.", why)
+        say_once(f"speculation is off for this call: {why}.")
         return IMMEDIATE
     return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else wait, speculate, below)

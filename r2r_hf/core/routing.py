@@ -8,17 +8,17 @@ not on the model, not in a global. (The server's rows carry their own settings: 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import GenerationConfig
 
 from .budget import check_budget
 from .fast.store import CaptureStore, choose_calls
-from .layouts.model_calls import EagerCalls
+from .layouts.model_calls import EagerCalls, rollback_problem
 from .layouts.rectangle import ModelCalls
 from .pair import RoutedPair
-from .policy import IMMEDIATE, WaitPolicy, call_policy
+from .policy import IMMEDIATE, WaitPolicy, call_policy, say_once
 from .fast.router_copy import proposal_is_argmax
 from .sampling import Sampler, seeded_generator
 from .choice import Processors
@@ -105,12 +105,37 @@ class Routing:
         needed = call_length(generation_config, input_ids.shape[1])
         scored = bool(generation_config.return_dict_in_generate)  # (a streamer told the routing scores too)
         fold = proposal_is_argmax(sampler.do_sample, processors) and fixed_routing(threshold, budget, scored) is None
-        calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold)
-        return cls(pair, threshold, processors, sampler, calls, budget, call_policy(generation_config, input_ids.shape[0]))
+        policy = speculation_for(call_policy(generation_config, input_ids.shape[0]), pair)
+        calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold, policy.speculate > 0)
+        return cls(pair, threshold, processors, sampler, calls, budget, policy)
 
     @classmethod
     def eager(cls, pair: RoutedPair, threshold: float, processors: Processors, sampler: Sampler, length: int,
-              llm_budget: float | None = None) -> Routing:
-        """One answer's routing on HF's dynamic caches (the server's answers for models that cannot use slots)."""
-        calls = EagerCalls(pair.slm, pair.llm, pair.router, pair.num_topk, None, length)
+              llm_budget: float | None = None, rollback: bool = False) -> Routing:
+        """One answer's routing on HF's dynamic caches (the server's answers for models that cannot use slots);
+        ``rollback``: the answer speculates (its caches are cut back)."""
+        calls = EagerCalls(pair.slm, pair.llm, pair.router, pair.num_topk, None, length, rollback=rollback)
         return cls(pair, threshold, processors, sampler, calls, llm_budget)
+
+
+def speculation_problem(slm, llm) -> str | None:
+    """Why a pair cannot speculate, as the sentence R2R says (once), or None where both models can."""
+    for model in (slm, llm):
+        problem = rollback_problem(model)
+        if problem is not None:
+            return (f"speculation is off for {type(model).__name__} ({model.config.model_type!r}): {problem}; R2R "
+                    "decodes it without speculation (the same answers), and a transformer SLM and LLM (Llama, Qwen, "
+                    "Gemma, Mistral...) can speculate.")
+    return None
+
+
+def speculation_for(policy: WaitPolicy, pair: RoutedPair) -> WaitPolicy:
+    """``policy``, without speculation where a model of the pair cannot be cut back (said once:
+    ``speculation_problem``); the answers are the same, only speculation's saving is lost."""
+    if not policy.speculate:
+        return policy
+    problem = speculation_problem(pair.slm, pair.llm)
+    if problem is None:
+        return policy
+    say_once(problem)
+    return replace(policy, speculate=0, speculate_below=math.inf)

@@ -128,6 +128,14 @@ class R2RForCausalLM(PreTrainedModel, R2RGenerationMixin):
         param = next(self.router.parameters(), None)
         return param.dtype if param is not None else torch.float32
 
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **kwargs: Any):
+        """Not a model of its own: ``generate`` runs the SLM, the router and the LLM. The signature is what HF's
+        ``generate`` reads to prepare a call's inputs: the attention mask from the pad token and each row's
+        positions from its first real token, as it prepares them for ``slm.generate``."""
+        raise TypeError("R2RForCausalLM has no forward of its own; call model.generate(...), or model.slm / "
+                        "model.llm for a plain forward of one model.")
+
     def extra_repr(self) -> str:
         return f"slm={self.config.slm_name_or_path!r}, llm={self.config.llm_name_or_path!r}, threshold={self.config.threshold}"
 

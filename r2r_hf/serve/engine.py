@@ -34,7 +34,7 @@ from ..core.counters import Counters
 from ..core.features import input_device
 from ..core.layouts.slot_cache import slot_problem
 from ..core.policy import serving_policy
-from ..core.routing import Routing
+from ..core.routing import Routing, speculation_for
 from ..core.sampling import Sampler
 from ..core.turn import turn
 from .capture import capture_batch, capture_plan
@@ -64,8 +64,8 @@ class Engine:
         self.device = input_device(model.slm)
         below = settings.speculate_below  # the flag, else what the router was saved with (as generate reads it)
         below = getattr(model.generation_config, "speculate_below", None) if below is None else below
-        self.policy = serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
-                                     settings.llm_max_wait, settings.speculate, below)
+        self.policy = speculation_for(serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
+                                                     settings.llm_max_wait, settings.speculate, below), self.pair)
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
@@ -238,7 +238,7 @@ class Engine:
         s = choice.settings
         sampler = Sampler(s.do_sample, self.device, s.rule(self.device, fresh_seed()).generator)
         routing = Routing.eager(self.pair, s.threshold, s.processors, sampler, len(prompt) + s.max_new_tokens + 1,
-                                s.llm_budget)
+                                s.llm_budget, rollback=self.policy.speculate > 0)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         self.batch = RunningBatch.for_call(routing, ids, s.max_new_tokens, counters=self.counters)
         state = self.batch.ledger.rows[0]

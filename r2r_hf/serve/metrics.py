@@ -2,8 +2,9 @@
 
 Requests by outcome, time to first token and inter-token latency are observed as they happen; the queue, the
 running rows and the decoding counters (``core/counters.py``: tokens, model forwards, rows per LLM forward,
-steps routed rows waited, host synchronisations, KV bytes copied by joins) are read from the engine when
-scraped. Every engine has its own registry, so several servers in one process never mix their numbers.
+each model's token-rows read and how many of them were real, speculative resolutions and their outcomes, steps routed
+rows waited, host synchronisations, KV bytes copied by joins) are read from the engine when scraped. Every engine has
+its own registry, so several servers in one process never mix their numbers.
 Needs ``prometheus_client`` (in the ``serve`` extra); without it the counters still count and ``/metrics``
 says what to install.
 """
@@ -108,6 +109,16 @@ class _EngineCollector:
             "r2r_llm_calls": ("LLM catch-ups (steps in which the LLM ran)", counters.llm_calls),
             "r2r_llm_call_rows": ("Rows the LLM served (wrote a token for, or resolved speculative tokens of), summed "
                                   "over its catch-ups", counters.llm_rows),
+            "r2r_llm_token_rows_read": ("Token-rows the LLM's forwards computed, padding included (a padded read counts "
+                                        "rows x width, a packed one its tokens bucket), from the shapes the host chose",
+                                        counters.llm_rows_read),
+            "r2r_llm_token_rows_real": ("Of the LLM's token-rows read, real tokens (the rest is padding)",
+                                        counters.llm_rows_real),
+            "r2r_slm_token_rows_read": ("Token-rows the SLM's forwards computed, padding included", counters.slm_rows_read),
+            "r2r_slm_token_rows_real": ("Of the SLM's token-rows read, real tokens (the rest is padding)",
+                                        counters.slm_rows_real),
+            "r2r_speculative_resolutions": ("LLM forwards that resolved speculative (pending) tokens",
+                                            counters.resolutions),
             "r2r_speculative_agreed": ("Speculative (pending) tokens the LLM confirmed", counters.agreed),
             "r2r_speculative_rejected": ("Speculative tokens the LLM replaced (its row cut back there)",
                                          counters.rejected),

@@ -99,11 +99,11 @@ class Row:
     def _text(self, token: int, last: bool) -> str:
         if token in self.eos_ids:
             self.finish = "stop"
-            return self._release(len(self.text.text))
+            return self._release(len(self._full()))
         if self.generated == self.choice.min_tokens:
-            self.floor = len(self.text.text)
+            self.floor = len(self._full())
         self.text.add(token)
-        full = self.text.text
+        full = self._full()
         stop_at = self._stop_position(full) if self.generated >= self.choice.min_tokens else None
         if stop_at is not None:
             self.finish = "stop"
@@ -111,7 +111,12 @@ class Row:
         if last:
             self.finish = "length"
             return self._release(len(full))
-        return self._release(len(full) - self._held(full))
+        # (before the end only text no later token changes is sent: ``IncrementalText.tail`` may change)
+        return self._release(min(len(self.text.text), len(full) - self._held(full)))
+
+    def _full(self) -> str:
+        """The answer's text so far: what is decoded for good, and the end a later token may still change."""
+        return self.text.text + self.text.tail if self.text.tail else self.text.text
 
     def _stop_position(self, full: str) -> int | None:
         longest = max((len(s) for s in self.choice.stops), default=0)
@@ -126,7 +131,7 @@ class Row:
                     if s.startswith(tail[-n:])), default=0)
 
     def _release(self, upto: int) -> str:
-        piece = self.text.text[self.sent : max(upto, self.sent)]
+        piece = self._full()[self.sent : max(upto, self.sent)]
         self.sent = max(upto, self.sent)
         return piece
 

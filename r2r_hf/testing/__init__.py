@@ -2,7 +2,9 @@
 
 * ``models``: tiny random SLM/LLM pairs sharing a small tokenizer, and a tiny verifier;
 * ``graphs``: CUDA-graph capture emulated on the CPU, as strict as the real thing;
-* ``server``: ``r2r-hf serve`` as a process of its own, started once ``/health`` answers and stopped by SIGTERM.
+* ``server``: ``r2r-hf serve`` as a process of its own, started once ``/health`` answers and stopped by SIGTERM;
+* ``families``, ``pairs``, ``matrix``, ``table``: tiny pairs of every decoder family, each path checked against the
+  models' own ``generate`` (tests/test_model_families.py), and docs/model_families.md generated from it.
 """
 
 from .models import (

@@ -27,9 +27,13 @@ class Piece:
 
 
 def token_pieces(tokenizer, ids: list[int], routed: list[bool], scores: list[float]) -> list[Piece]:
-    """One piece of text per token (see ``IncrementalText``); a token inside a character gets ""."""
+    """One piece of text per token (see ``IncrementalText``); a token inside a character gets "" (the last token
+    takes what is still held back at the end: ``IncrementalText.tail``)."""
     text = IncrementalText(tokenizer, skip_special_tokens=False)
-    return [Piece(text.add(token) or "", r, s) for token, r, s in zip(ids, routed, scores)]
+    pieces = [Piece(text.add(token) or "", r, s) for token, r, s in zip(ids, routed, scores)]
+    if pieces and text.tail:
+        pieces[-1].text += text.tail
+    return pieces
 
 
 def _rows(output, tokenizer, prompt_length: int | None):

@@ -65,6 +65,7 @@ class RoutingStreamer(RoutingAwareStreamer):
         self.stream.flush()
 
     def end(self) -> None:
+        self._write(self.text.tail, self.pending_routed)  # what was held back for a clean-up of spaces
         self.stream.write("\n")
         self.stream.flush()
         self.reset()

@@ -25,12 +25,13 @@ import torch
 
 from .static_reads import BUCKETS, bucket_for
 from ..staging import in_order, staged
+from ..features import slm_proposals
 from ..layouts.model_calls import route_scores
 from .fused import attended
 from .fused_reads import PLAIN, capture_fused, fuse_problem, fused_regions, slot_read
 from .graphs import Step
 from .packed_reads import PackedReads
-from .router_copy import Scorer
+from .router_copy import Scorer, folded, stateless
 from ..layouts.slot_cache import SlotCache, forward_piece, piece, piece_inputs
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,10 @@ class CapturedReads:
     """
 
     def __init__(self, model: torch.nn.Module, cache: SlotCache, capture: Callable[[Step, dict], Step],
-                 hidden: bool, fuse: bool | str = False, gather: bool = False) -> None:
+                 hidden: bool, fuse: bool | str = False, gather: bool = False,
+                 fold: Callable[[Step], Step] | None = None) -> None:
         self.model, self.cache, self.capture, self.hidden, self.gather = model, cache, capture, hidden, gather
+        self.fold = fold  # the router on each read's argmax proposal, in the same captured step (the SLM's reads)
         self.regions = _regions(model, fuse)
         self.rows = row_buckets(cache.slots)
         self.spans = span_buckets(cache.capacity)
@@ -110,15 +113,17 @@ class CapturedReads:
         the first ``rows``); captured on first use."""
         key = (rows, width, span, every, gathered)
         if key not in self.steps:
+            then = self.fold if self.fold is not None and not every else (lambda read: read)
             if self.regions is not None and not every:
-                step = capture_fused(self.capture, lambda: slot_read(self.model, self.cache, self.hidden, self.regions,
-                                                                     span), example, type(self.model).__name__)
+                step = capture_fused(self.capture, lambda: then(slot_read(self.model, self.cache, self.hidden,
+                                                                          self.regions, span)),
+                                     example, type(self.model).__name__)
                 if step is not None:
                     self.steps[key] = step
                     return step
                 self.regions = None  # every bucket, those captured already too: one kind of read per model
                 self.steps = {key: step for key, step in self.steps.items() if key[3]}
-            self.steps[key] = self.capture(self._fn(rows, span, every, gathered), example)
+            self.steps[key] = self.capture(then(self._fn(rows, span, every, gathered)), example)
         return self.steps[key]
 
     @property
@@ -151,8 +156,9 @@ class CapturedReads:
         return k, piece_inputs(tokens, list(range(k)), full_starts, full_counts, width, self.cache.trash), False
 
     def read(self, tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], every: bool = False):
-        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V] and hidden [k, H] or
-        None (with ``every``: the logits [k, width, V] after each token of the right-aligned piece, and None)."""
+        """Like ``slot_cache.read_piece`` (at most ``piece`` tokens per row): the logits [k, V], hidden [k, H] or
+        None, and where the reads fold the router, its scores [k] of each row's argmax proposal, else None (with
+        ``every``: the logits [k, width, V] after each token of the right-aligned piece, None and None)."""
         width = bucket_for(max(counts))
         span = attended(max(s + n for s, n in zip(starts, counts)), self.cache.capacity)  # the columns filled
         k, inputs, gathered = self._inputs(tokens, rows, starts, counts, width)
@@ -165,7 +171,8 @@ class CapturedReads:
         else:
             picked = staged(rows, out[0].device)
             kept = [value.index_select(0, picked) for value in out]
-        return kept[0], (kept[1] if self.hidden and not every else None)
+        folded = self.fold is not None and not every
+        return kept[0], (kept[1] if self.hidden and not every else None), (kept[-1] if folded else None)
 
     def warm(self, tokens: torch.Tensor, every: bool = False) -> int:
         """Capture every (rows, tokens) bucket with inputs that write nothing (and with ``every``, the reads that
@@ -204,6 +211,15 @@ class CapturedRouter:
             self.steps = {}  # captured again, over the router itself, on first use
         return self._scores(logits, hidden, token)
 
+    def folding(self, vocab: int) -> Callable[[Step], Step]:
+        """What folds the router into an SLM read (``router_copy.folded``), once the copy it scores with is checked
+        on the SLM's own features over a probe sequence (the folded reads are captured over the checked router)."""
+        if not self.scorer.checked:
+            device = self.slm.get_input_embeddings().weight.device
+            probe = (torch.arange(32, device=device)[None] * 7919) % vocab  # ids spread over the vocabulary
+            self.scorer.check(self.slm, self.num_topk, slm_proposals(self.slm, probe, vocab))
+        return lambda read: folded(read, self.slm, self.scorer.module, self.num_topk, vocab)
+
     def _scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         k = next(b for b in self.rows if b >= len(token))
         pad = k - len(token)
@@ -238,9 +254,11 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
                               cache.trash)
         cache.plan(list(range(layout.slots)), inputs["column"], 1)
         forward_piece(model, cache, **inputs, used=1, hidden=False)
-    layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse),
-                       "llm": _llm_reads(p.llm, layout, capture, fuse, speculate)}
     layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
+    foldable = stateless(p.router) and getattr(p.router, "capturable", True)  # (``router_copy`` says why)
+    fold = layout.router_step.folding(p.vocab_size) if foldable else None
+    layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse, fold=fold),
+                       "llm": _llm_reads(p.llm, layout, capture, fuse, speculate)}
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:
         start = time.perf_counter()
@@ -253,6 +271,7 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
         report["seconds"] = time.perf_counter() - start
     report["fused"] = {role: reads.fused for role, reads in layout.captured.items()}  # after warming: what ran
     report["packed"] = isinstance(layout.captured["llm"], PackedReads)
+    report["folded"] = fold is not None
     return report
 
 

@@ -30,6 +30,8 @@ from transformers.cache_utils import StaticCache, StaticLayer
 
 from ...compat import cache_argument
 from ..layouts.model_calls import EagerCalls, route_scores
+from ..layouts.model_calls import static_cache as full_static_cache
+from ..layouts.model_calls import static_shape_problem
 from ..features import input_device, output_device, slm_proposals
 from .fused import attended
 from .fused_reads import capture_fused, regions_for, static_read
@@ -63,8 +65,8 @@ def capturable(model: torch.nn.Module) -> str | None:
 
     Capture needs one device, dense weights, attention that builds its mask from device tensors,
     rotary embeddings that do not change with the sequence length, and a static cache whose
-    layers keep their length in a device tensor (sliding-window layers count in Python and would
-    replay a stale length).
+    layers are all attention, keeping their length in a device tensor (R2R's static caches hold every column of a
+    windowed layer too: ``model_calls.static_cache``), sized as the config declares.
     """
     if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
         return "it is spread over several devices"
@@ -78,9 +80,9 @@ def capturable(model: torch.nn.Module) -> str | None:
     rope = rope_type(model.config)
     if "dynamic" in rope or rope == "longrope":  # HF recomputes these frequencies from the length, on the host
         return f"its rotary embedding ({rope!r}) changes with the sequence length"
-    if not all(type(layer) is StaticLayer for layer in StaticCache(config=model.config, max_cache_len=1).layers):
-        return "its static cache has sliding-window layers"
-    return None
+    if not all(type(layer) is StaticLayer for layer in full_static_cache(model.config, 1).layers):
+        return "its static cache has layers other than attention (a recurrent state)"
+    return static_shape_problem(model)
 
 
 def rope_type(config) -> str:
@@ -149,7 +151,7 @@ def read_memory(*modules: torch.nn.Module) -> tuple[int, ...]:
 
 def static_cache(model: torch.nn.Module, batch: int, length: int) -> StaticCache:
     """A static cache allocated up front, so no capture ever allocates it."""
-    cache = StaticCache(config=model.config, max_cache_len=length)
+    cache = full_static_cache(model.config, length)
     shape = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
     if shape is not None:
         cache.early_initialization(batch, *shape, dtype=model.dtype, device=output_device(model))

@@ -138,7 +138,7 @@ class CaptureStore:
 
 
 def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: int, needed: int,
-                 store: CaptureStore | None, fold: bool = False) -> ModelCalls:
+                 store: CaptureStore | None, fold: bool = False, rollback: bool = False) -> ModelCalls:
     """The engine one call runs on, decided as HF decides to compile.
 
     Eager unless ``cache_implementation="static"`` and not ``disable_compile``; then captured
@@ -153,6 +153,7 @@ def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: i
         needed: the call's longest sequence (prompt + max_new_tokens).
         store: the model's ``CaptureStore``, or None to run eagerly.
         fold: the call proposes the SLM's raw argmax (``router_copy.proposal_is_argmax``).
+        rollback: the call speculates (its caches are cut back: ``model_calls.make_cache``).
     """
     kind, compile_config = generation_config.cache_implementation, generation_config.compile_config
     eager = kind != "static" or generation_config.disable_compile or store is None
@@ -161,4 +162,5 @@ def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: i
     p = pair
     steps = None if eager else store.lend(p.slm, p.llm, p.router, p.num_topk, compile_config, batch, needed,
                                           p.vocab_size, fold)
-    return steps if steps is not None else EagerCalls(p.slm, p.llm, p.router, p.num_topk, kind, needed)
+    return steps if steps is not None else EagerCalls(p.slm, p.llm, p.router, p.num_topk, kind, needed,
+                                                      rollback=rollback)

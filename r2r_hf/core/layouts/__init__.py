@@ -29,9 +29,10 @@ class Layout(Protocol):
     def append(self, rows: list[int], token: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
         """Commit ``token[r]`` [S] to each row of ``rows``; what was committed (a rectangle pads finished rows)."""
 
-    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The SLM reads every committed token of ``rows`` it has not read: its logits [k, V] and post-norm hidden
-        states [k, H] after each row's last token."""
+        states [k, H] after each row's last token, and where the router is folded into the read, its scores [k] of
+        each row's argmax proposal (else None)."""
 
     def llm_read(self, rows: list[int]) -> torch.Tensor:
         """The LLM does the same (its catch-up): its logits [k, V]."""

@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from ..counters import Counters
+from ..features import positions_from_mask
 from ..staging import staged
 
 
@@ -40,11 +41,14 @@ class Committed:
     def from_prompt(
         cls, input_ids: torch.Tensor, mask: torch.Tensor | None, positions: torch.Tensor | None, capacity: int
     ) -> Committed:
-        """Buffers of width ``capacity`` holding the prompt (``mask``/``positions`` as HF prepared them)."""
+        """Buffers of width ``capacity`` holding the prompt (``mask``/``positions`` as HF prepared them; without
+        positions, each row's count from its first real token, as ``slm.generate`` counts them)."""
         batch, prompt = input_ids.shape
         ids = input_ids.new_zeros(batch, capacity)
         ids[:, :prompt] = input_ids
-        if positions is None:
+        if positions is None and mask is not None:
+            positions = positions_from_mask(mask)
+        elif positions is None:
             positions = torch.arange(prompt, device=input_ids.device).expand(batch, prompt)
         pos = input_ids.new_zeros(batch, capacity)
         pos[:, :prompt] = positions
@@ -122,10 +126,10 @@ class RectangleLayout:
         self.seq.append(token)
         return token
 
-    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, None]:
         start, self.slm_seen = self.slm_seen, self.seq.length
         self.counters.forward("slm", self.rows, self.seq.length - start)
-        return self.calls.slm_read(self.seq, start)
+        return (*self.calls.slm_read(self.seq, start), None)  # (a captured call folds its router in itself)
 
     def llm_read(self, rows: list[int]) -> torch.Tensor:
         """Every row's logits [B, V] (the rectangle catches every row up)."""

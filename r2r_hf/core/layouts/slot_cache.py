@@ -34,8 +34,11 @@ from ...compat import cache_argument
 from ..features import HiddenStateCapture
 from ..notes import notes
 from ..staging import in_order, staged
+from .model_calls import long_rope_switch
 
 SLOT_ATTENTION = ("sdpa", "eager")
+# Layer types whose attention is local, and the config entry that sizes it (HF's masks read the same entries).
+LOCAL = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
 
 
 class SlotCache:
@@ -140,25 +143,37 @@ def piece_layout(starts: torch.Tensor, counts: torch.Tensor, width: int, trash: 
 
 
 def piece_masks(model: torch.nn.Module, real: torch.Tensor, position: torch.Tensor, used: int):
-    """The forward's attention mask: a real token sees its row's columns up to its position.
+    """The forward's attention mask: a real token sees its row's columns up to its position (within its window, or
+    its chunk, where the layer has one: ``LOCAL``).
 
-    One 4-D mask; for a model with sliding-window layers, a mapping per layer type (what HF's decoders take
-    in place of the masks they would build; a decoder without such layers takes the tensor only).
+    One 4-D mask; for a model whose layers differ (``layer_types``), a mapping per layer type (what HF's decoders
+    take in place of the masks they would build; a decoder whose layers are all alike takes the tensor only).
     """
     columns = torch.arange(used, device=position.device)
     allowed = torch.where(real[..., None], columns <= position[..., None], columns == 0)  # [k, g, used]
-    masks = {"full_attention": allowed}
-    window = getattr(model.config, "sliding_window", None)
-    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()) and window:
-        masks["sliding_attention"] = allowed & ((columns > position[..., None] - window) | ~real[..., None])
-    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    config = model.config
+    kinds = set(getattr(config, "layer_types", None) or ()) & set(LOCAL) | {"full_attention"}
+    if not getattr(config, "layer_types", None) and getattr(config, "sliding_window", None):
+        kinds = {"sliding_attention"}  # a window on every layer, from ``sliding_window`` alone (Mistral, Phi-3 4k)
+    masks = {}
+    for kind in sorted(kinds):
+        size = getattr(config, LOCAL[kind], None) if kind in LOCAL else None
+        if kind == "sliding_attention" and size:
+            near = columns > position[..., None] - size
+        elif kind == "chunked_attention" and size:
+            near = columns // size == position[..., None] // size  # (a slot's columns are its positions)
+        else:
+            masks[kind] = allowed
+            continue
+        masks[kind] = allowed & (near | ~real[..., None])
+    attention = getattr(config, "_attn_implementation", None) or "eager"
     dtype = model.dtype
     for kind, mask in masks.items():
         mask = mask[:, None]  # [k, 1, g, used]
         if attention == "eager":  # HF's eager attention adds the mask to its scores
             mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         masks[kind] = mask
-    return masks if len(masks) > 1 else masks["full_attention"]
+    return masks if len(masks) > 1 else next(iter(masks.values()))
 
 
 def piece_inputs(tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int,
@@ -234,6 +249,9 @@ def slot_problem(model: torch.nn.Module) -> str | None:
     measured: dict = {}
     if attention not in SLOT_ATTENTION:
         problem = f"its attention is {attention!r} (slots need {' or '.join(SLOT_ATTENTION)} attention)"
+    elif long_rope_switch(model) is not None:
+        problem = "its long-context rotary factors follow the longest row of a forward (one row's answer would " \
+                  "depend on the others')"
     else:
         problem = _self_check(model, measured)
     known["slot_problem"] = problem

@@ -127,19 +127,19 @@ class SlotLayout:
                 self.book.length[r] += 1
         return token
 
-    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """[k, V] logits and [k, H] hidden states of the SLM after each row's last committed token."""
-        _, logits, hidden = self._read("slm", rows)
-        return logits, hidden
+    def slm_read(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """[k, V] logits and [k, H] hidden states of the SLM after each row's last committed token, and the router's
+        scores [k] of each row's argmax proposal where the router is folded into the SLM's reads (else None)."""
+        return self._read("slm", rows)[1:]
 
     def llm_read(self, rows: list[int]) -> torch.Tensor:
         """[k, V] logits of the LLM after each row's last committed token (it reads what it has not)."""
         return self._read("llm", rows)[1]
 
-    def prefill(self, rows: list[int], limit: int | None) -> tuple[list[int], torch.Tensor | None, torch.Tensor | None]:
+    def prefill(self, rows: list[int], limit: int | None) -> tuple:
         """Both models read at most ``limit`` more prompt tokens of each row (a long prompt is read over several
-        turns, between the others' steps); the rows whose prompt is now read, with the SLM's logits and hidden
-        states after it. The LLM reads the prompt here too, all but its last token (its first catch-up reads at
+        turns, between the others' steps); the rows whose prompt is now read, with the SLM's outputs after it
+        (``slm_read``'s). The LLM reads the prompt here too, all but its last token (its first catch-up reads at
         least that one, and its logits there are the LLM's first token), so that catch-up is short."""
         llm_rows = [r for r in rows if self.book.unread("llm", r) > 1]
         if self._packs():  # the LLM reads its pieces inside its next packed read (``SlotBook.ride``)
@@ -148,8 +148,7 @@ class SlotLayout:
                 self._packed(reads, forward, [], reads.kept[False])
         elif llm_rows:
             self._read("llm", llm_rows, limit, short=1)
-        done, logits, hidden = self._read("slm", rows, limit)
-        return done, logits, hidden
+        return self._read("slm", rows, limit)
 
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         p = self.pair
@@ -159,8 +158,9 @@ class SlotLayout:
 
     def _read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0):
         """``role`` reads each row's unread tokens but the last ``short`` (at most ``limit`` of them), in the forwards
-        ``SlotBook.read`` plans; returns the rows read to their end, with the logits (and, for the SLM, the hidden
-        states) after their last token."""
+        ``SlotBook.read`` plans; returns the rows read to their end, with the logits, the hidden states (the SLM's;
+        else None) and the router's scores of their argmax proposal (the SLM's where the router is folded into its
+        reads; else None) after their last token."""
         model, cache = (self.pair.slm, self.slm_cache) if role == "slm" else (self.pair.llm, self.llm_cache)
         captured = None if self.captured is None else self.captured[role]
         if getattr(captured, "packed", False):  # (``fast/packed_reads.py``)
@@ -171,22 +171,20 @@ class SlotLayout:
         for forward in forwards:
             who, starts, counts = (list(column) for column in zip(*forward))
             if captured is None:
-                logits, hidden = read_piece(model, cache, self.tokens, who, starts, counts, hidden=role == "slm")
+                out = (*read_piece(model, cache, self.tokens, who, starts, counts, hidden=role == "slm"), None)
             else:
-                logits, hidden = captured.read(self.tokens, who, starts, counts)
+                out = captured.read(self.tokens, who, starts, counts)
             self.counters.forward(role, len(who), max(counts), sum(counts), self._computed(captured, who, counts))
             for j, (r, start, n) in enumerate(forward):
                 if start + n == self.book.length[r]:  # read to its end: its next-token outputs
-                    outputs[r] = (logits[j], None if hidden is None else hidden[j])
+                    outputs[r] = tuple(None if value is None else value[j] for value in out)
         self.counters.gathered_bytes += cache.gathered_bytes - before
         done = [r for r in rows if r in outputs]
         if not done:
-            return [], None, None
+            return [], None, None, None
         if len(forwards) == 1 and who == done:  # one forward read every row to its end, in order: its outputs
-            return done, logits, hidden if role == "slm" else None
-        stacked = torch.stack([outputs[r][0] for r in done])
-        hidden = torch.stack([outputs[r][1] for r in done]) if role == "slm" else None
-        return done, stacked, hidden
+            return (done, *out)
+        return (done, *(None if out[i] is None else torch.stack([outputs[r][i] for r in done]) for i in range(3)))
 
     @staticmethod
     def _computed(captured, rows: list[int], counts: list[int]) -> int:
@@ -205,7 +203,7 @@ class SlotLayout:
             for (r, _), logits in zip(keep, self._packed(reads, forward, keep, reads.kept[False])):
                 outputs[r] = logits
         done = [r for r in rows if r in outputs]
-        return (done, torch.stack([outputs[r] for r in done]), None) if done else ([], None, None)
+        return (done, torch.stack([outputs[r] for r in done]), None, None) if done else ([], None, None, None)
 
     def _packs(self) -> bool:
         """Whether the LLM's reads are packed (captured fused: ``fast/packed_reads.py``)."""
