@@ -91,7 +91,8 @@ def _totals(counters: list[dict]) -> dict:
     keys = ("generated", "steps", "slm_forwards", "llm_forwards", "router_steps", "frontier_tokens",
             "speculative_agreed", "speculative_rejected", "thrown")
     total = {k: sum(c[k] for c in counters) for k in keys}
-    total["agreement"] = total["speculative_agreed"] / max(total["speculative_agreed"] + total["speculative_rejected"], 1)
+    judged = total["speculative_agreed"] + total["speculative_rejected"]
+    total["agreement"] = total["speculative_agreed"] / max(judged, 1)
     for k in ("slm_forwards", "llm_forwards", "thrown"):
         total[f"{k}_per_token"] = total[k] / total["generated"]
     return total

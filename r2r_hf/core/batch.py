@@ -200,8 +200,7 @@ class RunningBatch:
     def propose(self, policy: WaitPolicy) -> Proposal:
         """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
         may speculate, also each row's stream after its draw (a row that goes on past a routed position keeps it)
-        and, where ``policy.speculate_below`` bounds it, whether its score reaches the bound (it then waits). Where
-        no proposing row's routing needs the router (``RowState.routes``), it does not run: scores NaN."""
+        and, where ``policy.speculate_below`` bounds it, whether its score reaches the bound (it then waits)."""
         rows, speculate = self.ledger.proposing(), policy.speculate > 0
         if not rows:
             nothing = torch.zeros(0, device=self.device)
@@ -211,11 +210,7 @@ class RunningBatch:
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
         scores, token, ok = self.choice.propose(logits, rows, rows if index is None else None)
         after = self.choice.state(rows) if speculate else {}
-        if all(self.ledger.rows[r].routes is not None for r in rows):
-            router_scores = torch.full(token.shape, math.nan, device=token.device)
-            routed = _taken(self.thresholds, index).to(token.device) <= 0  # (fixed: threshold <= 0 routes all)
-        else:
-            router_scores, routed = self._route(rows, index, logits, hidden, token)
+        router_scores, routed = self._route(rows, index, logits, hidden, token)
         if self.lockstep:  # a rectangle's finished rows route nothing (a slot's proposers all run)
             routed &= self.running
         if not self._spends_none(rows):
@@ -229,7 +224,11 @@ class RunningBatch:
 
     def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
                token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The router's scores of the proposals and where they reach each row's threshold (one router step)."""
+        """The router's scores of the proposals and where they reach each row's threshold; it does not run (scores
+        NaN) where every proposing row's routing is fixed (``RowState.routes``: rows at thresholds <= 0 route)."""
+        if all(self.ledger.rows[r].routes is not None for r in rows):
+            nothing = torch.full(token.shape, math.nan, device=token.device)
+            return nothing, _taken(self.thresholds, index).to(token.device) <= 0
         self.counters.router_steps += 1
         if self.unscored.isdisjoint(rows) and self.choice.argmax(rows):  # scored in the SLM's read (folded)
             router_scores = _taken(self.slm_scores, index).to(token.device)

@@ -16,8 +16,9 @@ mask) is served one answer at a time on HF's own caches, with the reason logged 
 
 The thread owns the model: HTTP handlers only ``submit`` and ``cancel`` requests and receive events through
 the request's ``emit`` (from this thread): ``("text", choice, piece)``, ``("end", choice, finish_reason,
-generated_tokens, llm_tokens, speculated)`` (``core.ledger.Speculated``) and ``("error", APIError)``. A row whose draw fails ends that request only; an
-exception inside a step answers the batch's requests with a 500 and the thread keeps serving.
+generated_tokens, llm_tokens, speculated)`` (``core.ledger.Speculated``) and ``("error", APIError)``. A row
+whose draw fails ends that request only; an exception inside a step answers the batch's requests with a 500 and
+the thread keeps serving.
 """
 
 from __future__ import annotations

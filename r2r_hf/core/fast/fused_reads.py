@@ -127,8 +127,8 @@ def _groups(model: torch.nn.Module) -> int:
 
 def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: int, regions: Regions,
                 every: bool = False) -> Step:
-    """``static_reads.read_fn`` fused: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> logits [B, V] (, hidden);
-    with ``every``, ``last`` [n] lists the positions whose logits [B, n, V] are kept (a resolution's read).
+    """``static_reads.read_fn`` fused: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> logits [B, V]
+    (, hidden); with ``every``, ``last`` [n] lists the positions whose logits [B, n, V] are kept (a resolution's).
 
     New tokens go to the columns after the cache's length, every row at the same ones (HF's rectangle); the
     read attends the first ``span`` columns; the cache's lengths advance by the piece less ``rewind``.

@@ -170,8 +170,8 @@ class CapturedState:
         batch, capacity: the shapes (capacity = longest sequence + ``SLACK``).
         capture_llm: False keeps the LLM's reads eager (it cannot be captured).
         key: what the state was built for (``CaptureStore`` compares it).
-        fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere (``"plain"``:
-            the fused regions uncompiled, for tests).
+        fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere
+            (``"plain"``: the fused regions uncompiled, for tests).
         vocab: the ids both models write (a folded read proposes the argmax among them).
         router_dtype: ``"model"`` scores with a copy of the router in the SLM's dtype, ``"float32"`` with the
             router itself (``router_copy.py``).
@@ -271,20 +271,16 @@ class CapturedState:
     def predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
         """The LLM reads columns ``start:end`` piece by piece (captured): its logits [B, n, V] after each column of
         ``keep``, computed there only (a piece keeps a bucket of positions, the last repeated to fill it)."""
-        found: dict[int, torch.Tensor] = {}
-        wanted = set(keep)
+        found, wanted = {}, set(keep)
         for tokens, bucket in pieces(end - start):
             inputs = dict(ids=seq.ids[:, start : start + bucket], positions=seq.positions[:, start : start + bucket],
                           mask=seq.mask, rewind=self.rewinds[bucket - tokens])
-            columns = [c for c in range(start, start + tokens) if c in wanted]
-            if not columns:  # (the piece only catches the LLM up)
-                self.read("llm", bucket, self.span(start + bucket), last=self.lasts[tokens - 1], **inputs)
-            else:
-                kept = bucket_for(len(columns))
-                at = [c - start for c in columns] + [columns[-1] - start] * (kept - len(columns))
-                last = torch.tensor(at, device=self.counts.device)
-                logits = self.read("llm", bucket, self.span(start + bucket), kept=kept, last=last, **inputs)[0]
-                found.update({c: logits[:, j] for j, c in enumerate(columns)})
+            columns = [c for c in range(start, start + tokens) if c in wanted] or [start + tokens - 1]  # (catch-up)
+            kept = bucket_for(len(columns))
+            at = [c - start for c in columns + columns[-1:] * (kept - len(columns))]  # (the last repeated)
+            last = torch.tensor(at, device=self.counts.device)
+            logits = self.read("llm", bucket, self.span(start + bucket), kept=kept, last=last, **inputs)[0]
+            found.update({c: logits[:, j] for j, c in enumerate(columns)})
             start += tokens
         return torch.stack([found[c] for c in keep], dim=1)
 

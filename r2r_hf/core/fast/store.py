@@ -48,8 +48,8 @@ class CaptureStore:
         graph_step: how a step is captured without ``compile_config`` (a ``graphs.GraphStep``).
         graph_devices: device types on which a static-cache call is captured that way.
         fuse: capture fused reads (``fused.py``: one compiled region per decoder layer, then captured) where a
-            model can be fused; False captures HF's eager forward; ``"plain"`` runs the fused regions uncompiled (tests).
-            Settable: ``model.capture_store.fuse = False``.
+            model can be fused; False captures HF's eager forward; ``"plain"`` runs the fused regions uncompiled
+            (tests). Settable: ``model.capture_store.fuse = False``.
         router_dtype: ``"model"`` (default) scores with a copy of the router in the SLM's dtype where its scores
             stay within ``router_copy.SCORE_TOLERANCE`` of fp32's; ``"float32"`` with the router itself. Settable.
     """
