@@ -13,7 +13,7 @@ from conftest import PROMPTS as SHORT
 from conftest import SMALL_ROUTER
 
 from r2r_hf import R2RForCausalLM
-from r2r_hf.core.policy import WaitPolicy
+from r2r_hf.core.policy import WaitPolicy, speculative_policy
 from r2r_hf.testing import make_related_llm, make_tiny_slm
 from test_batching import Driver, _alone
 
@@ -100,8 +100,8 @@ def test_the_router_runs_at_a_threshold_that_routes_nothing_only_where_its_score
         del related.router.scores
 
 
-@pytest.mark.parametrize("policy", [WaitPolicy((4,), 16, speculate=2), WaitPolicy((4,), 32, speculate=4)],
-                         ids=["s2", "s4"])
+@pytest.mark.parametrize("policy", [WaitPolicy((4,), 16, speculate=2), speculative_policy("cuda", 3, 4)],
+                         ids=["s2", "server-default-s4"])
 def test_served_rows_at_threshold_0_answer_as_the_llm_and_take_frontier_tokens(related, tok, policy):
     """Rows at threshold 0 (greedy, seeded) beside a row the router decides: each answers as alone (the threshold-0
     rows as the LLM alone), the frontier tokens are taken, and the router runs only in steps a routed row proposes."""
@@ -117,6 +117,7 @@ def test_served_rows_at_threshold_0_answer_as_the_llm_and_take_frontier_tokens(r
         assert all(by_llm for _, by_llm in run.out[name]), "every token is the LLM's"
     c = run.batch.counters
     assert c.router_steps == 0 and c.frontier_tokens > 0 and c.agreed > 0
+    assert c.agreed + c.rejected > 1.5 * c.resolutions, "the tails fill before the LLM resolves them"
     mixed = Driver(related, tok, slots=2, policy=policy)
     mixed.join("greedy", 0, **rows["greedy"][1])
     mixed.join("routed", 4, max_new_tokens=6, do_sample=False, threshold=0.5)

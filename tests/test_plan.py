@@ -104,7 +104,9 @@ def test_a_row_that_routes_everywhere_waits_for_its_frontier_token_once_it_holds
     ledger.apply(plan, settle(ledger.rows, plan, {}), after={0: "stream after its draw"})
     assert (ledger.rows[0].waiting_since, ledger.rows[0].rng) == (2, "stream after its draw")
     assert ledger.proposing() == [1, 2]
-    runs = plan_step(ledger.rows, 2, [1, 2], [True, True], set(), WaitPolicy((3,), 16, speculate=2))  # three hold
+    held = plan_step(ledger.rows, 2, [1, 2], [True, True], set(), WaitPolicy((3,), 16, speculate=2))
+    assert held.llm_writers == (), "row 2 routes everywhere: it counts once its tail is full, not while it holds one"
+    runs = plan_step(ledger.rows, 2, [1, 2], [True, True], set(), WaitPolicy((2,), 16, speculate=2))  # two wait
     assert runs.llm_writers == (0, 1, 2) and runs.resolving == (0, 1, 2) and runs.waited == (0, 0, 0)
     rows = _rows({"routes": True, "pending": [Pending(0, 0)]}, {"routes": True, "max_new": 1})
     assert plan_step(rows, 1, [0, 1], [True, True], set(), policy).frontier == (0,), "row 1 writes its last token"

@@ -88,7 +88,10 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     since.update({r: step for r in hits if r not in speculating})
     held = {r: rows[r].pending[0].step for r in occupied if rows[r].pending}
     held.update({r: step for r in speculating if r not in held})
-    holders = set(since) | set(held)
+    # A row that routes everywhere always holds pending positions: it counts once it waits (its tail full), wrote its
+    # last token or holds a tail as old as the policy lets one get (a count of holders: rows the LLM would serve).
+    holders = set(since) | {r for r, s in held.items()
+                            if not rows[r].routes or rows[r].draining or step - s >= policy.max_wait}
     oldest = max((step - s for s in (*since.values(), *held.values())), default=0)
     runs = bool(holders) and (policy.runs(len(holders), len(occupied), oldest, stalled=not slm_writers)
                               or (bool(since) and lockstep))
