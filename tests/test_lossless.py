@@ -228,7 +228,7 @@ def test_a_rows_own_depth_bounds_its_tail_and_changes_no_answer(related, tok):
     assert deepest == {"off": 0, "two": 2, "server's": 4}
 
 
-def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_did(related, tok):
+def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_did(related, tok, caplog):
     """Over HTTP: ``speculate`` in the body (0: off, at most the server's depth; else one sentence, a 400); the
     answers are each prompt's answer alone (threshold 0: the LLM's); ``usage.speculation`` counts each request's
     own; ``/metrics`` has acceptance per resolution as a histogram."""
@@ -240,8 +240,11 @@ def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_
 
     from test_batching import PROMPTS
 
+    import logging
+
     depths = [0, 2, None, 4]
-    with serving(related, tok, max_batch_size=4, llm_min_rows=(5,), llm_max_wait=16, speculate=4) as (url, _):
+    with caplog.at_level(logging.INFO, logger="r2r_hf.serve.engine"), \
+            serving(related, tok, max_batch_size=4, llm_min_rows=(5,), llm_max_wait=16, speculate=4) as (url, _):
         def ask(i):
             body = dict(model="tiny", prompt=PROMPTS[i], max_tokens=12, temperature=0, threshold=0.0)
             if depths[i] is not None:
@@ -263,6 +266,9 @@ def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_
         error = response.json()["error"]
         assert response.status_code == 400 and error["param"] == "speculate" and "from 0 (off) to 4" in error["message"]
     assert refused[2].status_code == 400 and "speculate" in refused[2].text
-    family = next(f for f in text_string_to_metric_families(metrics) if f.name == "r2r_speculative_accepted")
+    assert any("speculate up to 4 pending positions" in r.getMessage() for r in caplog.records), "said at start-up"
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    assert families["r2r_speculation_depth"].samples[0].value == 4
+    family = families["r2r_speculative_accepted"]
     count = next(s.value for s in family.samples if s.name.endswith("_count"))
     assert count > 0, "one entry per answer and resolution"

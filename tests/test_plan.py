@@ -113,3 +113,20 @@ def test_a_row_that_routes_everywhere_waits_for_its_frontier_token_once_it_holds
     rows[1].max_new = 5
     assert plan_step(rows, 1, [0, 1], [True, False], set(), policy, lockstep=True).frontier == (), \
         "a rectangle's SLM reads every row or none: row 1 proposes next"
+
+
+def test_rows_at_threshold_0_hold_as_many_pending_positions_as_the_load_allows():
+    """Depth by load (``WaitPolicy.depths``, the server's on a GPU from the cost model): a row that routes everywhere
+    holds at most the depth for the running rows, capped by ``speculate``; other rows hold ``speculate``."""
+    from r2r_hf.core.policy import LOSSLESS_DEPTHS, speculative_policy
+
+    policy = speculative_policy("cuda", 16, 16)
+    assert policy.depths == LOSSLESS_DEPTHS and policy.depth(1, True) == 8 and policy.depth(12, True) == 6
+    assert policy.depth(12) == 16 and speculative_policy("cuda", 16, 4).depth(1, True) == 4
+    assert speculative_policy("cpu", 16, 16).depth(1, True) == 16, "on a CPU: --speculate"
+    six = [Pending(i, i) for i in range(5)]
+    alone = plan_step(_rows({"routes": True, "pending": list(six)}), 9, [0], [True], set(), policy)
+    crowd = plan_step(_rows({"routes": True, "pending": list(six)}, {}, {}), 9, [0, 1, 2], [True, False, False],
+                      set(), policy)
+    assert alone.speculating == (0,) and alone.frontier == (), "alone it may hold 8"
+    assert crowd.speculating == (0,) and crowd.frontier == (0,), "among 3 rows, 6: its sixth fills its tail"

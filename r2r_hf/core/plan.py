@@ -81,8 +81,8 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
     hits = [r for r, hit in zip(proposed, routed) if hit and r not in ended]
     unsure = {r for r, s in zip(proposed, sure or [False] * len(proposed)) if not s}
-    speculating = tuple(r for r in hits if len(rows[r].pending) < depth(rows[r], policy) and r in unsure
-                        and not rows[r].ended_in_tail())
+    speculating = tuple(r for r in hits if len(rows[r].pending) < depth(rows[r], policy, len(occupied))
+                        and r in unsure and not rows[r].ended_in_tail())
     slm_writers = tuple(r for r, hit in zip(proposed, routed) if r not in ended and (not hit or r in speculating))
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
     since.update({r: step for r in hits if r not in speculating})
@@ -97,7 +97,7 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
                               or (bool(since) and lockstep))
     if not runs:
         slm_reads = tuple(r for r in sorted(slm_writers) if rows[r].max_new > 1)
-        frontier = _frontier(rows, speculating, slm_reads, policy, lockstep)
+        frontier = _frontier(rows, speculating, slm_reads, policy, lockstep, len(occupied))
         return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, (), speculating,
                         waiting=tuple(sorted({*since, *frontier})), slm_reads=tuple(r for r in slm_reads
                                                                                   if r not in frontier),
@@ -111,18 +111,20 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
                     resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
 
 
-def depth(row, policy: WaitPolicy) -> int:
-    """Pending positions ``row`` may hold: the policy's, or less where its request asked (``RowState.depth``)."""
-    return policy.speculate if row.depth is None else min(policy.speculate, row.depth)
+def depth(row, policy: WaitPolicy, running: int) -> int:
+    """Pending positions ``row`` may hold among ``running`` rows: the policy's (by load where it routes everywhere:
+    ``WaitPolicy.depth``), or less where its request asked (``RowState.depth``)."""
+    most = policy.depth(running, bool(row.routes))
+    return most if row.depth is None else min(most, row.depth)
 
 
 def _frontier(rows: Sequence, speculating: Sequence[int], slm_reads: Sequence[int], policy: WaitPolicy,
-              lockstep: bool) -> tuple[int, ...]:
+              lockstep: bool, running: int) -> tuple[int, ...]:
     """The speculating rows whose next token is the LLM's for sure (``StepPlan.frontier``): they route everywhere, hold
     ``policy.speculate`` pending positions after this step and have a token left after it. In lockstep every row the
     SLM would read must be one (the rectangle's SLM reads every row or none)."""
-    full = tuple(r for r in speculating if rows[r].routes and len(rows[r].pending) + 1 >= depth(rows[r], policy)
-                 and r in slm_reads)
+    full = tuple(r for r in speculating if rows[r].routes and r in slm_reads
+                 and len(rows[r].pending) + 1 >= depth(rows[r], policy, running))
     return () if lockstep and set(full) != set(slm_reads) else full
 
 

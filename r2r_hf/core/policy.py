@@ -68,12 +68,16 @@ class WaitPolicy:
             wait, and ``max_wait`` bounds the age of the oldest, which also bounds a row's speculative tail.
         speculate_below: a row speculates past a routed position only where the router's score there is below this
             (where it is surer, the LLM disagrees far more often: the row waits for it instead).
+        depths: for rows that route everywhere (threshold 0: lossless decoding, the SLM drafting), the pending
+            positions they may hold by the count of running rows (index: running rows - 1; the last entry covers
+            larger counts), at most ``speculate``; empty: ``speculate`` (``depth``).
     """
 
     min_rows: tuple[int, ...] = (1,)
     max_wait: int = 0
     speculate: int = 0
     speculate_below: float = math.inf
+    depths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
@@ -81,11 +85,29 @@ class WaitPolicy:
         check_max_wait(self.max_wait)
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
+        if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.depths):
+            raise ValueError(f"depths must be whole numbers of pending positions >= 1, got {self.depths!r}.")
 
     @property
     def immediate(self) -> bool:
         """The LLM always runs in the step a row routes (no row ever waits)."""
         return self.max_wait == 0 or max(self.min_rows) == 1
+
+    def said(self) -> str:
+        """The policy in one line (the server says it at start-up)."""
+        if not self.speculate:
+            return f"the LLM runs once {self.min_rows} rows wait or the oldest waited {self.max_wait} steps"
+        by_load = f"; answers at threshold 0: {', '.join(map(str, self.depths))} by running rows" if self.depths else ""
+        return (f"answers speculate up to {self.speculate} pending positions{by_load}; the LLM resolves once "
+                f"{self.min_rows} rows wait or hold full tails, the oldest is {self.max_wait} steps old, or none "
+                "can go on")
+
+    def depth(self, running: int, everywhere: bool = False) -> int:
+        """Pending positions a row may hold in a batch of ``running`` rows (``everywhere``: it routes every
+        position, its depth by load)."""
+        if not everywhere or not self.depths:
+            return self.speculate
+        return min(self.speculate, self.depths[min(max(running, 1), len(self.depths)) - 1])
 
     def wanted(self, running: int) -> int:
         """``m`` for a batch of ``running`` rows."""
@@ -128,7 +150,14 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
     else:
         default = default_policy("cuda", max_rows)  # what waiting means where it pays
     return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
-                      check_speculate_below(speculate_below))
+                      check_speculate_below(speculate_below), default.depths)
+
+
+# Threshold 0 (lossless) on a GPU, pending positions per row by running rows (1, 2, 3, ...; the last for more): the
+# best depth of the cost model with the first H200 run's measured costs at an agreement of 0.9 per position
+# (``benchmarks/serving/lossless.py``, ``results/lossless_h200_predicted.json``): 8 at 1-2 rows, 6 from 3 (at 0.99,
+# the real pair's on HumanEval, 16 -> 12; at 0.8, 4 -> 3). A server's --speculate caps it.
+LOSSLESS_DEPTHS = (8, 8, 6)
 
 
 def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitPolicy:
@@ -138,8 +167,13 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitP
     positions and routes again waits meanwhile). Chosen with the cost model (``benchmarks/serving/speculative.py``,
     H200 estimates, docs/performance.md): at 8 and 16 users, p = 0.05-0.2, 3 % below the best of its grid in each
     case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
-    LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99."""
-    return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate)
+    LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99. On a
+    GPU the rows at threshold 0 hold pending positions by load (``LOSSLESS_DEPTHS``, at most ``speculate``); they
+    count as holding once their tails are full (``plan.plan_step``)."""
+    depths = LOSSLESS_DEPTHS if device_type != "cpu" else ()
+    return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate,
+                      depths=depths)
+
 
 
 SERVE_SPECULATE_WAIT = 16

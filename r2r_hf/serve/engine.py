@@ -67,6 +67,8 @@ class Engine:
         below = getattr(model.generation_config, "speculate_below", None) if below is None else below
         self.policy = speculation_for(serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
                                                      settings.llm_max_wait, settings.speculate, below), self.pair)
+        if settings.speculate:
+            logger.info("speculating: %s.", self.policy.said())
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)

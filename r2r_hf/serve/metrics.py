@@ -99,7 +99,10 @@ class _EngineCollector:
         running.add_metric([], len(engine.rows))
         waiting = GaugeMetricFamily("r2r_waiting_rows", "Answers of the batch waiting for the LLM")
         waiting.add_metric([], 0 if engine.batch is None else len(engine.batch.ledger.waiting()))
-        yield from (queue, running, waiting)
+        depth = GaugeMetricFamily("r2r_speculation_depth", "Pending positions an answer at threshold 0 may hold now "
+                                  "(by the running rows; 0: the server does not speculate)")
+        depth.add_metric([], engine.policy.depth(len(engine.rows), everywhere=True))
+        yield from (queue, running, waiting, depth)
         totals = {
             "r2r_generated_tokens": ("Tokens generated", counters.generated),
             "r2r_llm_tokens": ("Tokens the LLM wrote", counters.llm_tokens),
