@@ -12,7 +12,8 @@ probability ``agreement``. Random weights agree nowhere, so agreement is an inpu
 (measured on this CPU: ``benchmarks/results/lossless_*.json``, 0.99 on HumanEval) and lower ones, where a harder
 pair or task would sit. Per (concurrency, agreement): each depth x resolution trigger of a grid (the LLM resolves
 once a fraction of the running rows wait for it with full tails, or once the oldest pending position is ``w`` steps
-old; ``speculative.by_fraction``), the best, and the LLM alone served the same way (``cost_model.llm_alone``).
+old; ``speculative.by_fraction``), the best, the server's default (``core.policy.speculative_policy``: depth by
+load), and the LLM alone served the same way (``cost_model.llm_alone``).
 vLLM V1's lossless speculative decoding on one H100 (Qwen3-32B + Qwen3-1.7B draft, k = 4, MT-Bench, third-party
 logs): 2.22 / 1.95 / 1.84x its 32B alone at 1 / 8 / 16 users.
 """
@@ -24,6 +25,8 @@ import concurrent.futures
 import json
 from dataclasses import replace
 from pathlib import Path
+
+from r2r_hf.core.policy import speculative_policy
 
 from .calibrated import measured_costs
 from .cost_model import llm_alone, simulate, synthetic
@@ -57,8 +60,11 @@ def cell(costs, concurrency: int, agreement: float) -> dict:
                              "llm_calls_per_token": got["llm_calls_per_token"],
                              "thrown_per_token": got["thrown_per_token"], "time_share": got["time_share"]})
     best = max(runs, key=lambda r: r["tokens_per_s"])
+    shipped = simulate(load, concurrency, speculative_policy("cuda", SLOTS, 16), costs, SLOTS, routes=True)
+    default = {"policy": "the server's default on a GPU (--speculate 16: depth by load)",
+               "tokens_per_s": shipped["tokens_per_s"], "vs_llm_alone": shipped["tokens_per_s"] / alone}
     return {"concurrency": concurrency, "agreement": agreement, "llm_alone_tokens_per_s": alone, "best": best,
-            "runs": runs}
+            "server_default": default, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -80,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     for c in cells:
         b = c["best"]
         print(f"{c['concurrency']:3d} users, agreement {c['agreement']:.2f}: {b['vs_llm_alone']:.2f}x the LLM alone "
-              f"(depth {b['depth']}, {b['trigger']}), vLLM {VLLM_LOSSLESS.get(c['concurrency'], '-')}", flush=True)
+              f"(depth {b['depth']}, {b['trigger']}; server default {c['server_default']['vs_llm_alone']:.2f}x), "
+              f"vLLM {VLLM_LOSSLESS.get(c['concurrency'], '-')}", flush=True)
     return result
 
 
