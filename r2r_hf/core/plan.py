@@ -98,10 +98,9 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     if not runs:
         slm_reads = tuple(r for r in sorted(slm_writers) if rows[r].max_new > 1)
         frontier = _frontier(rows, speculating, slm_reads, policy, lockstep, len(occupied))
+        slm_reads = tuple(r for r in slm_reads if r not in frontier)
         return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, (), speculating,
-                        waiting=tuple(sorted({*since, *frontier})), slm_reads=tuple(r for r in slm_reads
-                                                                                  if r not in frontier),
-                        frontier=frontier)
+                        waiting=tuple(sorted({*since, *frontier})), slm_reads=slm_reads, frontier=frontier)
     llm_writers = tuple(sorted(set(since) | set(speculating)))  # a row routed now is written now
     slm_writers = tuple(r for r in slm_writers if r not in speculating)
     resolving = tuple(r for r in occupied if rows[r].pending)
@@ -121,8 +120,8 @@ def depth(row, policy: WaitPolicy, running: int) -> int:
 def _frontier(rows: Sequence, speculating: Sequence[int], slm_reads: Sequence[int], policy: WaitPolicy,
               lockstep: bool, running: int) -> tuple[int, ...]:
     """The speculating rows whose next token is the LLM's for sure (``StepPlan.frontier``): they route everywhere, hold
-    ``policy.speculate`` pending positions after this step and have a token left after it. In lockstep every row the
-    SLM would read must be one (the rectangle's SLM reads every row or none)."""
+    as many pending positions as they may (``depth``) after this step and have a token left after it. In lockstep
+    every row the SLM would read must be one (the rectangle's SLM reads every row or none)."""
     full = tuple(r for r in speculating if rows[r].routes and r in slm_reads
                  and len(rows[r].pending) + 1 >= depth(rows[r], policy, running))
     return () if lockstep and set(full) != set(slm_reads) else full
