@@ -16,7 +16,7 @@ CUDA graphs (``REGION_OPTIONS``), and the whole read is then captured as before 
   the query heads of one KV head are read as rows of one attention (``packed_queries``), which every sdpa
   kernel takes with a mask;
 * ``head``: the final norm and ``lm_head`` at the last real token (and the SLM's post-norm hidden state);
-  ``kept_head`` at the positions a speculative resolution judges.
+  ``kept_head`` (uncompiled) at the positions a speculative resolution judges.
 
 Attention reads the filled columns only, rounded up to a power of two (``attended``), decided on the host
 from lengths the loop already knows. Only decoder layers of the shape above are fused (``FUSABLE``); a
@@ -232,7 +232,8 @@ def packed_head(model: torch.nn.Module, x: torch.Tensor, keep: torch.Tensor, hid
 
 def kept_head(model: torch.nn.Module, x: torch.Tensor, keep: torch.Tensor):
     """Logits [B, n, V] after the tokens ``keep`` [n] of ``x`` [B, b, H] (a speculative resolution's read: the
-    positions it judges only, not the whole piece's)."""
+    positions it judges only, not the whole piece's). Not compiled: ``lm_head``'s GEMM is the cost, and the capture
+    records it as it runs (no region compile per rows x tokens x kept class)."""
     return (model.lm_head(model.model.norm(x.index_select(1, keep))),)
 
 

@@ -33,8 +33,8 @@ class Regions:
     """
 
     def __init__(self, compile: bool) -> None:
-        names = ("static_prologue", "slot_prologue", "static_layer", "slot_layer", "head", "kept_head",
-                 "packed_prologue", "packed_layer", "packed_head")
+        names = ("static_prologue", "slot_prologue", "static_layer", "slot_layer", "head", "packed_prologue",
+                 "packed_layer", "packed_head")
         # The functions dynamo compiles (fresh code objects when compiled: their compiled entries are this model's).
         self.functions = {name: _fresh(getattr(fused, name)) if compile else getattr(fused, name) for name in names}
         self.compiled = compile
@@ -146,7 +146,7 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
             x = regions.static_layer(layer, x, cos, sin, packed, kv.keys, kv.values, column, w, span)
             _dynamic((x, 0, 1))
         torch._foreach_add_(lengths, [ids.shape[1] - rewind] * len(lengths))  # one kernel (the scalar form syncs)
-        return regions.kept_head(model, x, last) if every else regions.head(model, x, last, hidden)
+        return fused.kept_head(model, x, last) if every else regions.head(model, x, last, hidden)
 
     return read
 
