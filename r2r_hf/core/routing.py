@@ -103,7 +103,7 @@ class Routing:
         sampler = Sampler(bool(generation_config.do_sample), input_ids.device, generator)
         pair = pair.for_call(seed)
         needed = call_length(generation_config, input_ids.shape[1])
-        scored = bool(generation_config.return_dict_in_generate)  # (a streamer told the routing scores too)
+        scored = bool(generation_config.return_dict_in_generate)  # (r2r_decode also counts a RoutingAwareStreamer)
         fold = proposal_is_argmax(sampler.do_sample, processors) and fixed_routing(threshold, budget, scored) is None
         policy = speculation_for(call_policy(generation_config, input_ids.shape[0]), pair)
         calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold, policy.speculate > 0)
