@@ -74,7 +74,10 @@ def test_settle_cuts_a_slot_back_alone_and_a_rectangle_together():
     assert together.writers == (0, 1, 2) and together.slm_writers == ()
     assert (slots.thrown, together.thrown) == (2, 4), "tokens past each cut thrown away (a kept token stays)"
     planned = settle(rows, plan, {0: None, 1: None})
-    assert planned == Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, 3)
+    assert planned == Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, 3,
+                              tally={0: (2, 0, 0), 1: (1, 0, 0)})
+    assert slots.tally == {0: (1, 1, 2), 1: (1, 0, 0)}, "per row: (agreed, rejected, thrown)"
+    assert together.tally == {0: (1, 1, 2), 1: (1, 0, 1), 2: (0, 0, 1)}, "row 2 resolved nothing: cut back with them"
     assert planned.writers == plan.writers, "nothing rejected: the plan's commits"
     assert settle(rows, plan, {}).writers == plan.writers, "nothing to resolve: the plan as planned"
 
@@ -84,3 +87,46 @@ def test_a_row_the_router_is_sure_of_waits_rather_than_speculates():
     rows = _rows({}, {})
     plan = plan_step(rows, 0, [0, 1], [True, True], set(), policy, sure=[True, False])
     assert plan.speculating == (1,) and plan.waiting == (0,), "row 0's score reached speculate_below"
+
+
+def test_a_row_that_routes_everywhere_waits_for_its_frontier_token_once_it_holds_its_depth():
+    """Its next position routes whatever the SLM proposes and it may hold no more pending positions: it waits without
+    proposing (the SLM does not read its token now) and the resolution of its tail writes its next token."""
+    from r2r_hf.core.ledger import Ledger
+
+    policy = WaitPolicy((4,), 16, speculate=2)
+    ledger = Ledger(3)
+    ledger.rows = _rows({"routes": True, "pending": [Pending(0, 0)], "written": 1},
+                        {"pending": [Pending(0, 0)], "written": 1}, {"routes": True, "written": 1})
+    plan = plan_step(ledger.rows, 1, [0, 1, 2], [True, True, True], set(), policy)
+    assert plan.frontier == (0,) and plan.speculating == (0, 1, 2), "row 1's router decides; row 2 holds one"
+    assert plan.slm_reads == (1, 2) and plan.waiting == (0,)
+    ledger.apply(plan, settle(ledger.rows, plan, {}), after={0: "stream after its draw"})
+    assert (ledger.rows[0].waiting_since, ledger.rows[0].rng) == (2, "stream after its draw")
+    assert ledger.proposing() == [1, 2]
+    held = plan_step(ledger.rows, 2, [1, 2], [True, True], set(), WaitPolicy((3,), 16, speculate=2))
+    assert held.llm_writers == (), "row 2 routes everywhere: it counts once its tail is full, not while it holds one"
+    runs = plan_step(ledger.rows, 2, [1, 2], [True, True], set(), WaitPolicy((2,), 16, speculate=2))  # two wait
+    assert runs.llm_writers == (0, 1, 2) and runs.resolving == (0, 1, 2) and runs.waited == (0, 0, 0)
+    rows = _rows({"routes": True, "pending": [Pending(0, 0)]}, {"routes": True, "max_new": 1})
+    assert plan_step(rows, 1, [0, 1], [True, True], set(), policy).frontier == (0,), "row 1 writes its last token"
+    rows[1].max_new = 5
+    assert plan_step(rows, 1, [0, 1], [True, False], set(), policy, lockstep=True).frontier == (), \
+        "a rectangle's SLM reads every row or none: row 1 proposes next"
+
+
+def test_rows_at_threshold_0_hold_as_many_pending_positions_as_the_load_allows():
+    """Depth by load (``WaitPolicy.depths``, the server's on a GPU from the cost model): a row that routes everywhere
+    holds at most the depth for the running rows, capped by ``speculate``; other rows hold ``speculate``."""
+    from r2r_hf.core.policy import LOSSLESS_DEPTHS, speculative_policy
+
+    policy = speculative_policy("cuda", 16, 16)
+    assert policy.depths == LOSSLESS_DEPTHS and policy.depth(1, True) == 8 and policy.depth(12, True) == 6
+    assert policy.depth(12) == 16 and speculative_policy("cuda", 16, 4).depth(1, True) == 4
+    assert speculative_policy("cpu", 16, 16).depth(1, True) == 16, "on a CPU: --speculate"
+    six = [Pending(i, i) for i in range(5)]
+    alone = plan_step(_rows({"routes": True, "pending": list(six)}), 9, [0], [True], set(), policy)
+    crowd = plan_step(_rows({"routes": True, "pending": list(six)}, {}, {}), 9, [0, 1, 2], [True, False, False],
+                      set(), policy)
+    assert alone.speculating == (0,) and alone.frontier == (), "alone it may hold 8"
+    assert crowd.speculating == (0,) and crowd.frontier == (0,), "among 3 rows, 6: its sixth fills its tail"

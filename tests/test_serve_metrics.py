@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from r2r_hf.core.counters import Counters
+from r2r_hf.core.policy import IMMEDIATE
 from r2r_hf.serve.errors import APIError
 from r2r_hf.serve.metrics import ServeMetrics
 from serving import gap_threshold, serving, slow_decoding
@@ -44,7 +45,7 @@ def test_the_wait_histogram_takes_constant_memory_however_many_waits_it_counts()
     counters = Counters()
     for wait in (0, 0, 1, 3, 3, 5, 16, 200):
         counters.waits.append(wait)
-    engine = SimpleNamespace(counters=counters, queue=[], rows=[], batch=None)
+    engine = SimpleNamespace(counters=counters, queue=[], rows=[], batch=None, policy=IMMEDIATE)
     samples = _families(ServeMetrics(engine).text().decode())["r2r_llm_wait_steps"].samples
     buckets = {s.labels["le"]: s.value for s in samples if s.name.endswith("_bucket")}
     assert buckets == {"0": 2, "1": 3, "2": 3, "4": 5, "8": 6, "16": 7, "32": 7, "64": 7, "128": 7, "+Inf": 8}
@@ -168,7 +169,8 @@ def test_every_replica_is_on_every_scrape_labelled_whichever_answers():
     from r2r_hf.serve.replica_metrics import PREFIX, ReplicaMetrics
 
     store = _Store()
-    metrics = [ServeMetrics(SimpleNamespace(counters=Counters(), queue=[], rows=[], batch=None)) for _ in range(2)]
+    metrics = [ServeMetrics(SimpleNamespace(counters=Counters(), queue=[], rows=[], batch=None, policy=IMMEDIATE))
+               for _ in range(2)]
     replicas = [ReplicaMetrics(m, "r2r", name, store) for m, name in zip(metrics, ("a", "b"))]
     for m, answered in zip(metrics, (3, 5)):
         for _ in range(answered):

@@ -106,10 +106,10 @@ H200_EAGER = Costs(slm=(18.5e-3, 0.0, 6e-6), llm=(50e-3, 0.0, 1.3e-4), router=(1
 
 
 def simulate(answers: list[tuple[int, list[bool]]], concurrency: int, policy: WaitPolicy, costs: Costs,
-             slots: int = 16, chunk: int = 256) -> dict:
+             slots: int = 16, chunk: int = 256, routes: bool | None = None) -> dict:
     """Serve ``answers`` (prompt length, routed flag per token) through the real schedule (``replay.py``),
-    ``concurrency`` at a time; tokens/s, latencies and counters."""
-    batch, done = replay(answers, concurrency, policy, costs, slots, chunk)
+    ``concurrency`` at a time; tokens/s, latencies and counters (``routes``: ``replay.replay``'s)."""
+    batch, done = replay(answers, concurrency, policy, costs, slots, chunk, routes=routes)
     c = batch.counters
     tokens = sum(len(a.routed) for a in done)
     gaps = [b - a for answer in done for a, b in zip(answer.times, answer.times[1:])]

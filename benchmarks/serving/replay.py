@@ -70,6 +70,7 @@ class Answer:
     routed: list[bool]
     agrees: list[bool] | None = None
     times: list[float] = field(default_factory=list)
+    routes: bool | None = None  # its routing is fixed (``RowState.routes``: True at threshold 0, no router step)
 
     def __post_init__(self) -> None:
         if self.agrees is None:  # no disagreement recorded
@@ -160,7 +161,8 @@ class ReplayBatch:
     def join(self, answer: Answer) -> None:
         slot = self.ledger.rows.index(None)
         self.book.place(slot, answer.prompt)
-        self.ledger.rows[slot] = RowState(owner=answer, max_new=len(answer.routed), prefilling=True)
+        self.ledger.rows[slot] = RowState(owner=answer, max_new=len(answer.routed), prefilling=True,
+                                          routes=answer.routes)
 
     def leave(self, rows: list[int]) -> None:
         for r in rows:
@@ -178,8 +180,8 @@ class ReplayBatch:
     def propose(self, policy: WaitPolicy) -> SimpleNamespace:
         """The recorded routing of each proposing row's next token (a stream's states are not modelled)."""
         rows = [(r, self.ledger.rows[r]) for r in self.ledger.proposing()]
-        if rows:
-            self.clock.spend("router", self.clock.costs.router[0] + self.clock.costs.router[1] * len(rows))
+        if scored := sum(row.routes is None for _, row in rows):  # (fixed routing: no router step)
+            self.clock.spend("router", self.clock.costs.router[0] + self.clock.costs.router[1] * scored)
         routed = [row.owner.routed[len(row.owner.routed) - row.max_new] for _, row in rows]
         return SimpleNamespace(rows=[r for r, _ in rows], routed=routed, states={}, after={})
 
@@ -279,14 +281,16 @@ class Arrivals:
 
 
 def replay(answers: list[tuple[int, list[bool]]], concurrency: int, policy: WaitPolicy, costs: Costs,
-           slots: int = 16, chunk: int = 256, trace: bool = False) -> tuple[ReplayBatch, list[Answer]]:
+           slots: int = 16, chunk: int = 256, trace: bool = False,
+           routes: bool | None = None) -> tuple[ReplayBatch, list[Answer]]:
     """Serve ``answers`` (prompt length, routed flag per token; a ``Routed`` carries the LLM's agreement) in order,
     ``concurrency`` at a time (closed loop: a request is sent when an earlier one ends), each turn the engine's; the
     batch (clock, counters; with ``trace`` the shape of every forward in ``counters.shapes``) and the answers
-    served, in the order they ended."""
+    served, in the order they ended. ``routes``: every answer's routing is fixed (True: threshold 0, every token
+    routes, the router never runs, confirmed tails take their frontier token)."""
     batch = ReplayBatch(slots, costs)
     batch.counters.shapes = [] if trace else None
-    queue = collections.deque(Answer(prompt, list(routed), getattr(routed, "agrees", None))
+    queue = collections.deque(Answer(prompt, list(routed), getattr(routed, "agrees", None), routes=routes)
                               for prompt, routed in answers)
     arrivals = Arrivals(batch)
     while queue or batch.ledger.occupied():

@@ -159,11 +159,11 @@ def captured_components(state: CapturedState, context: int, repeats: int, device
         span = state.span(context + bucket)
         state.read("llm", bucket, span, **chunk)  # captured on first use, outside the timing
         out["t_llm"][bucket] = timed(lambda: state.read("llm", bucket, span, **chunk), device, repeats * 3)
-    out["t_llm_every"] = {}  # a speculative resolution's read: every position's logits (HF's forward, captured)
+    out["t_llm_every"] = {}  # a speculative resolution's read keeping every position's logits (captured)
     for bucket in BUCKETS:
-        chunk = piece(bucket)
-        state.read("llm", bucket, state.capacity, every=True, **chunk)
-        out["t_llm_every"][bucket] = timed(lambda: state.read("llm", bucket, state.capacity, every=True, **chunk),
+        chunk = {**piece(bucket), "last": state.counts[:bucket]}
+        state.read("llm", bucket, state.capacity, kept=bucket, **chunk)
+        out["t_llm_every"][bucket] = timed(lambda: state.read("llm", bucket, state.capacity, kept=bucket, **chunk),
                                            device, repeats * 3)
     state.reset()
     return out

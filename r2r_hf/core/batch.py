@@ -31,7 +31,7 @@ from .ledger import Ledger, RowState
 from .pair import RoutedPair
 from .plan import Outcome, StepPlan
 from .policy import WaitPolicy
-from .routing import Routing
+from .routing import Routing, fixed_routing
 from .speculation import resolve, roll_back
 from .staging import in_order, staged
 from .step import Drafted, LLMRead, Proposal, Synced
@@ -47,6 +47,8 @@ class Joiner:
     rule: RowRule
     llm_budget: float | None = None
     owner: Any = None
+    ends: frozenset[int] = frozenset()  # tokens that end its answer (``RowState.ends``)
+    depth: int | None = None  # pending positions it may hold at most (``RowState.depth``; None: the policy's)
 
 
 class RunningBatch:
@@ -76,9 +78,11 @@ class RunningBatch:
     @classmethod
     def for_call(cls, routing: Routing, input_ids: torch.Tensor, new_tokens: int,
                  attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                 pad: torch.Tensor | None = None, counters: Counters | None = None) -> RunningBatch:
+                 pad: torch.Tensor | None = None, counters: Counters | None = None, scored: bool = True,
+                 ends: frozenset[int] = frozenset()) -> RunningBatch:
         """A generate call's batch over its left-padded prompts ``input_ids`` [B, P] (every row of the rectangle,
-        at most ``new_tokens`` each; finished rows commit ``pad``); the SLM reads the prompts."""
+        at most ``new_tokens`` each; finished rows commit ``pad``); the SLM reads the prompts. ``scored``: the call
+        returns the router's scores (``routing.fixed_routing``); ``ends``: the tokens that end an answer."""
         counters = counters or Counters()
         seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.calls.capacity)
         layout = RectangleLayout(routing.calls, seq, counters, pad)
@@ -87,7 +91,8 @@ class RunningBatch:
         rows, device = input_ids.shape[0], input_ids.device
         budget = None if routing.llm_budget is None else Budget.start(routing.llm_budget, rows, new_tokens, device)
         batch = cls(routing.pair, layout, choice, counters, rows, device, budget, routing.sampler.do_sample)
-        batch.ledger.rows = [RowState(max_new=new_tokens) for _ in range(rows)]
+        routes = fixed_routing(routing.threshold, routing.llm_budget, scored)
+        batch.ledger.rows = [RowState(max_new=new_tokens, routes=routes, ends=ends) for _ in range(rows)]
         batch.thresholds.fill_(routing.threshold)
         batch.store_slm(list(range(rows)), *layout.slm_read(list(range(rows))))
         return batch
@@ -118,7 +123,9 @@ class RunningBatch:
         self.counters.join_bytes += layout.reserve(len(rows), needed)
         for slot, joiner in zip(free, joiners):
             layout.place(slot, joiner.prompt)
-            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new)
+            routes = fixed_routing(joiner.threshold, joiner.llm_budget)  # (nothing reads a served row's scores)
+            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes, ends=joiner.ends,
+                                  depth=joiner.depth)
             self.choice.set(slot, joiner.rule)
             self.thresholds[slot] = joiner.threshold
             self.budget.place(slot, math.inf if joiner.llm_budget is None else joiner.llm_budget, joiner.max_new)
@@ -199,14 +206,7 @@ class RunningBatch:
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
         scores, token, ok = self.choice.propose(logits, rows, rows if index is None else None)
         after = self.choice.state(rows) if speculate else {}
-        if self.unscored.isdisjoint(rows) and self.choice.argmax(rows):  # scored in the SLM's read (folded)
-            router_scores = _taken(self.slm_scores, index).to(token.device)
-        else:
-            self.pair.router.step()
-            if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
-                self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
-            router_scores = self.layout.route(logits, hidden, token).to(token.device)
-        routed = router_scores >= _taken(self.thresholds, index)
+        router_scores, routed = self._route(rows, index, logits, hidden, token)
         if self.lockstep:  # a rectangle's finished rows route nothing (a slot's proposers all run)
             routed &= self.running
         if not self._spends_none(rows):
@@ -217,6 +217,23 @@ class RunningBatch:
         below = policy.speculate_below
         sure = router_scores >= below if speculate and below < math.inf else None
         return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after, sure)
+
+    def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
+               token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's scores of the proposals and where they reach each row's threshold; it does not run (scores
+        NaN) where every proposing row's routing is fixed (``RowState.routes``: rows at thresholds <= 0 route)."""
+        if all(self.ledger.rows[r].routes is not None for r in rows):
+            nothing = torch.full(token.shape, math.nan, device=token.device)
+            return nothing, _taken(self.thresholds, index).to(token.device) <= 0
+        self.counters.router_steps += 1
+        if self.unscored.isdisjoint(rows) and self.choice.argmax(rows):  # scored in the SLM's read (folded)
+            router_scores = _taken(self.slm_scores, index).to(token.device)
+        else:
+            self.pair.router.step()
+            if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
+                self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
+            router_scores = self.layout.route(logits, hidden, token).to(token.device)
+        return router_scores, router_scores >= _taken(self.thresholds, index)
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""

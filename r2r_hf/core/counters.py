@@ -13,24 +13,27 @@ import math
 from dataclasses import dataclass, field
 
 WAIT_BOUNDS = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # the wait histogram's bucket bounds, in steps (then +Inf)
+ACCEPTED_BOUNDS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)  # pending positions one resolution confirmed of one row
 
 
-class WaitHistogram:
-    """Steps routed tokens waited for the LLM, counted in fixed buckets (``WAIT_BOUNDS``, then +Inf).
+class Histogram:
+    """Whole numbers counted in fixed buckets (``bounds``, then +Inf): by default the steps routed tokens waited for
+    the LLM (``WAIT_BOUNDS``).
 
     A server counts one wait per LLM-written token for as long as it runs: a list of them grew without end and every
     ``/metrics`` scrape scanned it. Here memory and every read are constant: the count per bucket, the sum and the
     largest wait. Quantiles are therefore bucket bounds (exact for 0, 1 and 2 steps, an upper bound above).
     """
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(WAIT_BOUNDS) + 1)  # per bucket (not cumulative); the last is +Inf
+    def __init__(self, bounds: tuple[int, ...] = WAIT_BOUNDS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket (not cumulative); the last is +Inf
         self.total = 0  # the sum of the waits
         self.max = 0
 
     def append(self, steps: int) -> None:
         """Count one routed token that waited ``steps`` steps."""
-        self.counts[bisect.bisect_left(WAIT_BOUNDS, steps)] += 1
+        self.counts[bisect.bisect_left(self.bounds, steps)] += 1
         self.total += steps
         self.max = max(self.max, steps)
 
@@ -42,13 +45,13 @@ class WaitHistogram:
         return sum(self.counts)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, WaitHistogram) and (self.counts, self.total, self.max) == (other.counts, other.total,
+        return isinstance(other, Histogram) and (self.counts, self.total, self.max) == (other.counts, other.total,
                                                                                                other.max)
 
     def cumulative(self) -> list[tuple[float, int]]:
         """(bound, waits <= bound) per bucket, +Inf last: Prometheus's histogram buckets."""
         counts, out, running = list(self.counts), [], 0  # one copy: the decoding thread may count meanwhile
-        for bound, n in zip((*WAIT_BOUNDS, math.inf), counts):
+        for bound, n in zip((*self.bounds, math.inf), counts):
             running += n
             out.append((bound, running))
         return out
@@ -82,14 +85,19 @@ class Counters:
         llm_rows: rows the LLM served (wrote a token for, or resolved pending positions of), summed over catch-ups.
         host_syncs: times the host waited for the device.
         waits: for every routed token, the steps its row waited for the LLM (0: the LLM ran at once), in fixed
-            buckets (``WaitHistogram``: constant memory however long a server runs).
+            buckets (``Histogram``: constant memory however long a server runs).
         joins: rows that joined the batch; join_bytes: KV bytes copied to make room for them.
         gathered_bytes: KV bytes gathered for forwards over a subset of the rows.
         slm_rows_read, llm_rows_read: token-rows each model's forwards computed (padding included: a padded read
             counts rows x width, a packed one its tokens bucket), from the shapes the host chose (so they count
             under captured graphs too); slm_rows_real, llm_rows_real: of those, real tokens.
+        router_steps: steps in which the router scored the proposals (it does not run where no proposing row's
+            routing depends on it: ``routing.fixed_routing``).
+        frontier_tokens: tokens the LLM wrote from a resolving read at the position after a row's tail, which the SLM
+            did not propose (``plan.StepPlan.frontier``; a rollback of the tail discards it: not counted).
         resolutions: LLM forwards that resolved speculative (pending) positions (``speculation.py``); agreed: pending
-            positions the LLM confirmed; rejected: those it did not; thrown: committed tokens thrown away by rollbacks.
+            positions the LLM confirmed; rejected: those it did not; thrown: committed tokens thrown away by rollbacks;
+            accepted: per row and resolution, the pending positions confirmed (``ACCEPTED_BOUNDS``).
     """
 
     steps: int = 0
@@ -100,7 +108,7 @@ class Counters:
     llm_calls: int = 0
     llm_rows: int = 0
     host_syncs: int = 0
-    waits: WaitHistogram = field(default_factory=WaitHistogram)
+    waits: Histogram = field(default_factory=Histogram)
     joins: int = 0
     join_bytes: int = 0
     gathered_bytes: int = 0
@@ -108,10 +116,13 @@ class Counters:
     slm_rows_real: int = 0
     llm_rows_read: int = 0
     llm_rows_real: int = 0
+    router_steps: int = 0
+    frontier_tokens: int = 0
     resolutions: int = 0
     agreed: int = 0
     rejected: int = 0
     thrown: int = 0
+    accepted: Histogram = field(default_factory=lambda: Histogram(ACCEPTED_BOUNDS))
     shapes: list[tuple[str, int, int]] | None = None  # when traced: (model, rows, tokens per row) of each forward
 
     def forward(self, role: str, rows: int, tokens: int, real: int | None = None, read: int | None = None) -> None:
@@ -137,10 +148,13 @@ class Counters:
             self.llm_rows += len(served)
             self.waits.extend(plan.waited)
         if plan.resolving:  # the LLM judged pending positions: confirmed some, rejected some, threw tokens away
+            self.frontier_tokens += sum(not waited and r not in plan.proposed and r not in outcome.rollbacks
+                                        for r, waited in zip(plan.llm_writers, plan.waited))
             self.resolutions += 1
             self.agreed += outcome.agreed
             self.rejected += outcome.rejected
             self.thrown += outcome.thrown
+            self.accepted.extend(agreed for r, (agreed, _, _) in outcome.tally.items() if r in plan.resolving)
 
     def delivered(self, tokens: int, llm_tokens: int) -> None:
         """Answer tokens handed to the caller (confirmed ones only), and how many of them count as the LLM's; an
@@ -150,7 +164,7 @@ class Counters:
 
     def summary(self) -> dict[str, float | int | None]:
         """The ratios the benchmarks and ``/metrics`` report (None where nothing was counted yet); the wait quantiles
-        are bucket bounds (``WaitHistogram.quantile``), the mean exact."""
+        are bucket bounds (``Histogram.quantile``), the mean exact."""
         per_token = (lambda n: n / self.generated) if self.generated else (lambda n: None)  # noqa: E731
         return {
             "steps": self.steps,
@@ -171,6 +185,9 @@ class Counters:
             "llm_rows_useful": self.llm_rows_real / self.llm_rows_read if self.llm_rows_read else None,
             "slm_rows_useful": self.slm_rows_real / self.slm_rows_read if self.slm_rows_read else None,
             "llm_forwards": self.llm_forwards,
+            "slm_forwards": self.slm_forwards,
+            "router_steps": self.router_steps,
+            "frontier_tokens": self.frontier_tokens,
             "speculative_agreed": self.agreed,
             "speculative_rejected": self.rejected,
             "thrown": self.thrown,

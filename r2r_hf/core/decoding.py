@@ -58,8 +58,10 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
     streamer (it already received the prompt; a ``RoutingAwareStreamer`` is also told which rows the LLM wrote)."""
     rows, prompt_len = input_ids.shape
     new_max = call_length(generation_config, prompt_len) - prompt_len
+    scored = bool(generation_config.return_dict_in_generate) or isinstance(streamer, RoutingAwareStreamer)
     batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
-                                  _finished_pad(generation_config, stopping_criteria))
+                                  _finished_pad(generation_config, stopping_criteria), scored=scored,
+                                  ends=_ends(generation_config))
     records = _Records.of(generation_config, routing.sampler.state())
     criteria, stops = _needed(stopping_criteria, prompt_len + new_max), Finished(batch)
     while True:
@@ -75,7 +77,13 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
     if streamer is not None:
         streamer.end()
     sequences = batch.layout.seq.ids[:, : prompt_len + records.step].clone()
-    return records.output(sequences, routing, batch.counters) if records.return_dict else sequences
+    return records.output(sequences, routing, batch.counters, batch.ledger.rows) if records.return_dict else sequences
+
+
+def _ends(config: GenerationConfig) -> frozenset[int]:
+    """The tokens that end an answer (HF's EOS ids)."""
+    eos = config.eos_token_id
+    return frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
 
 
 def _finished_pad(config: GenerationConfig, criteria: StoppingCriteriaList) -> torch.Tensor | None:
@@ -156,7 +164,10 @@ class _Records:
         rows not finished when it was written."""
         if out.applied.written and not out.outcome.rollbacks:
             column = next(iter(out.applied.written.values()))  # (lockstep: every writer wrote the same column)
-            self.written[column] = (out.routed, out.router_scores, running)
+            routed = out.routed
+            if out.plan.llm_writers and not out.proposal.rows:  # frontier tokens (``StepPlan.frontier``): the LLM's
+                routed = routed.index_fill(0, torch.tensor(out.plan.llm_writers, device=routed.device), True)
+            self.written[column] = (routed, out.router_scores, running)
             if self.scores_out is not None or self.logits_out is not None:
                 self.chosen[column] = chosen_from(out, vocab)
 
@@ -187,7 +198,7 @@ class _Records:
         routed, scores, written, running = (torch.stack(part, 1) for part in zip(*self.columns))
         return routed & running, torch.where(written & running, scores, float("nan")), running
 
-    def output(self, sequences: torch.Tensor, routing: Routing, counters) -> R2RGenerateOutput:
+    def output(self, sequences: torch.Tensor, routing: Routing, counters, rows) -> R2RGenerateOutput:
         if self.columns:
             routed, scores, generated = self.matrices()
         else:
@@ -200,7 +211,13 @@ class _Records:
             router_scores=scores, generated_mask=generated,
             llm_token_rate=routed.sum().item() / max(generated.sum().item(), 1), threshold=routing.threshold,
             llm_budget=None if routing.llm_budget is None else float(routing.llm_budget), llm_tokens=llm_tokens,
-            counters=counters.summary())
+            counters=counters.summary(), speculation=_per_row(rows, sequences.device))
+
+
+def _per_row(rows, device: torch.device) -> dict[str, torch.Tensor]:
+    """Each row's speculative counts (``ledger.Speculated``) as long [B] tensors by name."""
+    counts = [row.speculated.as_dict() for row in rows]
+    return {name: torch.tensor([c[name] for c in counts], device=device) for name in counts[0]}
 
 
 def chosen_from(out: StepResult, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

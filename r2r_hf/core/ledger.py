@@ -32,6 +32,22 @@ class Pending:
     after: Any = None
 
 
+@dataclass
+class Speculated:
+    """What speculation did for one answer (its ``usage``, ``generate``'s per-row counts): pending positions the LLM
+    resolved (settled: confirmed, or cut away after the one it rejected), confirmed, rejected, and committed tokens
+    its rollbacks threw away."""
+
+    resolved: int = 0
+    agreed: int = 0
+    rejected: int = 0
+    thrown: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"pending_resolved": self.resolved, "agreed": self.agreed, "rejected": self.rejected,
+                "thrown": self.thrown}
+
+
 class Written(NamedTuple):
     """One committed answer token as the ledger keeps it until it is confirmed (and hands it on then)."""
 
@@ -59,6 +75,12 @@ class RowState:
         tail: each token past ``confirmed`` (``Written``).
         arrived: (token, counts as the LLM's) of each answer token that reached the host and was not delivered.
         delivered: answer tokens handed to the caller (``Synced.delivered``): confirmed ones only.
+        routes: the router's decision is known without it (``routing.fixed_routing``): True, every proposal routes;
+            False, none does; None: the router decides.
+        ends: tokens that end its answer: a speculative tail the host has seen one in goes no further (what the SLM
+            would write past it the LLM most likely never needs: ``plan.plan_step``).
+        depth: pending positions it may hold at most (None: the policy's; ``plan.depth``: a request's own switch).
+        speculated: what speculation did for it so far (``Speculated``).
     """
 
     owner: Any = None
@@ -74,10 +96,18 @@ class RowState:
     tail: list[Written] = field(default_factory=list)
     arrived: list[tuple[int, bool]] = field(default_factory=list)
     delivered: int = 0
+    routes: bool | None = None
+    ends: frozenset[int] = frozenset()
+    depth: int | None = None
+    speculated: Speculated = field(default_factory=Speculated)
 
     def last_index(self, index: int) -> bool:
         """Whether answer token ``index`` is the last the length limit allows."""
         return index == self.written + self.max_new - 1
+
+    def ended_in_tail(self) -> bool:
+        """Whether a token of its speculative tail that reached the host ends its answer (once confirmed)."""
+        return bool(self.ends and self.pending) and any(token in self.ends for token, _ in self.arrived)
 
 
 @dataclass(frozen=True)
@@ -168,13 +198,17 @@ class Ledger:
     def apply(self, plan: StepPlan, outcome: Outcome, before: Mapping[int, Any] = {},  # noqa: B006 (read only)
               after: Mapping[int, Any] = {}, streams: Mapping[int, Any] = {}) -> Applied:  # noqa: B006
         """The step ran ``plan`` and committed ``outcome``: routed rows not written now wait from where their stream
-        stood before the SLM's draw (``before``); rows are cut back where the LLM rejected a pending token; the
+        stood before the SLM's draw (``before``), the plan's frontier rows from the next step, where it stood after
+        this step's draw (``after``); rows are cut back where the LLM rejected a pending token; the
         LLM's rows stop waiting; every writer has one token more (a speculating row's is pending, with its stream
         before and after the SLM's draw: ``before``, ``after``; ``streams``: each writer's stream after the step,
         where the batch keeps them); what is confirmed moves on. The one writer of a row's progress."""
         for r in plan.routed:
             if r not in plan.ended and r not in plan.speculating:
                 self.rows[r].waiting_since, self.rows[r].rng = plan.step, before.get(r)
+        for r in plan.frontier:  # its next position routes for sure: it waits from the next step, proposing nothing
+            self.rows[r].waiting_since, self.rows[r].rng = plan.step + 1, after.get(r)
+        self._tally(outcome)
         kept = {r: self.rows[r].tail[outcome.rollbacks[r] - self.rows[r].confirmed].by_llm for r in outcome.kept}
         for r, index in outcome.rollbacks.items():
             self._cut(r, index)
@@ -197,6 +231,15 @@ class Ledger:
         self.step_no += 1
         return Applied(written, self._confirm())
 
+    def _tally(self, outcome: Outcome) -> None:
+        """Each row's speculative counts (before its pending positions are settled or cut)."""
+        for r in outcome.resolved:
+            self.rows[r].speculated.resolved += len(self.rows[r].pending)
+        for r, (agreed, rejected, thrown) in outcome.tally.items():
+            counts = self.rows[r].speculated
+            counts.agreed, counts.rejected, counts.thrown = (counts.agreed + agreed, counts.rejected + rejected,
+                                                             counts.thrown + thrown)
+
     def _cut(self, r: int, index: int) -> None:
         """Row ``r`` back to its first ``index`` answer tokens (those past it are thrown away)."""
         row = self.rows[r]
@@ -210,12 +253,12 @@ class Ledger:
         """Tokens before a row's first pending position are confirmed (in lockstep, before every row's); the newly
         confirmed ones per row."""
         live = [(r, row) for r, row in enumerate(self.rows) if row is not None]
-        frontier = {r: row.pending[0].index if row.pending else row.written for r, row in live}
+        upto = {r: row.pending[0].index if row.pending else row.written for r, row in live}
         if self.lockstep and live:
-            frontier = dict.fromkeys(frontier, min(frontier.values()))
+            upto = dict.fromkeys(upto, min(upto.values()))
         confirmed = {}
         for r, row in live:
-            new = frontier[r] - row.confirmed
+            new = upto[r] - row.confirmed
             if new > 0:
                 confirmed[r], row.tail = row.tail[:new], row.tail[new:]
                 row.confirmed += new

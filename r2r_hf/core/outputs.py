@@ -40,6 +40,8 @@ class R2RGenerateOutput(GenerateDecoderOnlyOutput):
         llm_tokens: long [B]; tokens the LLM wrote in each row (what each row spent).
         counters: what the call did in units that do not depend on the machine (``core/counters.py``): forwards
             and host synchronisations per token, rows per LLM forward.
+        speculation: per row, what speculation did (``core/ledger.Speculated``): long [B] each of
+            ``pending_resolved``, ``agreed``, ``rejected`` and ``thrown`` (zeros where the call did not speculate).
     """
 
     routed: torch.BoolTensor | None = None
@@ -50,3 +52,4 @@ class R2RGenerateOutput(GenerateDecoderOnlyOutput):
     llm_budget: float | None = None
     llm_tokens: torch.LongTensor | None = None
     counters: dict | None = None
+    speculation: dict | None = None

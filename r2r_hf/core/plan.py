@@ -37,6 +37,10 @@ class StepPlan:
         slm_reads: rows the SLM reads the committed token of (writers that will propose again), unless a
             resolution cuts rows back (``Outcome.slm_reads``).
         waited: steps each LLM writer waited (0: routed in this step).
+        frontier: speculating rows that route everywhere (``RowState.routes``) and now hold as many pending positions
+            as they may: their next token is the LLM's whatever the SLM proposes, so they wait from the next step
+            without proposing (the SLM does not read their token now) and the resolution of their tail also gives
+            that token (the *frontier token*: no SLM step, no second LLM forward spent on it).
     """
 
     step: int
@@ -51,6 +55,7 @@ class StepPlan:
     waiting: tuple[int, ...] = ()
     slm_reads: tuple[int, ...] = ()
     waited: tuple[int, ...] = ()
+    frontier: tuple[int, ...] = ()
 
     @property
     def writers(self) -> tuple[int, ...]:
@@ -67,7 +72,8 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
         step: the step's number.
         proposed: rows that proposed; routed: the router's decision for each of them.
         ended: rows whose answer ended before this step.
-        policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``).
+        policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``); a row
+            whose tail holds a token that ends its answer holds no more (``RowState.ended_in_tail``).
         lockstep: the rows move together (HF's rectangle): the LLM reads every row whenever it runs, and a routed
             row cannot wait with no token (the LLM runs instead).
         sure: for each proposing row, whether the router is surer than ``policy.speculate_below`` (it then waits).
@@ -75,20 +81,26 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
     hits = [r for r, hit in zip(proposed, routed) if hit and r not in ended]
     unsure = {r for r, s in zip(proposed, sure or [False] * len(proposed)) if not s}
-    speculating = tuple(r for r in hits if len(rows[r].pending) < policy.speculate and r in unsure)
+    speculating = tuple(r for r in hits if len(rows[r].pending) < depth(rows[r], policy, len(occupied))
+                        and r in unsure and not rows[r].ended_in_tail())
     slm_writers = tuple(r for r, hit in zip(proposed, routed) if r not in ended and (not hit or r in speculating))
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
     since.update({r: step for r in hits if r not in speculating})
     held = {r: rows[r].pending[0].step for r in occupied if rows[r].pending}
     held.update({r: step for r in speculating if r not in held})
-    holders = set(since) | set(held)
+    # A row that routes everywhere always holds pending positions: it counts once it waits (its tail full), wrote its
+    # last token or holds a tail as old as the policy lets one get (a count of holders: rows the LLM would serve).
+    holders = set(since) | {r for r, s in held.items()
+                            if not rows[r].routes or rows[r].draining or step - s >= policy.max_wait}
     oldest = max((step - s for s in (*since.values(), *held.values())), default=0)
     runs = bool(holders) and (policy.runs(len(holders), len(occupied), oldest, stalled=not slm_writers)
                               or (bool(since) and lockstep))
     if not runs:
         slm_reads = tuple(r for r in sorted(slm_writers) if rows[r].max_new > 1)
+        frontier = _frontier(rows, speculating, slm_reads, policy, lockstep, len(occupied))
+        slm_reads = tuple(r for r in slm_reads if r not in frontier)
         return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, (), speculating,
-                        waiting=tuple(sorted(since)), slm_reads=slm_reads)
+                        waiting=tuple(sorted({*since, *frontier})), slm_reads=slm_reads, frontier=frontier)
     llm_writers = tuple(sorted(set(since) | set(speculating)))  # a row routed now is written now
     slm_writers = tuple(r for r in slm_writers if r not in speculating)
     resolving = tuple(r for r in occupied if rows[r].pending)
@@ -96,6 +108,23 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     slm_reads = tuple(r for r in sorted(slm_writers + llm_writers) if rows[r].max_new > 1)
     return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, llm_writers, (),
                     resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
+
+
+def depth(row, policy: WaitPolicy, running: int) -> int:
+    """Pending positions ``row`` may hold among ``running`` rows: the policy's (by load where it routes everywhere:
+    ``WaitPolicy.depth``), or less where its request asked (``RowState.depth``)."""
+    most = policy.depth(running, bool(row.routes))
+    return most if row.depth is None else min(most, row.depth)
+
+
+def _frontier(rows: Sequence, speculating: Sequence[int], slm_reads: Sequence[int], policy: WaitPolicy,
+              lockstep: bool, running: int) -> tuple[int, ...]:
+    """The speculating rows whose next token is the LLM's for sure (``StepPlan.frontier``): they route everywhere, hold
+    as many pending positions as they may (``depth``) after this step and have a token left after it. In lockstep
+    every row the SLM would read must be one (the rectangle's SLM reads every row or none)."""
+    full = tuple(r for r in speculating if rows[r].routes and r in slm_reads
+                 and len(rows[r].pending) + 1 >= depth(rows[r], policy, running))
+    return () if lockstep and set(full) != set(slm_reads) else full
 
 
 @dataclass(frozen=True)
@@ -112,6 +141,7 @@ class Outcome:
         slm_reads: rows the SLM reads the committed token of (those that will propose again).
         agreed: pending positions the LLM confirmed; rejected: those it did not (at most one per row).
         thrown: committed tokens the rollbacks throw away.
+        tally: the same per row, (agreed, rejected, thrown), for each row resolved or cut back (a request's counts).
     """
 
     llm_writers: tuple[int, ...] = ()
@@ -123,6 +153,7 @@ class Outcome:
     agreed: int = 0
     rejected: int = 0
     thrown: int = 0
+    tally: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def writers(self) -> tuple[int, ...]:
@@ -136,9 +167,10 @@ def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], l
     planned; a rejected row is cut back there and the LLM's token committed; in lockstep every row is cut back to
     the earliest such position, where the rejected rows get the LLM's token and the others keep theirs."""
     cut = {r: rows[r].pending[j].index for r, j in rejected.items() if j is not None}
-    agreed = sum(len(rows[r].pending) if j is None else j for r, j in rejected.items())
+    agreed = {r: len(rows[r].pending) if j is None else j for r, j in rejected.items()}
     if not cut:
-        return Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, agreed)
+        return Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads,
+                       sum(agreed.values()), tally={r: (n, 0, 0) for r, n in agreed.items()})
     if lockstep:
         index = min(cut.values())
         occupied = [r for r, row in enumerate(rows) if row is not None and r not in plan.ended]
@@ -151,6 +183,7 @@ def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], l
         slm = tuple(r for r in plan.slm_writers if r not in cut)
     writers = sorted(llm + slm + kept)
     left = {r: rows[r].max_new + (rows[r].written - rollbacks[r] if r in rollbacks else 0) for r in writers}
-    thrown = sum(rows[r].written - i - (r in kept) for r, i in rollbacks.items())
-    return Outcome(llm, slm, rollbacks, kept, plan.resolving, tuple(r for r in writers if left[r] > 1), agreed,
-                   len(cut), thrown)
+    thrown = {r: rows[r].written - i - (r in kept) for r, i in rollbacks.items()}
+    tally = {r: (agreed.get(r, 0), int(r in cut), thrown.get(r, 0)) for r in sorted({*agreed, *thrown})}
+    return Outcome(llm, slm, rollbacks, kept, plan.resolving, tuple(r for r in writers if left[r] > 1),
+                   sum(agreed.values()), len(cut), sum(thrown.values()), tally)

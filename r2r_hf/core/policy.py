@@ -76,6 +76,9 @@ class WaitPolicy:
             (where it is surer, the LLM disagrees far more often: the row waits for it instead).
         block: steps the server drafts on the device per host synchronisation where no step needs the host before
             the LLM runs (``fast/drafts.py``; 1: a synchronisation per step).
+        depths: for rows that route everywhere (threshold 0: lossless decoding, the SLM drafting), the pending
+            positions they may hold by the count of running rows (index: running rows - 1; the last entry covers
+            larger counts), at most ``speculate``; empty: ``speculate`` (``depth``).
     """
 
     min_rows: tuple[int, ...] = (1,)
@@ -83,6 +86,7 @@ class WaitPolicy:
     speculate: int = 0
     speculate_below: float = math.inf
     block: int = 1
+    depths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
@@ -91,11 +95,29 @@ class WaitPolicy:
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
         check_block(self.block)
+        if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.depths):
+            raise ValueError(f"depths must be whole numbers of pending positions >= 1, got {self.depths!r}.")
 
     @property
     def immediate(self) -> bool:
         """The LLM always runs in the step a row routes (no row ever waits)."""
         return self.max_wait == 0 or max(self.min_rows) == 1
+
+    def said(self) -> str:
+        """The policy in one line (the server says it at start-up)."""
+        if not self.speculate:
+            return f"the LLM runs once {self.min_rows} rows wait or the oldest waited {self.max_wait} steps"
+        by_load = f"; answers at threshold 0: {', '.join(map(str, self.depths))} by running rows" if self.depths else ""
+        return (f"answers speculate up to {self.speculate} pending positions{by_load}; the LLM resolves once "
+                f"{self.min_rows} rows wait or hold full tails, the oldest is {self.max_wait} steps old, or none "
+                "can go on")
+
+    def depth(self, running: int, everywhere: bool = False) -> int:
+        """Pending positions a row may hold in a batch of ``running`` rows (``everywhere``: it routes every
+        position, its depth by load)."""
+        if not everywhere or not self.depths:
+            return self.speculate
+        return min(self.speculate, self.depths[min(max(running, 1), len(self.depths)) - 1])
 
     def wanted(self, running: int) -> int:
         """``m`` for a batch of ``running`` rows."""
@@ -148,7 +170,7 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
     if block is None:
         block = DRAFT_BLOCK if device_type == "cuda" else 1
     return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
-                      check_speculate_below(speculate_below), block)
+                      check_speculate_below(speculate_below), block, default.depths)
 
 
 # Steps a server drafts per host synchronisation on a GPU (``fast/drafts.py``). Chosen with the cost model
@@ -161,6 +183,13 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
 DRAFT_BLOCK = 4
 
 
+# Threshold 0 (lossless) on a GPU, pending positions per row by running rows (1, 2, 3, ...; the last for more): the
+# best depth of the cost model with the first H200 run's measured costs at an agreement of 0.9 per position
+# (``benchmarks/serving/lossless.py``, ``results/lossless_h200_predicted.json``): 8 at 1-2 rows, 6 from 3 (at 0.99,
+# the real pair's on HumanEval, 16 -> 12; at 0.8, 4 -> 3). A server's --speculate caps it.
+LOSSLESS_DEPTHS = (8, 8, 6)
+
+
 def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitPolicy:
     """Where rows speculate: the LLM resolves once every running row (and at least two: one row alone never
     resolves at once, which would be m = 1) holds a pending position or waits, once the oldest pending position is
@@ -168,8 +197,13 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitP
     positions and routes again waits meanwhile). Chosen with the cost model (``benchmarks/serving/speculative.py``,
     H200 estimates, docs/performance.md): at 8 and 16 users, p = 0.05-0.2, 3 % below the best of its grid in each
     case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
-    LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99."""
-    return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate)
+    LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99. On a
+    GPU the rows at threshold 0 hold pending positions by load (``LOSSLESS_DEPTHS``, at most ``speculate``); they
+    count as holding once their tails are full (``plan.plan_step``)."""
+    depths = LOSSLESS_DEPTHS if device_type != "cpu" else ()
+    return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate,
+                      depths=depths)
+
 
 
 SERVE_SPECULATE_WAIT = 16

@@ -36,6 +36,19 @@ def check_threshold(value: object) -> float:
     return float(value)
 
 
+def fixed_routing(threshold: float, llm_budget: float | None, scored: bool = False) -> bool | None:
+    """Whether a row routes every proposal (True) or none (False) whatever the router says, or None where the router
+    decides. Router scores lie in [0, 1]: at a threshold <= 0 every position routes (a budget could refuse one: it
+    spends by the scores), above 1 none does; there the router need not run (``RunningBatch.propose``), unless the
+    scores themselves are asked for (``scored``: ``generate``'s record at a threshold that routes nothing is how a
+    threshold is chosen; at one that routes everything nothing is scored, its record holds NaN)."""
+    if threshold <= 0 and llm_budget is None:
+        return True
+    if threshold > 1 and not scored:
+        return False
+    return None
+
+
 @dataclass(frozen=True)
 class Routing:
     """What one batch routes with.
@@ -90,7 +103,8 @@ class Routing:
         sampler = Sampler(bool(generation_config.do_sample), input_ids.device, generator)
         pair = pair.for_call(seed)
         needed = call_length(generation_config, input_ids.shape[1])
-        fold = proposal_is_argmax(sampler.do_sample, processors)
+        scored = bool(generation_config.return_dict_in_generate)  # (r2r_decode also counts a RoutingAwareStreamer)
+        fold = proposal_is_argmax(sampler.do_sample, processors) and fixed_routing(threshold, budget, scored) is None
         policy = speculation_for(call_policy(generation_config, input_ids.shape[0]), pair)
         calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold, policy.speculate > 0)
         return cls(pair, threshold, processors, sampler, calls, budget, policy)

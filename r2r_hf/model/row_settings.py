@@ -48,6 +48,7 @@ class RowSettings:
         max_new_tokens: tokens the answer may write.
         eos_ids: ids that end it.
         processors: HF's processors of the answer, as ``generate`` builds them.
+        speculate: pending positions the answer may hold at most (None: the server's; 0: it does not speculate).
     """
 
     generation_config: GenerationConfig
@@ -57,6 +58,7 @@ class RowSettings:
     max_new_tokens: int
     eos_ids: frozenset[int]
     processors: LogitsProcessorList
+    speculate: int | None = None
 
     @property
     def do_sample(self) -> bool:

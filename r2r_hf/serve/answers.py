@@ -11,6 +11,7 @@ the decoding thread.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..core.sampling import MAX_SEED
@@ -22,6 +23,15 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # The request fields a resolver complaint may be about, in the order they are looked for in its message.
 FIELDS = ("threshold", "llm_budget", "seed", "temperature", "top_p", "top_k", "max_tokens", "repetition_penalty",
           "min_p", "min_tokens", "stop_token_ids")
+
+
+def speculation_depth(body: CompletionRequest | ChatRequest, server: int) -> int | None:
+    """The answer's own speculation depth (None: the server's ``server``): 0 turns it off, at most ``server``."""
+    asked = body.speculate
+    if asked is not None and not 0 <= asked <= server:
+        raise APIError(400, f"speculate={asked} is out of range: this server speculates up to {server} pending "
+                            f"positions per answer; send a whole number from 0 (off) to {server}.", param="speculate")
+    return asked
 
 
 def sampling_fields(body: CompletionRequest | ChatRequest, default_eos, vocab: int) -> dict[str, Any]:
@@ -79,6 +89,7 @@ def choices(service, body: CompletionRequest | ChatRequest, prompt: list[int]) -
         value = getattr(body, name)
         if value is not None or default is not None:
             options[name] = value if value is not None else default
+    depth = speculation_depth(body, service.settings.speculate)
     out = []
     for i in range(body.n):
         seed = None if body.seed is None else body.seed + i
@@ -88,5 +99,5 @@ def choices(service, body: CompletionRequest | ChatRequest, prompt: list[int]) -
             message = str(err)
             param = next((f for f in FIELDS if f in message), None)
             raise APIError(400, message, param=param) from None
-        out.append(Choice(settings, tuple(body.stop)))
+        out.append(Choice(dataclasses.replace(settings, speculate=depth), tuple(body.stop)))
     return out

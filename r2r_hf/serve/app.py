@@ -23,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..core.ledger import Speculated
 from ..model.loading import context_length
 from ..version import __version__
 from .engine import Engine
@@ -125,17 +126,26 @@ class Service:
             return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         texts, reasons = [""] * work.rows, [""] * work.rows
         generated = llm = 0
+        ended = []
         try:
             for event in await self._collect(work, events, request):
                 if event[0] == "text":
                     texts[event[1]] += event[2]
                 else:
                     reasons[event[1]], generated, llm = event[2], generated + event[3], llm + event[4]
+                    ended.append(event)
         finally:
             self.engine.cancel(work)  # a no-op once every row ended
         self._settle_when_sent(work, request)
-        return answer(chat, rid, self.name, texts, reasons, usage(prompt_tokens, generated),
+        return answer(chat, rid, self.name, texts, reasons, usage(prompt_tokens, generated, self._speculation(ended)),
                       routing_stats(llm, generated, **routing))
+
+    def _speculation(self, ended: list[tuple]) -> dict[str, int] | None:
+        """What speculation did for the answers of these end events (summed), where the server speculates."""
+        if not self.settings.speculate:
+            return None
+        counts = [event[5].as_dict() for event in ended if event[5] is not None]
+        return {name: sum(c[name] for c in counts) for name in Speculated().as_dict()}
 
     def _settle_when_sent(self, work: Work, request: Request) -> None:
         """``work`` is completed once its answer has left the server (``listen.Delivery``), cancelled where its
@@ -167,7 +177,7 @@ class Service:
     async def _stream(self, chat: bool, rid: str, work: Work, events: asyncio.Queue, prompt_tokens: int,
                       routing: dict, include_usage: bool, request: Request) -> AsyncIterator[str]:
         open_rows, generated, llm, done = work.rows, 0, 0, False
-        started = [False] * work.rows
+        started, ended = [False] * work.rows, []
         try:
             if chat:  # OpenAI's first chunk of each choice carries the role
                 for i in range(work.rows):
@@ -183,12 +193,14 @@ class Service:
                     continue
                 open_rows -= 1
                 generated, llm = generated + event[3], llm + event[4]
+                ended.append(event)
                 last = not open_rows and not include_usage
                 extra = {"r2r": routing_stats(llm, generated, **routing)} if last else {}
                 yield _sse(chunk(chat, rid, self.name, event[1], reason=event[2], **extra))
             else:
                 if include_usage:
-                    yield _sse(chunk(chat, rid, self.name, None, usage=usage(prompt_tokens, generated),
+                    yield _sse(chunk(chat, rid, self.name, None,
+                                     usage=usage(prompt_tokens, generated, self._speculation(ended)),
                                      r2r=routing_stats(llm, generated, **routing)))
             yield "data: [DONE]\n\n"
             done = True

@@ -16,8 +16,9 @@ mask) is served one answer at a time on HF's own caches, with the reason logged 
 
 The thread owns the model: HTTP handlers only ``submit`` and ``cancel`` requests and receive events through
 the request's ``emit`` (from this thread): ``("text", choice, piece)``, ``("end", choice, finish_reason,
-generated_tokens, llm_tokens)`` and ``("error", APIError)``. A row whose draw fails ends that request only; an
-exception inside a step answers the batch's requests with a 500 and the thread keeps serving.
+generated_tokens, llm_tokens, speculated)`` (``core.ledger.Speculated``) and ``("error", APIError)``. A row
+whose draw fails ends that request only; an exception inside a step answers the batch's requests with a 500 and
+the thread keeps serving.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class Engine:
         self.policy = speculation_for(serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
                                                      settings.llm_max_wait, settings.speculate, below,
                                                      settings.draft_block), self.pair)
+        if settings.speculate:
+            logger.info("speculating: %s.", self.policy.said())
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
@@ -216,10 +219,13 @@ class Engine:
             for i, (prompt, choice) in enumerate(zip(request.prompts, request.choices)):
                 s = choice.settings
                 joiners.append(Joiner(prompt, s.max_new_tokens, s.threshold, s.rule(self.device, fresh_seed()),
-                                      s.llm_budget, owner=Row(request, i, choice, self.tokenizer)))
+                                      s.llm_budget, owner=Row(request, i, choice, self.tokenizer), ends=s.eos_ids,
+                                      depth=s.speculate))
         if self.batch.ledger.occupied():
             self.joins_running += 1
-        self.batch.join(joiners, prefill=self.settings.prefill_chunk)
+        for slot in self.batch.join(joiners, prefill=self.settings.prefill_chunk):
+            state = self.batch.ledger.rows[slot]
+            state.owner.speculated = state.speculated  # (its usage reads them once it ended and left)
 
     def _next_answer(self) -> None:
         """Models that cannot use slots: the next queued answer alone, on HF's caches, built as ``generate`` builds
@@ -239,7 +245,9 @@ class Engine:
                                 s.llm_budget, rollback=self.policy.speculate > 0)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         self.batch = RunningBatch.for_call(routing, ids, s.max_new_tokens, counters=self.counters)
-        self.batch.ledger.rows[0].owner = Row(request, index, choice, self.tokenizer)
+        state = self.batch.ledger.rows[0]
+        state.owner, state.depth = Row(request, index, choice, self.tokenizer), s.speculate
+        state.owner.speculated = state.speculated
         self.counters.joins += 1
 
     def _turn(self, admission: Admission) -> None:
@@ -268,7 +276,7 @@ class Engine:
                 if self.trace is not None:
                     self.trace.answer(row)
                 row.owner.open -= 1
-                row.owner.tell(("end", row.index, row.finish, row.generated, row.llm_tokens))
+                row.owner.tell(("end", row.index, row.finish, row.generated, row.llm_tokens, row.speculated))
         for row in delivery.failed:
             self._fail(row.owner, APIError(
                 500, "Sampling failed for this answer: its scores held no finite probability (a temperature or "

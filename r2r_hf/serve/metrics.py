@@ -99,7 +99,10 @@ class _EngineCollector:
         running.add_metric([], len(engine.rows))
         waiting = GaugeMetricFamily("r2r_waiting_rows", "Answers of the batch waiting for the LLM")
         waiting.add_metric([], 0 if engine.batch is None else len(engine.batch.ledger.waiting()))
-        yield from (queue, running, waiting)
+        depth = GaugeMetricFamily("r2r_speculation_depth", "Pending positions an answer at threshold 0 may hold now "
+                                  "(by the running rows; 0: the server does not speculate)")
+        depth.add_metric([], engine.policy.depth(len(engine.rows), everywhere=True))
+        yield from (queue, running, waiting, depth)
         totals = {
             "r2r_generated_tokens": ("Tokens generated", counters.generated),
             "r2r_llm_tokens": ("Tokens the LLM wrote", counters.llm_tokens),
@@ -123,6 +126,9 @@ class _EngineCollector:
             "r2r_speculative_rejected": ("Speculative tokens the LLM replaced (its row cut back there)",
                                          counters.rejected),
             "r2r_speculative_thrown_tokens": ("Committed tokens thrown away by speculative rollbacks", counters.thrown),
+            "r2r_speculative_frontier_tokens": ("Tokens the LLM wrote from a resolving read past a confirmed tail (no "
+                                                "SLM step spent on them)", counters.frontier_tokens),
+            "r2r_router_steps": ("Steps in which the router scored the proposals", counters.router_steps),
             "r2r_host_syncs": ("Host synchronisations", counters.host_syncs),
             "r2r_joins": ("Answers that joined the batch", counters.joins),
             "r2r_join_kv_bytes": ("KV bytes copied to make room for joining answers", counters.join_bytes),
@@ -132,6 +138,9 @@ class _EngineCollector:
             family.add_metric([], value)
             yield family
         # Fixed buckets, counted as the waits happen: a scrape reads a dozen numbers however long the server ran.
-        buckets = [("+Inf" if b == math.inf else str(b), n) for b, n in counters.waits.cumulative()]
-        yield HistogramMetricFamily("r2r_llm_wait_steps", "Steps a routed answer waited for the LLM",
-                                    buckets=buckets, sum_value=counters.waits.total)
+        for name, doc, histogram in (
+                ("r2r_llm_wait_steps", "Steps a routed answer waited for the LLM", counters.waits),
+                ("r2r_speculative_accepted", "Pending positions of one answer one resolution confirmed",
+                 counters.accepted)):
+            buckets = [("+Inf" if b == math.inf else str(b), n) for b, n in histogram.cumulative()]
+            yield HistogramMetricFamily(name, doc, buckets=buckets, sum_value=histogram.total)

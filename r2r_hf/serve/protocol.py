@@ -5,7 +5,8 @@ field. OpenAI options R2R cannot honour (log-probabilities, penalties, logit bia
 are refused by name when set to anything but their neutral value; fields OpenAI clients send that
 change no answer (``user``, ``metadata``...: ``IGNORED``) are taken and ignored; any other field is refused by
 name. R2R's own options arrive as top-level fields (what the openai client sends through ``extra_body``):
-``threshold``, ``llm_budget``; so do the sampling fields of vLLM's OpenAI server (``top_k``, ``min_p``,
+``threshold``, ``llm_budget``, ``speculate`` (this answer's speculation depth: 0 turns it off, at most the
+server's ``--speculate``); so do the sampling fields of vLLM's OpenAI server (``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``), honoured as ``generate`` honours
 its HF options (``answers.py``).
 """
@@ -56,6 +57,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     threshold: float | None = None
     llm_budget: float | None = None
+    speculate: int | None = None  # (checked against the server's depth in answers.choices)
     # vLLM's sampling fields (``answers.sampling_fields`` turns them into generate's options).
     repetition_penalty: float | None = Field(None, gt=0)
     min_p: float | None = Field(None, ge=0, le=1)
@@ -197,9 +199,14 @@ def routing_stats(llm_tokens: int, generated: int, threshold: float, budget: flo
     return stats
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, speculation: dict[str, int] | None = None) -> dict[str, Any]:
+    """OpenAI's usage, with what speculation did for the request's answers where the server speculates
+    (``core.ledger.Speculated``: pending positions resolved, agreed, rejected, committed tokens thrown away)."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if speculation is not None:
+        out["speculation"] = speculation
+    return out
 
 
 def answer(chat: bool, rid: str, model: str, texts: list[str], reasons: list[str], use: dict, r2r: dict) -> dict:

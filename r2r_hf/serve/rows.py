@@ -65,6 +65,7 @@ class Row:
         self.generated = self.llm_tokens = 0
         self.routed: list[bool] = []  # who wrote each token (the LLM: True), for traces
         self.finish: str | None = None
+        self.speculated = None  # what speculation did for it (its slot's ``core.ledger.Speculated``: engine.py)
         self.due: list[str | tuple[int, bool]] = []  # per token taken, its text or (token, last) to decode later
 
     @property

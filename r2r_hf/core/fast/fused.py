@@ -15,7 +15,8 @@ CUDA graphs (``REGION_OPTIONS``), and the whole read is then captured as before 
   a cold compile costs one layer's, not the model's. GQA attends without copying the cache per query head:
   the query heads of one KV head are read as rows of one attention (``packed_queries``), which every sdpa
   kernel takes with a mask;
-* ``head``: the final norm and ``lm_head`` at the last real token (and the SLM's post-norm hidden state).
+* ``head``: the final norm and ``lm_head`` at the last real token (and the SLM's post-norm hidden state);
+  ``kept_head`` (uncompiled) at the positions a speculative resolution judges.
 
 Attention reads the filled columns only, rounded up to a power of two (``attended``), decided on the host
 from lengths the loop already knows. Only decoder layers of the shape above are fused (``FUSABLE``); a
@@ -227,6 +228,13 @@ def packed_head(model: torch.nn.Module, x: torch.Tensor, keep: torch.Tensor, hid
     h = model.model.norm(x[0].index_select(0, keep))
     logits = model.lm_head(h)
     return (logits, h) if hidden else (logits,)
+
+
+def kept_head(model: torch.nn.Module, x: torch.Tensor, keep: torch.Tensor):
+    """Logits [B, n, V] after the tokens ``keep`` [n] of ``x`` [B, b, H] (a speculative resolution's read: the
+    positions it judges only, not the whole piece's). Not compiled: ``lm_head``'s GEMM is the cost, and the capture
+    records it as it runs (no region compile per rows x tokens x kept class)."""
+    return (model.lm_head(model.model.norm(x.index_select(1, keep))),)
 
 
 def head(model: torch.nn.Module, x: torch.Tensor, last: torch.Tensor | None, hidden: bool):

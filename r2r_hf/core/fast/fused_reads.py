@@ -75,6 +75,14 @@ def fused_regions(model: torch.nn.Module) -> Regions | None:
     return compiled_regions(model)
 
 
+def regions_for(model: torch.nn.Module, fuse: bool | str) -> Regions | None:
+    """The fused regions a model's captured reads run (None: HF's forward): compiled with ``fuse``, plain (uncompiled,
+    for tests on emulated graphs) with ``fuse="plain"``, none without."""
+    if fuse == "plain":
+        return PLAIN if fuse_problem(model) is None else None
+    return fused_regions(model) if fuse else None
+
+
 def compiled_regions(model: torch.nn.Module) -> Regions:
     """``model``'s compiled regions (made on first use, kept in the core's notes on it)."""
     known = notes(model)
@@ -117,8 +125,10 @@ def _groups(model: torch.nn.Module) -> int:
     return config.num_attention_heads // config.num_key_value_heads
 
 
-def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: int, regions: Regions) -> Step:
-    """``static_reads.read_fn`` fused: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> logits [B, V] (, hidden).
+def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: int, regions: Regions,
+                every: bool = False) -> Step:
+    """``static_reads.read_fn`` fused: (ids, positions [B, b], mask [B, L], last [1], rewind []) -> logits [B, V]
+    (, hidden); with ``every``, ``last`` [n] lists the positions whose logits [B, n, V] are kept (a resolution's).
 
     New tokens go to the columns after the cache's length, every row at the same ones (HF's rectangle); the
     read attends the first ``span`` columns; the cache's lengths advance by the piece less ``rewind``.
@@ -128,7 +138,7 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
     weights = [fused.layer_weights(layer) for layer in model.model.layers]
 
     def read(ids, positions, mask, last, rewind):
-        _dynamic((ids, 0, 1), (positions, 0, 1), (mask, 0, 1))
+        _dynamic((ids, 0, 1), (positions, 0, 1), (mask, 0, 1), *(((last, 0),) if every else ()))
         x, cos, sin, packed, column = regions.static_prologue(model, ids, positions, mask, lengths[0], groups, span)
         _dynamic((x, 0, 1), (cos, 0, 1), (sin, 0, 1), (packed, 0, 2), (column, 0))
         for layer, kv, w in zip(model.model.layers, layers, weights):
@@ -136,7 +146,7 @@ def static_read(model: torch.nn.Module, cache: StaticCache, hidden: bool, span: 
             x = regions.static_layer(layer, x, cos, sin, packed, kv.keys, kv.values, column, w, span)
             _dynamic((x, 0, 1))
         torch._foreach_add_(lengths, [ids.shape[1] - rewind] * len(lengths))  # one kernel (the scalar form syncs)
-        return regions.head(model, x, last, hidden)
+        return fused.kept_head(model, x, last) if every else regions.head(model, x, last, hidden)
 
     return read
 

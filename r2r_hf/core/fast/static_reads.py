@@ -34,7 +34,7 @@ from ..layouts.model_calls import static_cache as full_static_cache
 from ..layouts.model_calls import static_shape_problem
 from ..features import input_device, output_device, slm_proposals
 from .fused import attended
-from .fused_reads import capture_fused, fused_regions, static_read
+from .fused_reads import capture_fused, regions_for, static_read
 from .graphs import CompiledStep, Step, compile_options
 from .router_copy import Scorer, folded, stateless
 from ..layouts.rectangle import Committed
@@ -99,14 +99,14 @@ def read_fn(model: torch.nn.Module, cache: StaticCache, hidden: bool, every: boo
 
     Outputs: the logits [B, V] at the piece's last real token ``last``, and with ``hidden`` the
     post-norm hidden state [B, H] there (from ``output_hidden_states``: a hook does not survive
-    compilation); with ``every``, the logits [B, b, V] after each token of the piece (a speculative
-    resolution's read). The padding after ``last`` is written to the cache, then the cache's length is
-    wound back by ``rewind`` so that the next piece overwrites it; no real token attends to it.
+    compilation); with ``every``, ``last`` [n] lists the positions whose logits [B, n, V] are kept (a speculative
+    resolution's read: the positions it judges). The padding after the last real token is written to the cache, then
+    the cache's length is wound back by ``rewind`` so that the next piece overwrites it; no real token attends to it.
     """
 
     def read(ids, positions, mask, last, rewind):
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache_argument(cache), use_cache=True,
-                    logits_to_keep=0 if every else last, output_hidden_states=hidden, return_dict=True)
+                    logits_to_keep=last, output_hidden_states=hidden and not every, return_dict=True)
         for layer in cache.layers:
             layer.cumulative_length.sub_(rewind)
         if every:
@@ -170,14 +170,15 @@ class CapturedState:
         batch, capacity: the shapes (capacity = longest sequence + ``SLACK``).
         capture_llm: False keeps the LLM's reads eager (it cannot be captured).
         key: what the state was built for (``CaptureStore`` compares it).
-        fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere.
+        fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere
+            (``"plain"``: the fused regions uncompiled, for tests).
         vocab: the ids both models write (a folded read proposes the argmax among them).
         router_dtype: ``"model"`` scores with a copy of the router in the SLM's dtype, ``"float32"`` with the
             router itself (``router_copy.py``).
     """
 
     def __init__(self, slm, llm, router, num_topk: int, capture: Callable[[Step, dict], Step], batch: int,
-                 capacity: int, capture_llm: bool, key: tuple = (), fuse: bool = False, vocab: int | None = None,
+                 capacity: int, capture_llm: bool, key: tuple = (), fuse: bool | str = False, vocab: int | None = None,
                  router_dtype: str = "float32") -> None:
         self.slm, self.llm, self.router, self.num_topk = slm, llm, router, num_topk
         self.vocab = vocab if vocab is not None else slm.get_output_embeddings().weight.shape[0]
@@ -185,8 +186,8 @@ class CapturedState:
         self.batch, self.capacity, self.capture_llm, self.key = batch, capacity, capture_llm, key
         self.capture = capture
         self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
-        self.reads: dict[tuple, Step] = {}  # (role, bucket, span, folded, every position) -> captured read
-        self.fused = {role: fused_regions(model) if fuse else None for role, model in (("slm", slm), ("llm", llm))}
+        self.reads: dict[tuple, Step] = {}  # (role, bucket, span, folded, logits kept: 0 the last) -> captured read
+        self.fused = {role: regions_for(model, fuse) for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
         self.weights = read_memory(slm, llm, router)  # where the weights lived when last lent (``CaptureStore``)
         # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy; the same view
@@ -220,30 +221,30 @@ class CapturedState:
         """The columns a read attends once the cache holds ``filled`` (fused reads attend fewer than the capacity)."""
         return attended(filled, self.capacity)
 
-    def read(self, role: str, bucket: int, span: int, fold: bool = False, every: bool = False,
+    def read(self, role: str, bucket: int, span: int, fold: bool = False, kept: int = 0,
              **inputs: torch.Tensor) -> tuple:
         """``role``'s model reads one piece of ``bucket`` columns attending ``span`` (captured on first use); with
-        ``fold`` (the SLM) the read also scores its argmax proposal (``router_copy.folded``); with ``every`` it gives
-        the logits after each token (unfused: the fused head keeps the last only)."""
-        fused = self.fused[role] is not None and not every
-        key = (role, bucket, span if fused else self.capacity, fold, every)
+        ``fold`` (the SLM) the read also scores its argmax proposal (``router_copy.folded``); with ``kept`` it gives
+        the logits after that many positions (``last`` lists them: a resolution's read), else after the last."""
+        fused = self.fused[role] is not None
+        key = (role, bucket, span if fused else self.capacity, fold, kept)
         if key not in self.reads:
             key = self._capture(role, key, span, inputs)
         return self.reads[key](**inputs)
 
     def _capture(self, role: str, key: tuple, span: int, inputs: dict) -> tuple:
         model, cache = (self.slm, self.slm_cache) if role == "slm" else (self.llm, self.llm_cache)
-        hidden, regions, fold, every = role == "slm", self.fused[role], key[3], key[4]
+        hidden, regions, fold, every = role == "slm", self.fused[role], key[3], key[4] > 0
         with kept_lengths(cache):
-            if regions is not None and not every:
-                build = lambda: self._then(static_read(model, cache, hidden, span, regions), fold)  # noqa: E731
+            if regions is not None:
+                build = lambda: self._then(static_read(model, cache, hidden, span, regions, every), fold)  # noqa: E731
                 step = capture_fused(self.capture, build, inputs, f"the {role.upper()}")
                 if step is not None:
                     self.reads[key] = step
                     return key
                 self.fused[role] = None  # every read of this model from now on, those captured already too
                 self.reads = {k: step for k, step in self.reads.items() if k[0] != role}
-            key = (role, key[1], self.capacity, fold, every)
+            key = (role, key[1], self.capacity, fold, key[4])
             if key not in self.reads:
                 self.reads[key] = self.capture(self._then(read_fn(model, cache, hidden, every), fold), inputs)
         return key
@@ -268,16 +269,18 @@ class CapturedState:
         return out
 
     def predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
-        """The LLM reads columns ``start:end`` piece by piece (captured, every position's logits): its logits
-        [B, n, V] after each column of ``keep``."""
-        found: dict[int, torch.Tensor] = {}
+        """The LLM reads columns ``start:end`` piece by piece (captured): its logits [B, n, V] after each column of
+        ``keep``, computed there only (a piece keeps a bucket of positions, the last repeated to fill it)."""
+        found, wanted = {}, set(keep)
         for tokens, bucket in pieces(end - start):
-            logits = self.read("llm", bucket, self.span(start + bucket), every=True,
-                               ids=seq.ids[:, start : start + bucket],
-                               positions=seq.positions[:, start : start + bucket],
-                               mask=seq.mask, last=self.counts[tokens - 1 : tokens],
-                               rewind=self.counts[bucket - tokens])[0]
-            found.update({start + j: logits[:, j] for j in range(tokens)})
+            inputs = dict(ids=seq.ids[:, start : start + bucket], positions=seq.positions[:, start : start + bucket],
+                          mask=seq.mask, rewind=self.rewinds[bucket - tokens])
+            columns = [c for c in range(start, start + tokens) if c in wanted] or [start + tokens - 1]  # (catch-up)
+            kept = bucket_for(len(columns))
+            at = [c - start for c in columns + columns[-1:] * (kept - len(columns))]  # (the last repeated)
+            last = torch.tensor(at, device=self.counts.device)
+            logits = self.read("llm", bucket, self.span(start + bucket), kept=kept, last=last, **inputs)[0]
+            found.update({c: logits[:, j] for j, c in enumerate(columns)})
             start += tokens
         return torch.stack([found[c] for c in keep], dim=1)
 

@@ -34,7 +34,8 @@ from ..pair import RoutedPair
 logger = logging.getLogger(__name__)
 
 
-def state_key(slm, llm, router, num_topk: int, compile_config, batch: int, fuse: bool, router_dtype: str) -> tuple:
+def state_key(slm, llm, router, num_topk: int, compile_config, batch: int, fuse: bool | str,
+              router_dtype: str) -> tuple:
     """What a stored state was built for: the same objects (identity), options and batch size."""
     options = None if compile_config is None else json.dumps(compile_config.to_dict(), sort_keys=True, default=str)
     return (slm, llm, router, num_topk, options, batch, fuse, router_dtype)
@@ -47,13 +48,14 @@ class CaptureStore:
         graph_step: how a step is captured without ``compile_config`` (a ``graphs.GraphStep``).
         graph_devices: device types on which a static-cache call is captured that way.
         fuse: capture fused reads (``fused.py``: one compiled region per decoder layer, then captured) where a
-            model can be fused; False captures HF's eager forward. Settable: ``model.capture_store.fuse = False``.
+            model can be fused; False captures HF's eager forward; ``"plain"`` runs the fused regions uncompiled
+            (tests). Settable: ``model.capture_store.fuse = False``.
         router_dtype: ``"model"`` (default) scores with a copy of the router in the SLM's dtype where its scores
             stay within ``router_copy.SCORE_TOLERANCE`` of fp32's; ``"float32"`` with the router itself. Settable.
     """
 
     def __init__(self, graph_step: type[GraphStep] = CudaGraphStep, graph_devices: Sequence[str] = ("cuda",),
-                 fuse: bool = True, router_dtype: str = "model") -> None:
+                 fuse: bool | str = True, router_dtype: str = "model") -> None:
         self.graph_step, self.graph_devices, self.fuse = graph_step, tuple(graph_devices), fuse
         self.router_dtype = router_dtype
         self.state: CapturedState | None = None
@@ -101,7 +103,7 @@ class CaptureStore:
         self._lock.release()
 
     def _state_for(self, slm, llm, router, num_topk, compile_config, batch, needed, vocab) -> CapturedState | None:
-        fuse = self.fuse and compile_config is None  # a compile_config compiles the whole read instead
+        fuse = self.fuse if compile_config is None else False  # a compile_config compiles the whole read instead
         key = state_key(slm, llm, router, num_topk, compile_config, batch, fuse, self.router_dtype)
         state = self.state
         moved = state is not None and state.weights != read_memory(slm, llm, router)  # replaced, not written

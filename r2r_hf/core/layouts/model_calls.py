@@ -154,11 +154,12 @@ class EagerCalls:
         return logits[:, -1]
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
-        """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep``."""
+        """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep`` (computed there
+        only: HF's ``logits_to_keep`` takes the positions)."""
         start = read_start(self.llm, self.llm_cache, start, end)
-        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
-                            seq.positions[:, start:end], self.llm_cache, logits_to_keep=0)
-        return logits[:, [c - start for c in keep]]
+        at = torch.tensor([c - start for c in keep], device=seq.ids.device)
+        return lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
+                          seq.positions[:, start:end], self.llm_cache, logits_to_keep=at)
 
     def crop(self, slm_tokens: int, llm_tokens: int) -> None:
         """Each model's cache drops its last tokens (a rollback)."""

@@ -1,0 +1,95 @@
+"""Lossless decoding on the H200, predicted: R2R at threshold 0 speculating (the LLM's own answer, the SLM as draft)
+against the LLM alone, with the costs the first device run measured, beside vLLM's lossless speculative decoding.
+
+    python -m benchmarks.serving.lossless        # writes benchmarks/results/lossless_h200_predicted.json
+
+Costs: ``calibrated.measured_costs`` (the first H200 run: the fused SLM step and router, the LLM's captured reads by
+rows and tokens, the host's time per step outside the graph replays; R1-Distill 1.5B + 32B shapes, random weights),
+the LLM's reads gathering their rows as today's server does. Load: ``concurrency`` closed-loop users, each answer
+64 prompt tokens and 256 new ones, every token routed (threshold 0: no router step, confirmed tails take their
+frontier token: ``replay.replay(routes=True)``), the LLM agreeing with the SLM's token at each position with
+probability ``agreement``. Random weights agree nowhere, so agreement is an input: the real pair's at threshold 0
+(measured on this CPU: ``benchmarks/results/lossless_*.json``, 0.99 on HumanEval) and lower ones, where a harder
+pair or task would sit. Per (concurrency, agreement): each depth x resolution trigger of a grid (the LLM resolves
+once a fraction of the running rows wait for it with full tails, or once the oldest pending position is ``w`` steps
+old; ``speculative.by_fraction``), the best, the server's default (``core.policy.speculative_policy``: depth by
+load), and the LLM alone served the same way (``cost_model.llm_alone``).
+vLLM V1's lossless speculative decoding on one H100 (Qwen3-32B + Qwen3-1.7B draft, k = 4, MT-Bench, third-party
+logs): 2.22 / 1.95 / 1.84x its 32B alone at 1 / 8 / 16 users.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from r2r_hf.core.policy import speculative_policy
+
+from .calibrated import measured_costs
+from .cost_model import llm_alone, simulate, synthetic
+from .speculative import VLLM_LOSSLESS, by_fraction
+
+SLOTS = 16
+DEPTHS = (2, 3, 4, 6, 8, 12, 16)
+TRIGGERS = {"all wait": 1.0, "half wait": 0.5, "never by count": None}
+WAITS = (32,)
+AGREEMENTS = (0.99, 0.9, 0.8, 0.7)
+CONCURRENCIES = (1, 2, 4, 8, 12, 16)
+
+
+def answers(concurrency: int, agreement: float, tokens: int = 256, prompt: int = 64, seed: int = 0) -> list:
+    """The load of one cell: 4 x ``concurrency`` answers (at least 8), every token routed."""
+    return synthetic([(prompt, [False] * tokens)] * max(4 * concurrency, 8), 1.0, seed, agreement)
+
+
+def cell(costs, concurrency: int, agreement: float) -> dict:
+    """Every policy of the grid at one (concurrency, agreement), against the LLM alone."""
+    load = answers(concurrency, agreement)
+    alone = llm_alone(load, concurrency, costs)
+    runs = []
+    for depth in DEPTHS:
+        for trigger, fraction in TRIGGERS.items():
+            for wait in WAITS:
+                got = simulate(load, concurrency, by_fraction(fraction, wait, depth, SLOTS), costs, SLOTS,
+                               routes=True)
+                runs.append({"depth": depth, "trigger": trigger, "wait": wait, "tokens_per_s": got["tokens_per_s"],
+                             "vs_llm_alone": got["tokens_per_s"] / alone,
+                             "llm_calls_per_token": got["llm_calls_per_token"],
+                             "thrown_per_token": got["thrown_per_token"], "time_share": got["time_share"]})
+    best = max(runs, key=lambda r: r["tokens_per_s"])
+    shipped = simulate(load, concurrency, speculative_policy("cuda", SLOTS, 16), costs, SLOTS, routes=True)
+    default = {"policy": "the server's default on a GPU (--speculate 16: depth by load)",
+               "tokens_per_s": shipped["tokens_per_s"], "vs_llm_alone": shipped["tokens_per_s"] / alone}
+    return {"concurrency": concurrency, "agreement": agreement, "llm_alone_tokens_per_s": alone, "best": best,
+            "server_default": default, "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--first", default="benchmarks/results/gpu_check.json")
+    parser.add_argument("--fused", default="benchmarks/results/gpu_check_rerun.json")
+    parser.add_argument("--out", default="benchmarks/results/lossless_h200_predicted.json")
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    first, fused = (json.loads(Path(p).read_text()) for p in (args.first, args.fused))
+    costs = replace(measured_costs(first, fused), gathered_rows=True)
+    grid = [(c, a) for a in AGREEMENTS for c in CONCURRENCIES]
+    with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
+        cells = list(pool.map(cell, [costs] * len(grid), *zip(*grid)))
+    result = {"conditions": {"costs": costs.name, "host_ms_per_step": 1e3 * costs.step, "slots": SLOTS,
+                             "answer": "64 prompt + 256 new tokens", "vllm_lossless": VLLM_LOSSLESS},
+              "cells": cells}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for c in cells:
+        b = c["best"]
+        print(f"{c['concurrency']:3d} users, agreement {c['agreement']:.2f}: {b['vs_llm_alone']:.2f}x the LLM alone "
+              f"(depth {b['depth']}, {b['trigger']}; server default {c['server_default']['vs_llm_alone']:.2f}x), "
+              f"vLLM {VLLM_LOSSLESS.get(c['concurrency'], '-')}", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

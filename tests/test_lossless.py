@@ -1,0 +1,274 @@
+"""Threshold 0 with speculation is lossless speculative decoding with the SLM as draft (issue 50): the LLM's own
+answer, token for token, in ``generate`` and in the server's slots. Where every pending position of a row is
+confirmed, the resolving read also gives the LLM's token at the next position (the frontier token: no SLM step, no
+second LLM forward); where the router cannot change a decision it does not run (router steps 0).
+
+The identity pair (the LLM is the SLM itself) agrees at every position, so its counts are exact: one SLM forward
+per token but the frontier tokens. The related pair mostly agrees (rollbacks happen too).
+"""
+
+import pytest
+import torch
+from conftest import PROMPTS as SHORT
+from conftest import SMALL_ROUTER
+
+from r2r_hf import R2RForCausalLM
+from r2r_hf.core.policy import WaitPolicy, speculative_policy
+from r2r_hf.testing import make_related_llm, make_tiny_slm
+from test_batching import Driver, _alone
+
+GREEDY = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=2)
+SAMPLED = dict(GREEDY, do_sample=True, temperature=0.9, top_k=30)
+
+
+@pytest.fixture(scope="module")
+def related():
+    slm = make_tiny_slm()
+    return R2RForCausalLM.from_models(slm, make_related_llm(slm), **SMALL_ROUTER)
+
+
+@pytest.fixture(scope="module")
+def identity():
+    slm = make_tiny_slm()
+    return R2RForCausalLM.from_models(slm, slm, **SMALL_ROUTER)
+
+
+def _llm(model, enc, options):
+    torch.manual_seed(5)
+    return model.llm.generate(**enc, **options)
+
+
+def _r2r(model, enc, options, **r2r):
+    torch.manual_seed(5)
+    return model.generate(**enc, **options, threshold=0.0, return_dict_in_generate=True, **r2r)
+
+
+@pytest.mark.parametrize("rows, options", [(1, GREEDY), (1, SAMPLED), (2, GREEDY)],
+                         ids=["one-greedy", "one-seeded", "batch-greedy"])
+@pytest.mark.parametrize("depth", [1, 4, 8])
+def test_threshold_0_speculating_is_the_llms_answer_with_frontier_tokens_and_no_router(related, tok, rows, options,
+                                                                                      depth):
+    enc = tok(SHORT[:rows], return_tensors="pt", padding=True)
+    want = _llm(related, enc, options)
+    out = _r2r(related, enc, options, speculate=depth, llm_max_wait=64)
+    assert torch.equal(out.sequences, want)
+    c = out.counters
+    assert c["router_steps"] == 0, "every position routes: the router cannot change a decision"
+    assert c["frontier_tokens"] > 0 and c["speculative_agreed"] > 0
+    assert torch.equal(out.routed, out.generated_mask) and torch.equal(out.llm_tokens, out.generated_mask.sum(-1))
+    assert torch.isnan(out.router_scores).all(), "nothing was scored"
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4, 8])
+def test_every_confirmed_tail_takes_its_frontier_token_instead_of_an_slm_step(identity, tok, depth):
+    """With nothing rejected, the SLM reads once per token but the frontier tokens (and the LLM wrote those): before,
+    it read every token, the last of each tail alone, and proposed a token the LLM then replaced."""
+    enc = tok(SHORT[:1], return_tensors="pt")
+    out = _r2r(identity, enc, dict(GREEDY, max_new_tokens=40, eos_token_id=None), speculate=depth, llm_max_wait=64)
+    c = out.counters
+    assert c["generated"] == 40 and c["speculative_rejected"] == 0
+    assert c["frontier_tokens"] >= c["llm_forwards"] - 1, "each resolution but perhaps the last took one"
+    assert c["slm_forwards"] == c["generated"] - c["frontier_tokens"], "the prompt's read, none for the last token"
+    assert c["steps"] <= c["generated"] + 1
+
+
+def test_captured_generate_takes_frontier_tokens_too(related, tok, monkeypatch):
+    from r2r_hf.testing.graphs import emulated_store
+
+    monkeypatch.setattr(related, "capture_store", emulated_store())
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    want = _llm(related, enc, GREEDY)
+    out = _r2r(related, enc, GREEDY, speculate=4, llm_max_wait=16, cache_implementation="static")
+    assert torch.equal(out.sequences, want) and out.counters["frontier_tokens"] > 0
+    assert out.counters["router_steps"] == 0
+
+
+def test_the_router_runs_at_a_threshold_that_routes_nothing_only_where_its_scores_are_returned(related, tok):
+    enc = tok(SHORT[:1], return_tensors="pt")
+    calls = []
+    scores = related.router.scores
+    related.router.scores = lambda *a: calls.append(1) or scores(*a)
+    try:
+        probe = related.generate(**enc, **GREEDY, threshold=float("inf"), return_dict_in_generate=True)
+        assert calls and torch.isfinite(probe.router_scores[probe.generated_mask]).all(), "the probe's scores"
+        calls.clear()
+        plain = related.generate(**enc, **GREEDY, threshold=float("inf"))
+        assert not calls and torch.equal(plain, probe.sequences), "no one reads them: the router does not run"
+        related.generate(**enc, **GREEDY, threshold=0.5)
+        assert calls, "where it decides, it runs"
+    finally:
+        del related.router.scores
+
+
+@pytest.mark.parametrize("policy", [WaitPolicy((4,), 16, speculate=2), speculative_policy("cuda", 3, 4)],
+                         ids=["s2", "server-default-s4"])
+def test_served_rows_at_threshold_0_answer_as_the_llm_and_take_frontier_tokens(related, tok, policy):
+    """Rows at threshold 0 (greedy, seeded) beside a row the router decides: each answers as alone (the threshold-0
+    rows as the LLM alone), the frontier tokens are taken, and the router runs only in steps a routed row proposes."""
+    rows = {"greedy": (0, dict(max_new_tokens=14, do_sample=False, threshold=0.0)),
+            "seeded": (2, dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=20, seed=7, threshold=0.0)),
+            "long": (1, dict(max_new_tokens=16, do_sample=False, threshold=0.0))}
+    run = Driver(related, tok, slots=3, policy=policy)
+    for name, (prompt, options) in rows.items():
+        run.join(name, prompt, **options)
+    run.run()
+    for name, (prompt, options) in rows.items():
+        assert run.out[name] == _alone(related, tok, prompt, **dict(options)), name
+        assert all(by_llm for _, by_llm in run.out[name]), "every token is the LLM's"
+    c = run.batch.counters
+    assert c.router_steps == 0 and c.frontier_tokens > 0 and c.agreed > 0
+    assert c.agreed + c.rejected > 1.5 * c.resolutions, "the tails fill before the LLM resolves them"
+    mixed = Driver(related, tok, slots=2, policy=policy)
+    mixed.join("greedy", 0, **rows["greedy"][1])
+    mixed.join("routed", 4, max_new_tokens=6, do_sample=False, threshold=0.5)
+    mixed.run()
+    assert mixed.out["greedy"] == run.out["greedy"], "its neighbour does not change its answer"
+    assert 0 < mixed.batch.counters.router_steps <= 6, "the router ran while the routed row proposed"
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.45])
+def test_captured_generates_resolving_reads_are_fused_and_keep_the_judged_positions_only(related, tok, monkeypatch,
+                                                                                          threshold):
+    """Generate's static rectangle resolves through a fused read (plain regions on emulated graphs) whose head keeps
+    the positions the resolution judges (a bucket of them), with the eager answer."""
+    from r2r_hf.testing.graphs import emulated_store
+
+    monkeypatch.setattr(related, "capture_store", emulated_store(fuse="plain"))
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    eager = related.generate(**enc, **GREEDY, threshold=threshold, return_dict_in_generate=True)
+    fast = related.generate(**enc, **GREEDY, threshold=threshold, speculate=4, llm_max_wait=16,
+                            cache_implementation="static", return_dict_in_generate=True)
+    assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
+    state = related.capture_store.state
+    kept = [key for key in state.reads if key[0] == "llm" and key[4]]
+    assert kept and state.fused["llm"] is not None, "the resolving reads were captured fused"
+    assert all(key[4] <= key[1] for key in kept), "a piece keeps at most its own positions"
+
+
+def test_a_fused_resolving_read_gives_the_eager_logits_at_the_kept_positions(related, tok):
+    from r2r_hf.core.fast.static_reads import CapturedState
+    from r2r_hf.core.layouts.model_calls import EagerCalls
+    from r2r_hf.core.layouts.rectangle import Committed
+    from r2r_hf.testing.graphs import EmulatedGraphStep
+
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    ids = torch.cat([enc["input_ids"], torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))], 1)
+    mask = torch.cat([enc["attention_mask"], torch.ones(2, 12, dtype=torch.long)], 1)
+    seq = Committed.from_prompt(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), 64)
+    seq.length = ids.shape[1]
+    start, keep = enc["input_ids"].shape[1] - 1, [seq.length - 9, seq.length - 6, seq.length - 5, seq.length - 1]
+    pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
+    state = CapturedState(related.slm, related.llm, related.router, related.config.num_topk_logits,
+                          lambda fn, example: EmulatedGraphStep(fn, example, pool), 2, 64, True, fuse="plain")
+    eager = EagerCalls(related.slm, related.llm, related.router, related.config.num_topk_logits, "static", 64,
+                       caches=(state.slm_cache, state.llm_cache))
+    with torch.inference_mode():
+        eager.llm_read(_upto(seq, start), 0)
+        want = eager.llm_predict(seq, start, seq.length, keep)
+        eager.crop(0, seq.length - start)
+        got = state.predict(seq, start, seq.length, keep)
+    assert got.shape == want.shape == (2, 4, want.shape[-1])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert [key[4] for key in state.reads] == [4], "one read of the 13 columns' bucket keeping 4 positions"
+
+
+def _upto(seq, end):
+    """``seq`` as it stood with ``end`` columns committed."""
+    import dataclasses
+
+    return dataclasses.replace(seq, length=end)
+
+
+@pytest.mark.parametrize("at", [5, 11, 17])
+def test_a_tail_that_holds_the_answers_end_goes_no_further(identity, tok, at):
+    """Once the host sees an EOS in a row's speculative tail, the row drafts no further: the LLM resolves it in the
+    next step (before, the SLM drafted on to its depth, past the answer's end)."""
+    enc = tok(SHORT[:1], return_tensors="pt")
+    options = dict(GREEDY, max_new_tokens=40, eos_token_id=None)
+    free = identity.generate(**enc, **options)[0, enc["input_ids"].shape[1]:].tolist()
+    eos = free[at]
+    end = free.index(eos)  # (the answer ends at its first occurrence)
+    want = identity.llm.generate(**enc, **dict(options, eos_token_id=eos))
+    out = _r2r(identity, enc, dict(options, eos_token_id=eos), speculate=16, llm_max_wait=64)
+    assert torch.equal(out.sequences[:, : want.shape[1]], want) and out.counters["generated"] == end + 1
+    assert out.counters["steps"] <= end + 3, "the step after the EOS resolves the tail (the next finds it ended)"
+    assert out.counters["slm_forwards"] <= end + 3
+
+
+def test_generate_returns_what_speculation_did_per_row(related, tok):
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    out = _r2r(related, enc, GREEDY, speculate=4, llm_max_wait=16)
+    per_row, c = out.speculation, out.counters
+    assert set(per_row) == {"pending_resolved", "agreed", "rejected", "thrown"}
+    assert all(values.shape == (2,) for values in per_row.values())
+    assert int(per_row["agreed"].sum()) == c["speculative_agreed"] and int(per_row["thrown"].sum()) == c["thrown"]
+    assert int(per_row["rejected"].sum()) == c["speculative_rejected"]
+    assert (per_row["pending_resolved"] >= per_row["agreed"] + per_row["rejected"]).all()
+    off = related.generate(**enc, **GREEDY, threshold=0.0, return_dict_in_generate=True)
+    assert all(int(v.sum()) == 0 for v in off.speculation.values()), "no speculation: zeros"
+
+
+def test_a_rows_own_depth_bounds_its_tail_and_changes_no_answer(related, tok):
+    """A request may lower its depth or turn speculation off (``RowState.depth``): its answer and its neighbours'
+    are what they are alone."""
+    policy = WaitPolicy((4,), 16, speculate=4)
+    rows = {"off": 0, "two": 2, "server's": None}
+    run = Driver(related, tok, slots=3, policy=policy)
+    for i, (name, depth) in enumerate(rows.items()):
+        run.join(name, i, max_new_tokens=14, do_sample=False, threshold=0.0)
+        run.batch.ledger.rows[i].depth = depth
+    deepest = dict.fromkeys(rows, 0)
+    while run.batch.ledger.occupied():
+        run.run(1)
+        for r, row in enumerate(run.batch.ledger.rows):
+            if row is not None:
+                deepest[row.owner] = max(deepest[row.owner], len(row.pending))
+    for i, name in enumerate(rows):
+        assert run.out[name] == _alone(related, tok, i, max_new_tokens=14, do_sample=False, threshold=0.0), name
+    assert deepest == {"off": 0, "two": 2, "server's": 4}
+
+
+def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_did(related, tok, caplog):
+    """Over HTTP: ``speculate`` in the body (0: off, at most the server's depth; else one sentence, a 400); the
+    answers are each prompt's answer alone (threshold 0: the LLM's); ``usage.speculation`` counts each request's
+    own; ``/metrics`` has acceptance per resolution as a histogram."""
+    import concurrent.futures
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    from serving import serving
+
+    from test_batching import PROMPTS
+
+    import logging
+
+    depths = [0, 2, None, 4]
+    with caplog.at_level(logging.INFO, logger="r2r_hf.serve.engine"), \
+            serving(related, tok, max_batch_size=4, llm_min_rows=(5,), llm_max_wait=16, speculate=4) as (url, _):
+        def ask(i):
+            body = dict(model="tiny", prompt=PROMPTS[i], max_tokens=12, temperature=0, threshold=0.0)
+            if depths[i] is not None:
+                body["speculate"] = depths[i]
+            return httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+
+        with concurrent.futures.ThreadPoolExecutor(len(depths)) as pool:
+            answers = list(pool.map(ask, range(len(depths))))
+        refused = [httpx.post(url + "/v1/completions", json=dict(model="tiny", prompt="x", max_tokens=2, speculate=v),
+                              timeout=30) for v in (5, -1, 1.5)]
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+    for i, out in enumerate(answers):
+        alone = related.llm.generate(**tok([PROMPTS[i]], return_tensors="pt"), max_new_tokens=12, do_sample=False)
+        assert out["choices"][0]["text"] == tok.decode(alone[0, len(tok(PROMPTS[i])["input_ids"]):]), i
+    spec = [out["usage"]["speculation"] for out in answers]
+    assert spec[0] == {"pending_resolved": 0, "agreed": 0, "rejected": 0, "thrown": 0}, "speculation off"
+    assert all(s["pending_resolved"] > 0 for s in spec[1:])
+    for response in refused[:2]:
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "speculate" and "from 0 (off) to 4" in error["message"]
+    assert refused[2].status_code == 400 and "speculate" in refused[2].text
+    assert any("speculate up to 4 pending positions" in r.getMessage() for r in caplog.records), "said at start-up"
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    assert families["r2r_speculation_depth"].samples[0].value == 4
+    family = families["r2r_speculative_accepted"]
+    count = next(s.value for s in family.samples if s.name.endswith("_count"))
+    assert count > 0, "one entry per answer and resolution"
