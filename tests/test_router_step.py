@@ -23,6 +23,10 @@ INF = float("inf")
 GREEDY = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=2,
               return_dict_in_generate=True, output_logits=True)
 
+# Captured and eager scores of the same weights may sum in another order (float32): 1.01e-6 apart was seen under
+# the oldest supported transformers. A replay of freed weights is off by far more (the scores are random there).
+SCORES = dict(rtol=0, atol=1e-5)
+
 
 def _pair(dtype=torch.float32, router_dtype="model"):
     slm, llm = make_tiny_slm().to(dtype), make_tiny_llm().to(dtype)
@@ -55,7 +59,7 @@ def test_a_greedy_call_scores_inside_the_slm_read_and_writes_what_eager_writes(t
     for threshold, alone in ((INF, slm), (0.0, llm), (_mixed(model, enc), None)):
         eager, fast = _run(model, enc, threshold)
         assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
-        torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, rtol=0, atol=1e-6)
+        torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, **SCORES)
         if alone is not None:
             want = alone.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=2)
             assert torch.equal(fast.sequences, want)
@@ -73,7 +77,7 @@ def test_a_call_whose_proposal_is_not_the_argmax_keeps_the_router_step(tok, extr
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     eager, fast = _run(model, enc, _mixed(model, enc), **extra)
     assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
-    torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, rtol=0, atol=1e-6)
+    torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, **SCORES)
     state = model.capture_store.state
     assert state.router_step is not None
     assert {key[3] for key in state.reads if key[0] == "slm"} == {False}
@@ -174,9 +178,9 @@ def test_the_servers_router_scores_in_bf16_within_the_tolerance_and_checks_real_
     monkeypatch.setattr(router_step, "SCORE_TOLERANCE", -1.0)
     dropped = _server_router(model, "model")
     dropped.warm(416, 64, torch.device("cpu"), torch.bfloat16)
-    torch.testing.assert_close(dropped(*features), want, rtol=0, atol=1e-6)  # captured again over the router itself
+    torch.testing.assert_close(dropped(*features), want, **SCORES)  # captured again over the router itself
     assert dropped.scorer.cast is None
-    torch.testing.assert_close(_server_router(model, "float32")(*features), want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(_server_router(model, "float32")(*features), want, **SCORES)
 
 
 def test_a_router_with_per_step_state_is_neither_copied_nor_scored_ahead_of_its_step(tok):
@@ -274,4 +278,4 @@ def test_a_router_whose_weights_were_replaced_is_read_as_it_is_now(tok, how):
     eager, fast = _run(model, enc, threshold)
     assert not torch.equal(eager.router_scores, before), "the new weights score otherwise"
     assert torch.equal(fast.sequences, eager.sequences) and torch.equal(fast.routed, eager.routed)
-    torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, rtol=0, atol=1e-6)
+    torch.testing.assert_close(fast.router_scores, eager.router_scores, equal_nan=True, **SCORES)
