@@ -42,8 +42,8 @@ class Driver:
         settings = resolve_row(self.model, ids, **options)
         self.out[name], self.limit[name], self.eos[name] = [], settings.max_new_tokens, settings.eos_ids
         rule = settings.rule(torch.device("cpu"), fresh_seed=0)
-        self.batch.join([Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name)],
-                        prefill=self.prefill)
+        self.batch.join([Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name,
+                                ends=settings.eos_ids)], prefill=self.prefill)  # (as the server's engine joins)
 
     def reads(self):  # the stop rule of the turns (core.turn.Stops): EOS or the length limit
         return ()

@@ -4,9 +4,13 @@ and the ledger moves exactly as it moves one step at a time."""
 
 import pytest
 import torch
+from conftest import SMALL_ROUTER
+
+from r2r_hf import R2RForCausalLM
 
 from r2r_hf.core.fast.slot_reads import capture_slots
 from r2r_hf.core.policy import WaitPolicy
+from r2r_hf.testing import make_tiny_slm
 from r2r_hf.testing.graphs import EmulatedGraphStep
 from test_batching import Driver, _alone, _threshold
 
@@ -62,6 +66,40 @@ def test_a_block_answers_as_steps_one_at_a_time(model, tok):
     one, four = runs[1].batch.counters, runs[4].batch.counters
     assert runs[1].out == runs[4].out
     assert four.host_syncs / four.steps < one.host_syncs / one.steps, "fewer synchronisations per step"
+
+
+@pytest.fixture(scope="module")
+def identity():
+    """A pair whose LLM is its SLM: every pending position is confirmed, so tails fill and take frontier tokens."""
+    slm = make_tiny_slm()
+    return R2RForCausalLM.from_models(slm, slm, **SMALL_ROUTER)
+
+
+@pytest.mark.parametrize("end", [3, 6, 9])
+def test_blocks_at_threshold_0_take_frontier_tokens_own_depths_and_stop_at_an_end_in_the_tail(identity, tok, end):
+    """Rows that route everywhere draft in blocks too: a row that fills its depth commits its last pending token
+    unread and waits for its frontier token; a row's own depth and the depth by load (the load at the block's start)
+    bound its tail; a tail that holds its answer's end goes no further. The device drafts as the host plans (else
+    ``turn.decode_block`` raises), and every answer is ``generate``'s alone."""
+    tau = _threshold(identity, tok, 0.6)
+    eos = _alone(identity, tok, 1, max_new_tokens=20, do_sample=False, threshold=0.0)[end][0]
+    jobs = {"greedy": (0, 16, {}), "ends": (1, 20, {"eos_token_id": eos}), "own depth": (2, 14, {}),
+            "routed": (3, 12, {"threshold": tau})}
+    policy = WaitPolicy((3,), 16, speculate=8, block=4, depths=(8, 6, 5))
+    run = _drafting(identity, tok, policy, slots=4, prefill=None)
+    for i, (name, (prompt, new, options)) in enumerate(jobs.items()):
+        run.join(name, prompt, **{"max_new_tokens": new, "do_sample": False, "threshold": 0.0, **options})
+    run.batch.ledger.rows[2].depth = 1
+    syncs_before = run.batch.counters.host_syncs
+    run.run(steps=400)
+    assert not run.batch.ledger.occupied()
+    for name, (prompt, new, options) in jobs.items():
+        want = _alone(identity, tok, prompt, **{"max_new_tokens": new, "do_sample": False, "threshold": 0.0, **options})
+        assert run.out[name] == want, name
+    assert run.out["ends"][-1][0] == eos and len(run.out["ends"]) < 20, "the answer ended at its end token"
+    counters = run.batch.counters
+    assert counters.frontier_tokens > 0 and counters.agreed > 0
+    assert counters.host_syncs - syncs_before < counters.steps, "fewer synchronisations than steps: it drafted"
 
 
 def test_a_sampled_row_is_not_drafted(model, tok):

@@ -31,7 +31,7 @@ from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
 from r2r_hf.core.layouts.packed import TOKENS, bucket
 from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
 from r2r_hf.core.ledger import Ledger, RowState
-from r2r_hf.core.plan import Outcome, StepPlan
+from r2r_hf.core.plan import Outcome, StepPlan, depth
 from r2r_hf.core.policy import WaitPolicy
 from r2r_hf.core.step import Drafted, LLMRead, Synced
 from r2r_hf.core.turn import turn
@@ -231,32 +231,36 @@ def resolution(rows: list, plan: StepPlan, clock: Clock) -> LLMRead:
 
 def drafted_block(ledger: Ledger, book: SlotBook, policy: WaitPolicy, previous: list[int]) -> Drafted | None:
     """What a draft block (``core/fast/drafts.py``) drafts over recorded routing: its rule per step (a row goes on
-    where it did not route, or routed and may hold one more pending position; the router is never sure: the
-    recording has no scores), each slot's length in ``book`` moved on by its committed tokens."""
-    rows, slots = set(ledger.proposing()), len(ledger.rows)
+    where it did not route, or routed and may hold one more pending position, its ``plan.depth``; the router is never
+    sure: the recording has no scores; a row that routes everywhere and fills its depth commits its last pending
+    token unread), each slot's length in ``book`` moved on by its committed tokens."""
+    rows, slots, running = set(ledger.proposing()), len(ledger.rows), len(ledger.occupied())
     if not rows:
         return None
     state = {r: [len(row.pending), row.max_new, len(row.owner.routed) - row.max_new] for r, row in enumerate(ledger.rows)
              if r in rows}
-    token, routed, committed, active = [], [], [], []
+    token, routed, committed, active, read = [], [], [], [], []
     for _ in range(policy.block):
-        step = [[0] * slots, [False] * slots, [False] * slots, [r in rows for r in range(slots)]]
+        step = [[0] * slots, [False] * slots, [False] * slots, [r in rows for r in range(slots)], [False] * slots]
         for r in list(rows):
             pending, left, index = state[r]
-            hit = ledger.rows[r].owner.routed[index]
+            row = ledger.rows[r]
+            hit, most = row.owner.routed[index], depth(row, policy, running)
             step[1][r] = hit
-            if hit and pending >= policy.speculate:
+            if hit and pending >= most:
                 rows.discard(r)
                 continue
             step[2][r] = True
             state[r] = [pending + hit, left - 1, index + 1]
             book.length[r] += 1
-            book.seen["slm"][r] = book.length[r]
-            if left - 1 <= 0:
+            frontier = hit and row.routes and pending + 1 >= most and left > 1
+            step[4][r] = not frontier
+            book.seen["slm"][r] += not frontier
+            if left - 1 <= 0 or frontier:
                 rows.discard(r)
-        for part, value in zip((token, routed, committed, active), step):
+        for part, value in zip((token, routed, committed, active, read), step):
             part.append(value)
-    return Drafted(list(previous), token, routed, [[False] * slots for _ in token], committed, active)
+    return Drafted(list(previous), token, routed, [[False] * slots for _ in token], committed, active, read)
 
 
 class Arrivals:

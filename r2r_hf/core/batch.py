@@ -14,7 +14,6 @@ the same for every row (the router, the shared vocabulary) is the ``RoutedPair``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,33 +21,19 @@ import torch
 from .budget import Budget
 from .choice import CallChoice, Chooser, RowChoice, RowRule
 from .counters import Counters
-from .fast.drafts import block_inputs, read_back
+from .fast.drafts import ENDS, block_inputs, run_block
 from .fast.router_copy import stateless
 from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
-from .ledger import Ledger, RowState
+from .ledger import Joiner, Ledger, RowState
 from .pair import RoutedPair
-from .plan import Outcome, StepPlan
+from .plan import Outcome, StepPlan, depth
 from .policy import WaitPolicy
 from .routing import Routing, fixed_routing
 from .speculation import resolve, roll_back
 from .staging import in_order, staged
 from .step import Drafted, LLMRead, Proposal, Synced
-
-
-@dataclass
-class Joiner:
-    """A row asking to join: its prompt and settings (the server's ``RunningBatch.join`` takes a list)."""
-
-    prompt: list[int]
-    max_new: int
-    threshold: float
-    rule: RowRule
-    llm_budget: float | None = None
-    owner: Any = None
-    ends: frozenset[int] = frozenset()  # tokens that end its answer (``RowState.ends``)
-    depth: int | None = None  # pending positions it may hold at most (``RowState.depth``; None: the policy's)
 
 
 class RunningBatch:
@@ -163,10 +148,7 @@ class RunningBatch:
 
         Into new tensors, never in place: a captured router skips copying an input it was given last time as the
         same tensor (``fast/graphs.CudaGraphStep``), and the proposals of every slot are these tensors themselves."""
-        if scores is None:
-            self.unscored.update(rows)
-        else:
-            self.unscored.difference_update(rows)
+        (self.unscored.update if scores is None else self.unscored.difference_update)(rows)
         at = self.index(rows)
         if at is None:
             self.slm_logits, self.slm_hidden, self.slm_scores = logits, hidden, scores
@@ -301,25 +283,25 @@ class RunningBatch:
         return committed, self.choice.state(list(writers)) if self.keeps_streams else {}
 
     def draft(self, policy: WaitPolicy) -> Drafted | None:
-        """``policy.block`` steps of every proposing row drafted on the device in one block (``fast/drafts.py``) and
-        read back in one synchronisation; None where a block cannot stand for the steps (a row samples, has processors
-        or a budget, or the SLM's reads do not fold the router; the slots are not captured with blocks of this size).
-        The batch's SLM outputs and last tokens are the block's; the ledger is not touched (``turn.decode_block``)."""
+        """``policy.block`` steps of every proposing row drafted on the device, read back once (``fast/drafts.py``);
+        None where a block cannot stand for them (a row samples, has processors, a budget or over ``drafts.ENDS`` end
+        tokens; the reads do not fold the router, or no blocks of this size are captured). The ledger is not touched
+        (``turn.decode_block``)."""
         drafts = self.layout.captured.get("drafts") if getattr(self.layout, "captured", None) else None
-        rows = self.ledger.proposing()
+        rows, live = self.ledger.proposing(), self.ledger.rows
         if (drafts is None or drafts.k != policy.block or not rows or not self.unscored.isdisjoint(rows)
-                or not self.choice.argmax(rows) or not self._spends_none(rows)):
+                or not self.choice.argmax(rows) or not self._spends_none(rows) or any(len(live[r].ends) > ENDS
+                                                                                    for r in rows)):
             return None
-        inputs = block_inputs(self.ledger, rows, self.layout.book.length, policy, self.device)
+        depths = [depth(row, policy, len(self.ledger.occupied())) if row else 0 for row in live]
+        inputs = block_inputs(self.ledger, rows, self.layout.book.length, depths, policy.speculate_below,
+                              self.last_token.clone(), self.device)
         # (thresholds are written in place as rows join: a captured step copies an input it saw last time only once)
         inputs.update(logits=self.slm_logits, hidden=self.slm_hidden, scores=self.slm_scores,
                       thresholds=self.thresholds.clone())
-        out = self.layout.draft(inputs, policy.block)
-        drafted = read_back(self.last_token, out[:5])
+        drafted, outputs, self.last_token = run_block(self.layout, inputs, policy.block, self.last_token)
+        self.slm_logits, self.slm_hidden, self.slm_scores = outputs
         self.counters.host_syncs += 1
-        self.slm_logits, self.slm_hidden, self.slm_scores = out[5:]
-        last = max((i for i, step in enumerate(drafted.active) if any(step)), default=0)  # (the host plans to it)
-        self.last_token = torch.where(out[3][last], out[0][last], -1)  # what reaches the host at the next step
         return drafted
 
     def _proposed(self, proposal: Proposal) -> tuple[torch.Tensor, set[int]]:

@@ -110,6 +110,20 @@ class RowState:
         return bool(self.ends and self.pending) and any(token in self.ends for token, _ in self.arrived)
 
 
+@dataclass
+class Joiner:
+    """A row asking to join: its prompt and settings (the server's ``RunningBatch.join`` takes a list)."""
+
+    prompt: list[int]
+    max_new: int
+    threshold: float
+    rule: RowRule
+    llm_budget: float | None = None
+    owner: Any = None
+    ends: frozenset[int] = frozenset()  # tokens that end its answer (``RowState.ends``)
+    depth: int | None = None  # pending positions it may hold at most (``RowState.depth``; None: the policy's)
+
+
 @dataclass(frozen=True)
 class Applied:
     """What ``Ledger.apply`` changed: the index of the token each writer committed, and the tokens each row has

@@ -120,8 +120,9 @@ class LLMRead:
 @dataclass(frozen=True)
 class Drafted:
     """What a draft block read back in its one synchronisation (``fast/drafts.py``): per drafted step, per slot, the
-    SLM's argmax proposal, whether it routed, whether the router was sure, whether it was committed and whether the
-    slot proposed; and the token each slot committed at the step before the block (-1: none)."""
+    SLM's argmax proposal, whether it routed, whether the router was sure, whether it was committed, whether the
+    slot proposed and whether the SLM read the committed token (not a frontier row's: ``StepPlan.frontier``); and the
+    token each slot committed at the step before the block (-1: none)."""
 
     previous: list[int]
     token: list[list[int]]
@@ -129,6 +130,7 @@ class Drafted:
     sure: list[list[bool]]
     committed: list[list[bool]]
     active: list[list[bool]]
+    read: list[list[bool]]
 
     def arrived(self, i: int) -> list[int]:
         """The tokens that reach the host at drafted step ``i`` (those committed at the step before it)."""

@@ -158,10 +158,13 @@ def decode_block(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepRes
     ledger = batch.ledger
     if policy.block < 2 or stops.reads() or not hasattr(batch, "draft") or _due(ledger, policy):
         return None
-    drafted = batch.draft(policy)
+    drafting = Drafting(*dataclasses.astuple(policy))
+    if policy.depths:  # depth by load: the load at the block's start for all its steps (the device's)
+        drafting = dataclasses.replace(drafting, depths=(policy.depth(len(ledger.occupied()), True),))
+    drafted = batch.draft(drafting)
     if drafted is None:
         return None
-    drafting, ended_all, result = Drafting(*dataclasses.astuple(policy)), set(), None
+    ended_all, result = set(), None
     for i in range(len(drafted.token)):
         rows = ledger.proposing()
         if not rows:

@@ -4,10 +4,13 @@ A served step waits on the device once (``turn.decode_step``): the host reads th
 then queues the next step, so the device idles for the host's decisions at every token. Where every proposing row
 proposes the SLM's argmax with the router folded into the SLM's read (greedy rows without processors or a budget),
 nothing a step decides needs the host until the LLM runs: a routed row waits for it, or, speculating, goes on with
-the SLM's token while it may hold more pending positions and the router is not sure (``plan.plan_step``'s rule). A draft block applies that rule on the device for k steps — propose (the argmax), route (the folded
-scores), commit (a row that waits stops drafting; one whose length limit is reached stops), the SLM's read of every
-slot's new token — and the host reads the k steps' tokens and flags back in one synchronisation, then plans and
-applies each step as it would have (``core/blocks.py``), the LLM not running inside a block.
+the SLM's token while it may hold more pending positions (its depth), the router is not sure and no token of its tail
+the host has seen ends its answer (``plan.plan_step``'s rule); a row that routes everywhere (threshold 0) and fills
+its depth commits its last pending token unread, its next token being the LLM's (``StepPlan.frontier``). A draft
+block applies that rule on the device for k steps — propose (the argmax), route (the folded scores), commit (a row
+that waits stops drafting; one whose length limit is reached stops), the SLM's read of every slot's new token — and
+the host reads the k steps' tokens and flags back in one synchronisation, then plans and applies each step as it
+would have (``turn.decode_block``), the LLM not running inside a block.
 
 What the device cannot know it does not need to: a row whose answer a stop rule ends inside the block (an EOS, a stop
 string) goes on drafting there; the host ends it at the step it ends and its slot is freed, the tokens drafted past
@@ -26,40 +29,44 @@ from .fused import attended
 from .graphs import Step
 
 
+ENDS = 8  # end tokens a drafted row may have at most (more: the batch does not draft; ``RunningBatch.draft``)
+
+
 def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens: torch.Tensor) -> Step:
     """The block's step function: ``read`` (ids, position, column, real [S, 1]) -> (logits [S, V], hidden [S, H],
     folded scores [S]) is the SLM's read of every slot, run after each of the ``k`` drafted steps; ``tokens`` [S, C]
     is the slots' token buffer the drafted tokens are written into (in place). Returns, per drafted step [k, S], the
-    argmax proposals, where they routed, where the router was sure, where they were committed and which rows
-    proposed; then each slot's SLM outputs after its last committed token (logits, hidden, folded scores)."""
+    argmax proposals, where they routed, where the router was sure, where they were committed, which rows proposed
+    and where the SLM read the committed token; then each slot's SLM outputs after its last read token (logits,
+    hidden, folded scores)."""
 
-    def draft(logits, hidden, scores, thresholds, below, depth, pending, active, remaining, lengths):
-        drafted, routed_at, sure_at, committed_at, active_at = [], [], [], [], []
+    def draft(logits, hidden, scores, thresholds, below, depth, pending, active, remaining, lengths, everywhere, ends,
+              ended, previous):
+        steps = {name: [] for name in ("token", "routed", "sure", "commit", "active", "read")}
         rows = torch.arange(len(lengths), device=lengths.device)
+        ended = ended | ((pending > 0) & (previous[:, None] == ends).any(-1))  # the host sees it at the first step
         for _ in range(k):
             token = logits[:, :vocab].argmax(-1)
-            routed, sure = scores >= thresholds, scores >= below
-            commit = active & (~routed | ((pending < depth) & ~sure))
-            active_at.append(active)
-            drafted.append(token)
-            routed_at.append(routed)
-            sure_at.append(sure)
-            committed_at.append(commit)
+            routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
+            commit = active & (~routed | ((pending < depth) & ~sure & ~ended))
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
             pending = pending + (commit & routed).long()
             remaining = remaining - commit.long()
-            active = commit & (remaining > 0)  # a row that waits for the LLM, or drained, drafts no more
-            column = torch.where(commit, lengths, trash)
-            logits_new, hidden_new, scores_new = read(ids=token[:, None], position=torch.where(commit, lengths, 0)[:, None],
-                                                      column=column[:, None], real=commit[:, None])
+            frontier = commit & routed & everywhere & (pending >= depth) & (remaining > 0)  # the LLM's next
+            reads = commit & ~frontier
+            for name, value in zip(steps, (token, routed, sure, commit, active, reads)):
+                steps[name].append(value)
+            ended = ended | (commit & (pending > 0) & (token[:, None] == ends).any(-1))  # seen at the next step
+            active = reads & (remaining > 0)  # a row that waits for the LLM, or drained, drafts no more
+            column = torch.where(reads, lengths, trash)
+            logits_new, hidden_new, scores_new = read(ids=token[:, None], position=torch.where(reads, lengths, 0)[:, None],
+                                                      column=column[:, None], real=reads[:, None])
             lengths = lengths + commit.long()
-            logits = torch.where(commit[:, None], logits_new, logits)
-            hidden = torch.where(commit[:, None], hidden_new.to(hidden.dtype), hidden)
-            scores = torch.where(commit, scores_new.to(scores.dtype), scores)
-        stack = lambda values: torch.stack(values)  # noqa: E731  [k, S]
-        return (stack(drafted), stack(routed_at), stack(sure_at), stack(committed_at), stack(active_at), logits,
-                hidden, scores)
+            logits = torch.where(reads[:, None], logits_new, logits)
+            hidden = torch.where(reads[:, None], hidden_new.to(hidden.dtype), hidden)
+            scores = torch.where(reads, scores_new.to(scores.dtype), scores)
+        return (*(torch.stack(values) for values in steps.values()), logits, hidden, scores)
 
     return draft
 
@@ -90,22 +97,37 @@ class CapturedDrafts:
         return len(self.steps)
 
 
-def block_inputs(ledger, rows: list[int], lengths: list[int], policy, device: torch.device) -> dict[str, torch.Tensor]:
+def block_inputs(ledger, rows: list[int], lengths: list[int], depths: list[int], below: float,
+                 previous: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
     """The block's drafting state of every slot, from the host (one staged copy): pending positions held, whether it
-    proposes (``rows``), tokens it may still commit, its length; the policy's depth and bound."""
-    slots = len(ledger.rows)
-    chosen = set(rows)
-    host = [[len(row.pending) if row else 0 for row in ledger.rows], [int(r in chosen) for r in range(slots)],
-            [row.max_new if row else 0 for row in ledger.rows], list(lengths)]
-    pending, active, remaining, length = staged(host, device).unbind(0)
-    return {"pending": pending, "active": active.bool(), "remaining": remaining, "lengths": length,
-            "below": torch.tensor(policy.speculate_below, device=device),
-            "depth": torch.tensor(policy.speculate, device=device)}
+    proposes (``rows``), tokens it may still commit, its length, its depth (``depths``), whether it routes
+    everywhere, whether its tail ends its answer (``RowState.ended_in_tail``) and its end tokens (-2: none); the
+    router's bound ``below`` and the tokens committed at the step before (``previous``, -1: none)."""
+    chosen, live = set(rows), ledger.rows
+    host = [[len(row.pending) if row else 0 for row in live], [int(r in chosen) for r in range(len(live))],
+            [row.max_new if row else 0 for row in live], list(lengths), list(depths),
+            [int(bool(row and row.routes)) for row in live], [int(bool(row and row.ended_in_tail())) for row in live]]
+    ends = [sorted(row.ends)[:ENDS] if row else [] for row in live]
+    host += list(map(list, zip(*[e + [-2] * (ENDS - len(e)) for e in ends])))
+    pending, active, remaining, length, depth, everywhere, ended, *ends_t = staged(host, device).unbind(0)
+    return {"pending": pending, "active": active.bool(), "remaining": remaining, "lengths": length, "depth": depth,
+            "everywhere": everywhere.bool(), "ended": ended.bool(), "ends": torch.stack(ends_t, 1),
+            "below": torch.tensor(below, device=device), "previous": previous}
+
+
+def run_block(layout, inputs: dict[str, torch.Tensor], k: int,
+              previous: torch.Tensor) -> tuple[Drafted, tuple[torch.Tensor, ...], torch.Tensor]:
+    """A block of ``k`` steps on ``layout`` (``SlotLayout.draft``) read back in one synchronisation: what it drafted,
+    each slot's SLM outputs after it, and the token each slot committed at its last step (-1: none)."""
+    out = layout.draft(inputs, k)
+    drafted = read_back(previous, out[:6])
+    last = max((i for i, step in enumerate(drafted.active) if any(step)), default=0)  # (the host plans to it)
+    return drafted, out[6:], torch.where(out[3][last], out[0][last], -1)  # (-1: what reaches the host next)
 
 
 def read_back(previous: torch.Tensor, drafted: tuple[torch.Tensor, ...]) -> Drafted:
     """The block's one host synchronisation: the tokens committed before it (``previous`` [S]) and its proposals,
-    routing, sure, committed and proposing flags [k, S]."""
+    routing, sure, committed, proposing and read flags [k, S]."""
     flat = torch.cat([previous.to(drafted[0].device), *(part.flatten().long() for part in drafted)]).tolist()
     slots, steps = len(previous), drafted[0].shape[0]
     parts = [[flat[slots + (j * steps + i) * slots: slots + (j * steps + i + 1) * slots] for i in range(steps)]

@@ -30,7 +30,7 @@ from ..features import slm_proposals
 from ..layouts.model_calls import route_scores
 from .fused import attended
 from .fused_reads import PLAIN, capture_fused, fuse_problem, fused_regions, slot_read
-from .drafts import CapturedDrafts
+from .drafts import ENDS, CapturedDrafts
 from .graphs import Step
 from .packed_reads import PackedReads
 from .router_copy import Scorer, folded, stateless
@@ -307,8 +307,10 @@ def _idle_block(layout) -> dict[str, torch.Tensor]:
     zeros = torch.zeros(slots, dtype=torch.long, device=head.device)
     return {"logits": head.new_zeros(slots, head.shape[0]), "hidden": head.new_zeros(slots, head.shape[1]),
             "scores": torch.zeros(slots, device=head.device), "thresholds": torch.zeros(slots, device=head.device),
-            "below": torch.tensor(math.inf, device=head.device), "depth": torch.tensor(1, device=head.device),
-            "pending": zeros, "active": zeros.bool(), "remaining": zeros, "lengths": zeros}
+            "below": torch.tensor(math.inf, device=head.device),
+            "pending": zeros, "active": zeros.bool(), "remaining": zeros, "lengths": zeros, "depth": zeros,
+            "everywhere": zeros.bool(), "ended": zeros.bool(), "previous": zeros - 1,
+            "ends": torch.full((slots, ENDS), -2, dtype=torch.long, device=head.device)}
 
 
 def _regions(model, fuse: bool | str):

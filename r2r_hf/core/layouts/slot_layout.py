@@ -153,14 +153,15 @@ class SlotLayout:
     def draft(self, inputs: dict[str, torch.Tensor], steps: int) -> tuple[torch.Tensor, ...]:
         """A draft block (``fast/drafts.py``) of every slot from ``inputs`` (each slot's SLM outputs and drafting
         state): its per-step proposals and flags and each slot's SLM outputs after it. The block writes the drafted
-        tokens and the SLM's cache; the book counts each slot's committed tokens, read by the SLM."""
+        tokens and the SLM's cache; the book counts each slot's committed tokens and those the SLM read."""
         out = self.captured["drafts"].run(max(self.book.length) + steps + 1, **inputs)
-        committed = out[3].long()
-        for r, n in enumerate(committed.sum(0).tolist()):
-            if n:
-                self.book.length[r] += n
-                self.book.seen["slm"][r] = self.book.length[r]
-        for n in committed.sum(1).tolist():  # one SLM forward of every slot per drafted step
+        committed, read = out[3].long(), out[5].long()
+        counts = torch.cat([committed.sum(0), read.sum(0), read.sum(1)]).tolist()
+        slots = self.slots
+        for r, (n, seen) in enumerate(zip(counts[:slots], counts[slots: 2 * slots])):
+            self.book.length[r] += n
+            self.book.seen["slm"][r] += seen  # (a frontier row's last token stays unread: the LLM's comes next)
+        for n in counts[2 * slots:]:  # one SLM forward of every slot per drafted step
             self.counters.forward("slm", self.slots, 1, n, self.slots)
         return out
 
