@@ -26,9 +26,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from r2r_hf.core.policy import speculative_policy
+from r2r_hf.core.policy import DRAFT_BLOCK, default_policy, serving_policy, speculative_policy
 
-from .calibrated import measured_costs
+from .calibrated import first_run_costs, measured_costs
 from .cost_model import llm_alone, simulate, synthetic
 from .speculative import VLLM_LOSSLESS, by_fraction
 
@@ -67,14 +67,43 @@ def cell(costs, concurrency: int, agreement: float) -> dict:
             "server_default": default, "runs": runs}
 
 
+def today(first: dict, fused: dict, agreements=(0.99, 0.9), concurrencies=(1, 8, 16)) -> list[dict]:
+    """Today's server at threshold 0 (``calibrated.today``'s costs: the LLM's reads packed, joining prompts riding in
+    them; no router runs), its GPU default (``serving_policy("cuda", speculate=16)``: depth by load, blocks of
+    ``DRAFT_BLOCK``) and the same without blocks, against the fair LLM alone drafting in blocks too."""
+    costs, out = first_run_costs(first, fused), []
+    default = serving_policy("cuda", SLOTS, speculate=16)
+    for agreement in agreements:
+        for c in concurrencies:
+            load = answers(c, agreement)
+            never = [(prompt, [False] * len(routed)) for prompt, routed in load]
+            alone = simulate(never, c, replace(default_policy("cuda", SLOTS), block=DRAFT_BLOCK), costs["alone"],
+                             SLOTS)["tokens_per_s"]
+            for name, policy in ((f"server default, blocks of {default.block}", default),
+                                 ("server default, one step per synchronisation", replace(default, block=1))):
+                got = simulate(load, c, policy, costs["r2r"], SLOTS, routes=True)
+                out.append({"concurrency": c, "agreement": agreement, "policy": name,
+                            "tokens_per_s": got["tokens_per_s"], "vs_llm_alone": got["tokens_per_s"] / alone,
+                            "llm_alone_tokens_per_s": alone, "thrown_per_token": got["thrown_per_token"]})
+            print(f"today: {c:2d} users, agreement {agreement}: " + ", ".join(
+                f"{r['policy']} {r['vs_llm_alone']:.2f}x" for r in out[-2:]), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--first", default="benchmarks/results/gpu_check.json")
     parser.add_argument("--fused", default="benchmarks/results/gpu_check_rerun.json")
     parser.add_argument("--out", default="benchmarks/results/lossless_h200_predicted.json")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--today", action="store_true", help="only today's server (packed, blocks) into --out's today")
     args = parser.parse_args(argv)
     first, fused = (json.loads(Path(p).read_text()) for p in (args.first, args.fused))
+    if args.today:
+        result = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        result["today"] = today(first, fused)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        return result
     costs = replace(measured_costs(first, fused), gathered_rows=True)
     grid = [(c, a) for a in AGREEMENTS for c in CONCURRENCIES]
     with concurrent.futures.ProcessPoolExecutor(args.workers) as pool:
