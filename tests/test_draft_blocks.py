@@ -4,6 +4,8 @@ and the ledger moves exactly as it moves one step at a time."""
 
 import pytest
 import torch
+from benchmarks.serving.cost_model import Costs
+from benchmarks.serving.replay import Routed, replay
 from conftest import SMALL_ROUTER
 
 from r2r_hf import R2RForCausalLM
@@ -12,7 +14,7 @@ from r2r_hf.core.fast.slot_reads import capture_slots
 from r2r_hf.core.policy import WaitPolicy
 from r2r_hf.testing import make_tiny_slm
 from r2r_hf.testing.graphs import EmulatedGraphStep
-from test_batching import Driver, _alone, _threshold
+from test_batching import PROMPTS, Driver, _alone, _threshold
 
 
 def _drafting(model, tok, policy: WaitPolicy, fuse: str | bool = "plain", slots: int = 4, prefill: int | None = 4):
@@ -111,3 +113,21 @@ def test_a_sampled_row_is_not_drafted(model, tok):
     run.run(steps=100)
     assert run.out[0] == _alone(model, tok, 1, **options)
     assert run.batch.counters.host_syncs >= run.batch.counters.steps
+
+
+def test_the_replay_drafts_blocks_at_threshold_0_as_the_batch_does(identity, tok):
+    """The cost model's replay (``benchmarks/serving/replay.drafted_block``) applies the device's rule: the same steps,
+    resolutions, confirmed positions and frontier tokens as the running batch drafting blocks on the same load."""
+    policy = WaitPolicy((3,), 16, speculate=8, block=4, depths=(8, 6, 3))  # (3 < the block: frontiers inside blocks)
+    run = _drafting(identity, tok, policy, slots=4, prefill=256)  # (the replay reads prompts in pieces of 256)
+    lengths = {i: 10 + 3 * i for i in range(4)}
+    for i, new in lengths.items():
+        run.join(i, i, max_new_tokens=new, do_sample=False, threshold=0.0)
+    run.run(steps=400)
+    real = run.batch.counters
+    assert real.frontier_tokens > 0 and real.host_syncs < real.steps, "the setup: blocks with frontier tokens"
+    answers = [(len(tok(PROMPTS[i])["input_ids"]), Routed([True] * new, [True] * new)) for i, new in lengths.items()]
+    costs = Costs(slm=(0.01, 0.0, 0.0), llm=(0.1, 0.0, 0.0), router=(0.001, 0.0), step=0.0)
+    got = replay(answers, 4, policy, costs, slots=4, routes=True)[0].counters
+    fields = ("steps", "resolutions", "agreed", "frontier_tokens", "generated", "llm_tokens", "slm_forwards")
+    assert {f: getattr(got, f) for f in fields} == {f: getattr(real, f) for f in fields}

@@ -297,8 +297,12 @@ def replay(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wait
     queue = collections.deque(Answer(prompt, list(routed), getattr(routed, "agrees", None), routes=routes)
                               for prompt, routed in answers)
     arrivals = Arrivals(batch)
-    while queue or batch.ledger.occupied():
+    most = 32 * sum(len(routed) + prompt for prompt, routed in answers) + 1000  # far more turns than any replay takes
+    for _ in range(most):
+        if not (queue or batch.ledger.occupied()):
+            return batch, arrivals.done
         while queue and len(batch.ledger.occupied()) < min(concurrency, slots):
             batch.join(queue.popleft())
         turn(batch, policy, arrivals, chunk)
-    return batch, arrivals.done
+    raise RuntimeError(f"the replay did not end within {most} turns: its rows make no progress (a defect in the "
+                       f"replay or the schedule)")
