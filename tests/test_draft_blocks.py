@@ -131,3 +131,26 @@ def test_the_replay_drafts_blocks_at_threshold_0_as_the_batch_does(identity, tok
     got = replay(answers, 4, policy, costs, slots=4, routes=True)[0].counters
     fields = ("steps", "resolutions", "agreed", "frontier_tokens", "generated", "llm_tokens", "slm_forwards")
     assert {f: getattr(got, f) for f in fields} == {f: getattr(real, f) for f in fields}
+
+
+def test_blocks_stop_drafting_where_the_slm_is_unsure(identity, tok):
+    """``draft_confidence`` on the device: where the SLM's probability of its token is under it, a row at threshold 0
+    waits inside the block as it would step by step (fewer pending positions than without it; none at 1, where no
+    draft is sure enough); answers unchanged."""
+    enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        chances = identity.slm(**enc).logits.float().softmax(-1).amax(-1)[enc["attention_mask"].bool()]
+    median = float(chances.median())  # about half the positions unsure
+    pending, blocks = {}, {}
+    for floor in (0.0, median, 1.0):
+        policy = WaitPolicy((3,), 16, speculate=8, block=4, draft_confidence=floor)
+        run = _drafting(identity, tok, policy, slots=3, prefill=None)
+        for i in range(3):
+            run.join(i, i, max_new_tokens=14, do_sample=False, threshold=0.0)
+        run.run(steps=400)
+        for i in range(3):
+            assert run.out[i] == _alone(identity, tok, i, max_new_tokens=14, do_sample=False, threshold=0.0), i
+        c = run.batch.counters
+        pending[floor], blocks[floor] = c.agreed + c.rejected, c.steps - c.host_syncs
+    assert blocks[0.0] > 0 and blocks[median] > 0, "it drafted in blocks"
+    assert pending[1.0] == 0 < pending[median] < pending[0.0]

@@ -31,7 +31,7 @@ from .pair import RoutedPair
 from .plan import Outcome, StepPlan, depth
 from .policy import WaitPolicy
 from .routing import Routing, fixed_routing
-from .speculation import resolve, roll_back
+from .speculation import resolve, roll_back, waits
 from .staging import in_order, staged
 from .step import Drafted, LLMRead, Proposal, Synced
 
@@ -178,7 +178,7 @@ class RunningBatch:
     def propose(self, policy: WaitPolicy) -> Proposal:
         """Every proposing row's token, router score and routing decision (device values; nothing waits); where rows
         may speculate, also each row's stream after its draw (a row that goes on past a routed position keeps it)
-        and, where ``policy.speculate_below`` bounds it, whether its score reaches the bound (it then waits)."""
+        and where a routed row waits rather than speculate (``speculation.waits``)."""
         rows, speculate = self.ledger.proposing(), policy.speculate > 0
         if not rows:
             nothing = torch.zeros(0, device=self.device)
@@ -196,9 +196,8 @@ class RunningBatch:
             budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
-        below = policy.speculate_below
-        sure = router_scores >= below if speculate and below < math.inf else None
-        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after, sure)
+        return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after,
+                        waits(policy, router_scores, scores, token) if speculate else None)
 
     def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
                token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,8 +293,8 @@ class RunningBatch:
                                                                                     for r in rows)):
             return None
         depths = [depth(row, policy, len(self.ledger.occupied())) if row else 0 for row in live]
-        inputs = block_inputs(self.ledger, rows, self.layout.book.length, depths, policy.speculate_below,
-                              self.last_token.clone(), self.device)
+        inputs = block_inputs(self.ledger, rows, self.layout.book.length, depths, policy, self.last_token.clone(),
+                              self.device)
         # (thresholds are written in place as rows join: a captured step copies an input it saw last time only once)
         inputs.update(logits=self.slm_logits, hidden=self.slm_hidden, scores=self.slm_scores,
                       thresholds=self.thresholds.clone())

@@ -52,6 +52,15 @@ def check_block(value: object) -> int:
     return value
 
 
+def check_confidence(value: object) -> float:
+    """The SLM's probability of its token under which a routed row stops drafting (0: never)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"draft_confidence must be a probability from 0 to 1 (0: draft everywhere), got {value!r}.")
+    return float(value)
+
+
 def check_speculate_below(value: object) -> float:
     """A router score from which routed rows wait rather than speculate (None: speculate wherever they route)."""
     if value is None:
@@ -79,6 +88,9 @@ class WaitPolicy:
         depths: for rows that route everywhere (threshold 0: lossless decoding, the SLM drafting), the pending
             positions they may hold by the count of running rows (index: running rows - 1; the last entry covers
             larger counts), at most ``speculate``; empty: ``speculate`` (``depth``).
+        draft_confidence: a row speculates past a routed position only where the SLM's probability of its token
+            there is at least this (where the SLM is unsure the LLM rejects it more often: the row waits and the LLM
+            writes the position instead; HF assisted generation's ``assistant_confidence_threshold``; 0: everywhere).
     """
 
     min_rows: tuple[int, ...] = (1,)
@@ -87,6 +99,7 @@ class WaitPolicy:
     speculate_below: float = math.inf
     block: int = 1
     depths: tuple[int, ...] = ()
+    draft_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
@@ -95,6 +108,7 @@ class WaitPolicy:
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
         check_block(self.block)
+        check_confidence(self.draft_confidence)
         if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.depths):
             raise ValueError(f"depths must be whole numbers of pending positions >= 1, got {self.depths!r}.")
 
@@ -158,7 +172,7 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
 
 def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | None = None,
                    max_wait: int | None = None, speculate: int = 0, speculate_below: float | None = None,
-                   block: int | None = None) -> WaitPolicy:
+                   block: int | None = None, draft_confidence: float | None = None) -> WaitPolicy:
     """The server's policy: what its settings name, the rest from the device's default (``default_policy``, or with
     ``speculate`` ``speculative_policy``; draft blocks of ``DRAFT_BLOCK`` steps on a GPU)."""
     if speculate:
@@ -170,7 +184,7 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
     if block is None:
         block = DRAFT_BLOCK if device_type == "cuda" else 1
     return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
-                      check_speculate_below(speculate_below), block, default.depths)
+                      check_speculate_below(speculate_below), block, default.depths, check_confidence(draft_confidence))
 
 
 # Steps a server drafts per host synchronisation on a GPU (``fast/drafts.py``). Chosen with the cost model
@@ -229,6 +243,7 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     wait = getattr(generation_config, "llm_max_wait", None)
     wait = None if wait is None else check_max_wait(wait)  # (checked with speculation off too: never a silent value)
     below = check_speculate_below(getattr(generation_config, "speculate_below", None))
+    confidence = check_confidence(getattr(generation_config, "draft_confidence", None))
     if not speculate:
         return IMMEDIATE
     why = None
@@ -240,4 +255,5 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     if why is not None:
         say_once(f"speculation is off for this call: {why}.")
         return IMMEDIATE
-    return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else wait, speculate, below)
+    return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else wait, speculate, below,
+                      draft_confidence=confidence)

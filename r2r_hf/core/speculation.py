@@ -25,12 +25,14 @@ commits from what it found; ``roll_back`` is the device side of the rollbacks it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from .plan import Outcome, StepPlan
+from .policy import WaitPolicy
 from .staging import staged
 from .step import LLMRead, Proposal
 
@@ -98,3 +100,15 @@ def _first_rejections(layout, pending: dict, verified: dict, device: torch.devic
         out[r] = next((j for j, ok in enumerate(same) if not ok), None)
         at += n
     return out
+
+
+def waits(policy: WaitPolicy, router_scores: torch.Tensor, scores: torch.Tensor,
+           token: torch.Tensor) -> torch.Tensor | None:
+    """Where a routed row waits rather than speculate (``Proposal.sure``): the router is surer than
+    ``speculate_below``, or the SLM's probability of its token is under ``draft_confidence``; None: neither bound."""
+    sure = router_scores >= policy.speculate_below if policy.speculate_below < math.inf else None
+    if policy.draft_confidence > 0:
+        chance = scores.float().softmax(-1).gather(-1, token[:, None].to(scores.device))[:, 0]
+        unsure = (chance < policy.draft_confidence).to(router_scores.device)
+        sure = unsure if sure is None else sure | unsure
+    return sure

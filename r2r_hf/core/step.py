@@ -47,8 +47,9 @@ class Proposal:
             draw from (None: none can fail).
         router_scores: the router's scores; routed: where each row routes.
         states: each row's random stream before its draw (the LLM draws from there); after: after it (speculation).
-        sure: where the router's score reaches ``WaitPolicy.speculate_below``, placed like routed (None: no row
-            speculates).
+        sure: where a routed row waits rather than speculate: the router's score reaches
+            ``WaitPolicy.speculate_below`` or the SLM's probability of its token is under ``draft_confidence``;
+            placed like routed (None: no row speculates, or neither bound applies).
     """
 
     rows: list[int]
@@ -75,8 +76,8 @@ class Synced:
             or, after speculation, the tokens the LLM confirmed (``ledger.Ledger.arrive``).
         failed: rows whose scores held no probability to draw from (their answer cannot go on).
         extra: the values the caller's stop rule asked to read (``turn.Stops.reads``).
-        sure: per proposing row, whether the router's score reached ``WaitPolicy.speculate_below`` (empty: no row
-            speculates).
+        sure: per proposing row, whether it waits rather than speculate where it routes (``Proposal.sure``; empty:
+            no row speculates).
     """
 
     routed: list[bool]

@@ -82,6 +82,8 @@ R2R_OPTIONS = {
                     "(default 32)",
     "speculate_below": "with speculate: a routed row goes on only where the router's score is below this (where it "
                        "is surer the LLM disagrees far more often; the row waits for it instead)",
+    "draft_confidence": "with speculate: a routed row goes on only where the SLM's probability of its token is at "
+                        "least this (as HF assisted generation's assistant_confidence_threshold; 0: everywhere)",
 }
 ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 

@@ -133,6 +133,9 @@ class ServeSettings:
     speculate_below: float | None = setting(None, "with --speculate: an answer goes on past a routed position only "
                                                   "where the router's score is below this (default: everywhere)",
                                             parse="fraction")
+    draft_confidence: float | None = setting(None, "with --speculate: an answer goes on past a routed position only "
+                                                   "where the SLM's probability of its token is at least this (HF "
+                                                   "assisted generation's 0.4; default: everywhere)", parse="fraction")
     draft_block: int | None = setting(None, "with captured steps: steps drafted on the device per host "
                                             "synchronisation while every running answer is greedy (1: a "
                                             "synchronisation per step; default: 4 on a GPU, 1 elsewhere)",
@@ -170,7 +173,7 @@ class ServeSettings:
 
             check_budget(self.llm_budget)
         from ..core.policy import (  # stdlib only, like this module
-            check_block, check_max_wait, check_min_rows, check_speculate, check_speculate_below)
+            check_block, check_confidence, check_max_wait, check_min_rows, check_speculate, check_speculate_below)
 
         if self.llm_min_rows is not None:
             self.llm_min_rows = check_min_rows(self.llm_min_rows)
@@ -178,6 +181,7 @@ class ServeSettings:
             check_max_wait(self.llm_max_wait)
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
+        check_confidence(self.draft_confidence)
         if self.draft_block is not None:
             check_block(self.draft_block)
         self._check_speculation()
@@ -186,9 +190,10 @@ class ServeSettings:
 
     def _check_speculation(self) -> None:
         """Refuse settings under which speculation cannot happen: it needs routed answers that wait for the LLM."""
-        if self.speculate_below is not None and not self.speculate:
-            raise ValueError(f"speculate_below={self.speculate_below} has no effect without speculate; set speculate "
-                             "(--speculate N) or remove it.")
+        for name in ("speculate_below", "draft_confidence"):
+            if getattr(self, name) is not None and not self.speculate:
+                raise ValueError(f"{name}={getattr(self, name)} has no effect without speculate; set speculate "
+                                 "(--speculate N) or remove it.")
         never = ("llm_max_wait=0" if self.llm_max_wait == 0 else
                  f"llm_min_rows={self.llm_min_rows}" if self.llm_min_rows and max(self.llm_min_rows) == 1 else None)
         if self.speculate and never:

@@ -40,14 +40,15 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
     and where the SLM read the committed token; then each slot's SLM outputs after its last read token (logits,
     hidden, folded scores)."""
 
-    def draft(logits, hidden, scores, thresholds, below, depth, pending, active, remaining, lengths, everywhere, ends,
-              ended, previous):
+    def draft(logits, hidden, scores, thresholds, below, confidence, depth, pending, active, remaining, lengths,
+              everywhere, ends, ended, previous):
         steps = {name: [] for name in ("token", "routed", "sure", "commit", "active", "read")}
         rows = torch.arange(len(lengths), device=lengths.device)
         ended = ended | ((pending > 0) & (previous[:, None] == ends).any(-1))  # the host sees it at the first step
         for _ in range(k):
             token = logits[:, :vocab].argmax(-1)
             routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
+            sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: it waits
             commit = active & (~routed | ((pending < depth) & ~sure & ~ended))
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
@@ -97,12 +98,13 @@ class CapturedDrafts:
         return len(self.steps)
 
 
-def block_inputs(ledger, rows: list[int], lengths: list[int], depths: list[int], below: float,
-                 previous: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
+def block_inputs(ledger, rows: list[int], lengths: list[int], depths: list[int], policy, previous: torch.Tensor,
+                 device: torch.device) -> dict[str, torch.Tensor]:
     """The block's drafting state of every slot, from the host (one staged copy): pending positions held, whether it
     proposes (``rows``), tokens it may still commit, its length, its depth (``depths``), whether it routes
     everywhere, whether its tail ends its answer (``RowState.ended_in_tail``) and its end tokens (-2: none); the
-    router's bound ``below`` and the tokens committed at the step before (``previous``, -1: none)."""
+    policy's bounds (``speculate_below``, ``draft_confidence``) and the tokens committed at the step before
+    (``previous``, -1: none)."""
     chosen, live = set(rows), ledger.rows
     host = [[len(row.pending) if row else 0 for row in live], [int(r in chosen) for r in range(len(live))],
             [row.max_new if row else 0 for row in live], list(lengths), list(depths),
@@ -112,7 +114,8 @@ def block_inputs(ledger, rows: list[int], lengths: list[int], depths: list[int],
     pending, active, remaining, length, depth, everywhere, ended, *ends_t = staged(host, device).unbind(0)
     return {"pending": pending, "active": active.bool(), "remaining": remaining, "lengths": length, "depth": depth,
             "everywhere": everywhere.bool(), "ended": ended.bool(), "ends": torch.stack(ends_t, 1),
-            "below": torch.tensor(below, device=device), "previous": previous}
+            "below": torch.tensor(policy.speculate_below, device=device),
+            "confidence": torch.tensor(policy.draft_confidence, device=device), "previous": previous}
 
 
 def run_block(layout, inputs: dict[str, torch.Tensor], k: int,

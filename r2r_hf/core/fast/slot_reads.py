@@ -307,7 +307,7 @@ def _idle_block(layout) -> dict[str, torch.Tensor]:
     zeros = torch.zeros(slots, dtype=torch.long, device=head.device)
     return {"logits": head.new_zeros(slots, head.shape[0]), "hidden": head.new_zeros(slots, head.shape[1]),
             "scores": torch.zeros(slots, device=head.device), "thresholds": torch.zeros(slots, device=head.device),
-            "below": torch.tensor(math.inf, device=head.device),
+            "below": torch.tensor(math.inf, device=head.device), "confidence": torch.tensor(0.0, device=head.device),
             "pending": zeros, "active": zeros.bool(), "remaining": zeros, "lengths": zeros, "depth": zeros,
             "everywhere": zeros.bool(), "ended": zeros.bool(), "previous": zeros - 1,
             "ends": torch.full((slots, ENDS), -2, dtype=torch.long, device=head.device)}
