@@ -2,6 +2,7 @@
 SLM as assistant, and R2R at threshold 0 speculating (the LLM's own answer), on this CPU at batch 1.
 
     python -m benchmarks.speed.lossless [--dtype bfloat16] [--tasks 4] [--max-new-tokens 160] [--repeats 3]
+                                        [--confidence 0.4 --confident-depths 8,16]
 
 Qwen2.5-Coder 0.5B + 1.5B Instruct (``benchmarks/models.py``) with the shipped router, greedy, chat template, the
 shortest HumanEval tasks (``benchmarks.quality.humaneval.by_length``). Each round answers every task with every
@@ -26,7 +27,8 @@ from benchmarks.quality.humaneval import Runner, _problems, by_length
 from benchmarks.record import hardware, versions
 
 
-def systems(runner: Runner, depths: list[int], wait: int) -> dict:
+def systems(runner: Runner, depths: list[int], wait: int, confidence: float | None = None,
+            confident: list[int] = ()) -> dict:
     """name -> a function of (input ids, attention mask, greedy options) -> (sequences, counters or None)."""
     def llm(ids, mask, greedy):
         return runner.llm.generate(input_ids=ids, attention_mask=mask, **greedy), None
@@ -34,15 +36,17 @@ def systems(runner: Runner, depths: list[int], wait: int) -> dict:
     def assisted(ids, mask, greedy):
         return runner.llm.generate(input_ids=ids, attention_mask=mask, assistant_model=runner.slm, **greedy), None
 
-    def r2r(depth):
+    def r2r(depth, floor=None):
         def run(ids, mask, greedy):
             out = runner.r2r.generate(input_ids=ids, attention_mask=mask, **greedy, threshold=0.0, speculate=depth,
-                                      llm_max_wait=wait, return_dict_in_generate=True)
+                                      llm_max_wait=wait, return_dict_in_generate=True, draft_confidence=floor)
             return out.sequences, out.counters
         return run
 
     return {"llm.generate": llm, "llm.generate, SLM assisting": assisted,
-            **{f"r2r at threshold 0, speculating {d}": r2r(d) for d in depths}}
+            **{f"r2r at threshold 0, speculating {d}": r2r(d) for d in depths},
+            **{f"r2r at threshold 0, speculating {d}, drafts stop under {confidence}": r2r(d, confidence)
+               for d in (confident if confidence else ())}}
 
 
 def answer_of(sequences: torch.Tensor, prompt: int, stop: set[int]) -> list[int]:
@@ -107,18 +111,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--depths", default="4,8", help="speculation depths of R2R, comma-separated")
     parser.add_argument("--wait", type=int, default=32, help="steps the oldest pending position may wait")
+    parser.add_argument("--confidence", type=float, default=None,
+                        help="also R2R whose drafts stop where the SLM's probability is under this (draft_confidence)")
+    parser.add_argument("--confident-depths", default="8,16", help="the depths of those runs, comma-separated")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/lossless_<dtype>.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     runner = Runner(args.router, None, args.max_new_tokens, getattr(torch, args.dtype))
     problems = by_length(_problems())[: args.tasks]
-    runs = systems(runner, [int(d) for d in args.depths.split(",")], args.wait)
+    runs = systems(runner, [int(d) for d in args.depths.split(",") if d], args.wait, args.confidence,
+                   [int(d) for d in args.confident_depths.split(",") if d])
     with torch.inference_mode():
         found = side_by_side(runner, problems, runs, args.repeats)
     result = {"conditions": {"tasks": [p["task_id"] for p in problems], "max_new_tokens": args.max_new_tokens,
                              "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats, "batch": 1,
-                             "greedy": True, "wait": args.wait, "router": args.router, "cpus": os.cpu_count(),
+                             "greedy": True, "wait": args.wait, "confidence": args.confidence,
+                             "router": args.router, "cpus": os.cpu_count(),
                              **versions(), "cpu": hardware()}, **found}
     for name, s in found["systems"].items():
         print(f"{name:40s} {s['tokens_per_s']:6.2f} tokens/s  {s['vs_llm']:.2f}x  equal: {s['same_answers']}")
