@@ -154,3 +154,23 @@ def test_blocks_stop_drafting_where_the_slm_is_unsure(identity, tok):
         pending[floor], blocks[floor] = c.agreed + c.rejected, c.steps - c.host_syncs
     assert blocks[0.0] > 0 and blocks[median] > 0, "it drafted in blocks"
     assert pending[1.0] == 0 < pending[median] < pending[0.0]
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_a_row_that_ends_inside_a_block_leaves_its_neighbours_tokens_to_arrive(identity, tok, depth):
+    """A row that never routes ends at its end token inside a block (the device drafts on for it), while a row at
+    threshold 0 fills its depth there and waits for its frontier token: the token that row committed last reaches
+    the host at the next step (not what the device drafted after it for the row that left); both answers as alone."""
+    free = _alone(identity, tok, 2, max_new_tokens=16, do_sample=False, threshold=float("inf"))
+    for end in range(1, 9):
+        eos = free[end][0]
+        if eos in [t for t, _ in free[:end]]:
+            continue  # (the answer would end at its first occurrence)
+        jobs = {"ends": (2, {"threshold": float("inf"), "eos_token_id": eos}), "lossless": (0, {"threshold": 0.0})}
+        run = _drafting(identity, tok, WaitPolicy((2,), 16, speculate=depth, block=4), slots=2, prefill=None)
+        for name, (prompt, options) in jobs.items():
+            run.join(name, prompt, max_new_tokens=12, do_sample=False, **options)
+        run.run(steps=200)
+        for name, (prompt, options) in jobs.items():
+            assert run.out[name] == _alone(identity, tok, prompt, max_new_tokens=12, do_sample=False, **options), \
+                (name, end)

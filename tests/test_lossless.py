@@ -292,3 +292,29 @@ def test_a_draft_stops_where_the_slm_is_unsure_and_the_answer_stays_the_llms(rel
     n, o = never.counters, off.counters
     assert n["speculative_agreed"] + n["speculative_rejected"] == 0
     assert (n["steps"], n["llm_forwards"], n["slm_forwards"]) == (o["steps"], o["llm_forwards"], o["slm_forwards"])
+
+
+def test_speculate_below_holds_back_routed_rows_not_those_that_route_everywhere(identity, tok):
+    """Where a row routed by the router runs it, a row at threshold 0 beside it is not held back by the router's
+    score (``speculate_below`` decides nothing where every position routes, as where the router does not run)."""
+    run = Driver(identity, tok, slots=2, policy=WaitPolicy((2,), 4, speculate=4, speculate_below=0.0))
+    jobs = {"lossless": (0, 0.0, 12), "routed": (1, 1.0, 40)}  # (the router runs while the routed row lives)
+    for name, (prompt, threshold, new) in jobs.items():
+        run.join(name, prompt, max_new_tokens=new, do_sample=False, threshold=threshold)
+    run.run(steps=20)
+    c = run.batch.counters
+    assert c.router_steps == 20 and c.agreed > 0, "the router ran, and the threshold-0 row speculated beside it"
+    run.run()
+    for name, (prompt, threshold, new) in jobs.items():
+        assert run.out[name] == _alone(identity, tok, prompt, max_new_tokens=new, do_sample=False, threshold=threshold)
+
+
+def test_a_pair_that_cannot_speculate_keeps_no_depths_by_load(identity, monkeypatch):
+    """``speculation_for`` turns speculation off for a pair that cannot be cut back: its depths by load go too (a
+    depth of 0 is no depth: the server's draft blocks would refuse it)."""
+    from r2r_hf.core import routing
+
+    monkeypatch.setattr(routing, "speculation_problem", lambda slm, llm: "a test's reason")
+    policy = speculative_policy("cuda", 4, 8)
+    off = routing.speculation_for(policy, identity.routed_pair())
+    assert policy.depths and off.speculate == 0 and off.depths == ()

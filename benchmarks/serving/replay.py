@@ -113,15 +113,12 @@ class Clock:
         for forward in self.book.ride(rows, limit):
             self.price("llm", forward)
 
-    def block(self, drafted: Drafted) -> list[int]:
+    def block(self, drafted: Drafted) -> None:
         """A draft block's price: the SLM's read of every slot per drafted step, back to back (the router folded in
-        them), one host step for the block and the planning of its other steps; what reaches the host at the next step
-        (0: a token, -1: none)."""
+        them), one host step for the block and the planning of its other steps."""
         for _ in drafted.token:
             self.price("slm", [(r, 0, 1) for r in range(len(self.book.length))])
         self.spend("host", self.costs.step + (len(drafted.token) - 1) * getattr(self.costs, "plan", 0.0))
-        last = max(i for i, step in enumerate(drafted.active) if any(step))
-        return [0 if c else -1 for c in drafted.committed[last]]
 
     def packs(self, role: str) -> bool:
         return role == "llm" and getattr(self.costs, "packed", False)
@@ -201,8 +198,11 @@ class ReplayBatch:
         """As the running batch's draft block (every row taken as greedy: a recording has no sampling)."""
         drafted = drafted_block(self.ledger, self.book, policy, self.last)
         if drafted is not None:
-            self.last = self.clock.block(drafted)
+            self.clock.block(drafted)
         return drafted
+
+    def delivers(self, tokens: list[int]) -> None:  # as the running batch's (0: a token, -1: none)
+        self.last = list(tokens)
 
     def commit(self, proposal: SimpleNamespace, plan: StepPlan, outcome: Outcome, read: LLMRead) -> tuple:
         """As the running batch's: rollbacks, one token more for each writer, the SLM's read, the host's step."""

@@ -197,7 +197,8 @@ class RunningBatch:
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
         return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after,
-                        waits(policy, router_scores, scores, token) if speculate else None)
+                        waits(policy, router_scores, scores, token, _taken(self.thresholds, index))
+                        if speculate else None)
 
     def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
                token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,7 +271,7 @@ class RunningBatch:
             committed = committed.index_put((staged(list(outcome.kept), self.device),), kept.to(committed.device))
         writers = outcome.writers
         if holding - set(writers):  # a routed row that waits, one that ended, a slot that did not propose: nothing
-            committed = torch.where(self.mask(writers), committed, -1)
+            committed = torch.where(_mask(writers, len(self.ledger.rows), self.device), committed, -1)
         if writers:  # (a rectangle commits the pad for its finished rows)
             committed = self.layout.append(list(writers), committed, self.running)
         self.last_token = committed
@@ -293,15 +294,14 @@ class RunningBatch:
                                                                                     for r in rows)):
             return None
         depths = [depth(row, policy, len(self.ledger.occupied())) if row else 0 for row in live]
-        inputs = block_inputs(self.ledger, rows, self.layout.book.length, depths, policy, self.last_token.clone(),
-                              self.device)
-        # (thresholds are written in place as rows join: a captured step copies an input it saw last time only once)
-        inputs.update(logits=self.slm_logits, hidden=self.slm_hidden, scores=self.slm_scores,
-                      thresholds=self.thresholds.clone())
-        drafted, outputs, self.last_token = run_block(self.layout, inputs, policy.block, self.last_token)
-        self.slm_logits, self.slm_hidden, self.slm_scores = outputs
+        drafted, (self.slm_logits, self.slm_hidden, self.slm_scores) = run_block(
+            self.layout, block_inputs(self, rows, depths, policy), policy.block, self.last_token)
         self.counters.host_syncs += 1
         return drafted
+
+    def delivers(self, tokens: list[int]) -> None:
+        """After a draft block: the token each slot committed that reaches the host at the next step (-1: none)."""
+        self.last_token = staged(tokens, self.device)
 
     def _proposed(self, proposal: Proposal) -> tuple[torch.Tensor, set[int]]:
         """[S] this step's proposals at their slots, and the slots whose entry holds a token (a proposal, or what a
@@ -335,13 +335,14 @@ class RunningBatch:
             return None
         return self.index(rows)
 
-    def mask(self, rows) -> torch.Tensor:
-        """[S] bool, True at ``rows`` (staged)."""
-        chosen = set(rows)
-        return staged([r in chosen for r in range(len(self.ledger.rows))], self.device, torch.bool)
-
     def close(self) -> None:
         self.layout.close()
+
+
+def _mask(rows, slots: int, device: torch.device) -> torch.Tensor:
+    """[slots] bool, True at ``rows`` (staged)."""
+    chosen = set(rows)
+    return staged([r in chosen for r in range(slots)], device, torch.bool)
 
 
 def _taken(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:

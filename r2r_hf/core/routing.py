@@ -138,4 +138,4 @@ def speculation_for(policy: WaitPolicy, pair: RoutedPair) -> WaitPolicy:
     if problem is None:
         return policy
     say_once(problem)
-    return replace(policy, speculate=0, speculate_below=math.inf, draft_confidence=0.0)
+    return replace(policy, speculate=0, speculate_below=math.inf, draft_confidence=0.0, depths=())

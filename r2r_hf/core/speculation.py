@@ -102,11 +102,15 @@ def _first_rejections(layout, pending: dict, verified: dict, device: torch.devic
     return out
 
 
-def waits(policy: WaitPolicy, router_scores: torch.Tensor, scores: torch.Tensor,
-           token: torch.Tensor) -> torch.Tensor | None:
+def waits(policy: WaitPolicy, router_scores: torch.Tensor, scores: torch.Tensor, token: torch.Tensor,
+          thresholds: torch.Tensor) -> torch.Tensor | None:
     """Where a routed row waits rather than speculate (``Proposal.sure``): the router is surer than
-    ``speculate_below``, or the SLM's probability of its token is under ``draft_confidence``; None: neither bound."""
-    sure = router_scores >= policy.speculate_below if policy.speculate_below < math.inf else None
+    ``speculate_below`` (not where a row's threshold, ``thresholds``, routes every position: there the router's score
+    decides nothing, as where it does not run), or the SLM's probability of its token is under ``draft_confidence``;
+    None: neither bound."""
+    sure = None
+    if policy.speculate_below < math.inf:
+        sure = (router_scores >= policy.speculate_below) & (thresholds.to(router_scores.device) > 0)
     if policy.draft_confidence > 0:
         chance = scores.float().softmax(-1).gather(-1, token[:, None].to(scores.device))[:, 0]
         unsure = (chance < policy.draft_confidence).to(router_scores.device)

@@ -98,34 +98,35 @@ class CapturedDrafts:
         return len(self.steps)
 
 
-def block_inputs(ledger, rows: list[int], lengths: list[int], depths: list[int], policy, previous: torch.Tensor,
-                 device: torch.device) -> dict[str, torch.Tensor]:
-    """The block's drafting state of every slot, from the host (one staged copy): pending positions held, whether it
-    proposes (``rows``), tokens it may still commit, its length, its depth (``depths``), whether it routes
-    everywhere, whether its tail ends its answer (``RowState.ended_in_tail``) and its end tokens (-2: none); the
-    policy's bounds (``speculate_below``, ``draft_confidence``) and the tokens committed at the step before
-    (``previous``, -1: none)."""
-    chosen, live = set(rows), ledger.rows
+def block_inputs(batch, rows: list[int], depths: list[int], policy) -> dict[str, torch.Tensor]:
+    """The block's inputs from a ``RunningBatch``: each slot's SLM outputs and threshold, and its drafting state from
+    the host (staged copies): pending positions held, whether it proposes (``rows``), tokens it may still commit, its
+    length, its depth (``depths``), whether it routes everywhere, whether its tail ends its answer
+    (``RowState.ended_in_tail``) and its end tokens (-2: none); the policy's bounds (``speculate_below``,
+    ``draft_confidence``) and the tokens committed at the step before (-1: none)."""
+    live, chosen, device = batch.ledger.rows, set(rows), batch.device
     host = [[len(row.pending) if row else 0 for row in live], [int(r in chosen) for r in range(len(live))],
-            [row.max_new if row else 0 for row in live], list(lengths), list(depths),
+            [row.max_new if row else 0 for row in live], list(batch.layout.book.length), list(depths),
             [int(bool(row and row.routes)) for row in live], [int(bool(row and row.ended_in_tail())) for row in live]]
     ends = [sorted(row.ends)[:ENDS] if row else [] for row in live]
     host += list(map(list, zip(*[e + [-2] * (ENDS - len(e)) for e in ends])))
     pending, active, remaining, length, depth, everywhere, ended, *ends_t = staged(host, device).unbind(0)
-    return {"pending": pending, "active": active.bool(), "remaining": remaining, "lengths": length, "depth": depth,
-            "everywhere": everywhere.bool(), "ended": ended.bool(), "ends": torch.stack(ends_t, 1),
-            "below": torch.tensor(policy.speculate_below, device=device),
-            "confidence": torch.tensor(policy.draft_confidence, device=device), "previous": previous}
+    below, confidence = staged([policy.speculate_below, policy.draft_confidence], device, torch.float32).unbind(0)
+    # (thresholds and the last tokens are written in place as rows join and leave: a captured step copies an input
+    # it saw last time as the same tensor only once)
+    return {"logits": batch.slm_logits, "hidden": batch.slm_hidden, "scores": batch.slm_scores,
+            "thresholds": batch.thresholds.clone(), "previous": batch.last_token.clone(), "pending": pending,
+            "active": active.bool(), "remaining": remaining, "lengths": length, "depth": depth,
+            "everywhere": everywhere.bool(), "ended": ended.bool(), "ends": torch.stack(ends_t, 1), "below": below,
+            "confidence": confidence}
 
 
 def run_block(layout, inputs: dict[str, torch.Tensor], k: int,
-              previous: torch.Tensor) -> tuple[Drafted, tuple[torch.Tensor, ...], torch.Tensor]:
-    """A block of ``k`` steps on ``layout`` (``SlotLayout.draft``) read back in one synchronisation: what it drafted,
-    each slot's SLM outputs after it, and the token each slot committed at its last step (-1: none)."""
+              previous: torch.Tensor) -> tuple[Drafted, tuple[torch.Tensor, ...]]:
+    """A block of ``k`` steps on ``layout`` (``SlotLayout.draft``) read back in one synchronisation: what it drafted
+    and each slot's SLM outputs after it."""
     out = layout.draft(inputs, k)
-    drafted = read_back(previous, out[:6])
-    last = max((i for i, step in enumerate(drafted.active) if any(step)), default=0)  # (the host plans to it)
-    return drafted, out[6:], torch.where(out[3][last], out[0][last], -1)  # (-1: what reaches the host next)
+    return read_back(previous, out[:6]), out[6:]
 
 
 def read_back(previous: torch.Tensor, drafted: tuple[torch.Tensor, ...]) -> Drafted:
