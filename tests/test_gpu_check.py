@@ -121,7 +121,8 @@ def _grid_is_whole(data: dict, plan) -> None:
 
 
 def _served_as_planned(served: dict, plan) -> None:
-    assert list(served) == ["R2R, waiting", "LLM alone", "ratios", "R2R, waiting, long", "R2R, speculative (oracle)"]
+    assert list(served) == ["R2R, waiting", "LLM alone", "ratios", "R2R, waiting, long", "R2R, speculative (oracle)",
+                            "R2R, lossless (oracle)"]
     assert [r["concurrency"] for r in served["R2R, waiting"]] == list(plan.serve) == [
         r["concurrency"] for r in served["LLM alone"]] == [r["concurrency"] for r in served["ratios"]]
     assert all(r["llm_token_rate"] == 0 for r in served["LLM alone"])
@@ -132,9 +133,10 @@ def _served_as_planned(served: dict, plan) -> None:
         assert run["outside_graphs_ms_per_step"] > 0 and "prefill" in run["host_stages_ms_per_step"]
     long = served["R2R, waiting, long"][0]
     assert long["tokens"] == plan.long_users * plan.long_tokens
-    for run in served["R2R, speculative (oracle)"]:
+    for run in served["R2R, speculative (oracle)"] + served["R2R, lossless (oracle)"]:
         assert run["oracle"]["agreement"] == plan.agreement and "not R2R's" in run["oracle"]["note"]
         assert run["counters_total"]["speculative_agreed"] > 0 and run["resolution"]["resolutions"] > 0
+    assert served["R2R, lossless (oracle)"][0]["llm_token_rate"] > 0.99, "threshold 0: every token the LLM's"
 
 
 @pytest.mark.compile  # the compiled child's LLM compiles with inductor (seconds on a CPU)
@@ -179,7 +181,7 @@ def test_gpu_check_dry_run_keeps_every_phase_when_its_warm_ups_fail(tmp_path):
     assert data["exact"]["llm"]["positions"] == plan.exact_rows * plan.exact_length
     assert {k: v["captured"]["kernels_per_step"] > 0 for k, v in data["kernels"].items()} == {
         str(k): True for k in plan.profile_rows}
-    assert len(data["fit"]["against_served"]) == 2 * len(plan.serve) + 1 + len(plan.spec_users)
+    assert len(data["fit"]["against_served"]) == 2 * len(plan.serve) + 1 + len(plan.spec_users) + 1  # (+ lossless)
     assert data["llm_compiled_ms"]["status"] == "finished"
     assert data["hf_generate_batch"][0]["status"].startswith("not run in the dry run")
     from benchmarks.tables import gpu_tables

@@ -106,7 +106,7 @@ def phases(plan: Plan, report: Report, ctx: dict) -> list[Phase]:
         later("grid", 90, lambda: sp.time_grid(ctx, plan, report)),
         served("serving", 120, sp.serving),
         served("long", 90, sp.long),
-        served("speculative", 60, sp.speculative),
+        served("speculative", 75, sp.speculative),
         later("r2r_speculative_1", 45, batch_one),
         later("exact", 45, lambda: sp.fused_vs_eager(ctx, plan, report)),
         later("kernels", 30, lambda: sp.profile(ctx, plan, report)),

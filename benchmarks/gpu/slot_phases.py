@@ -122,13 +122,18 @@ def long(ctx: dict, plan, report: Report, compiles, deadline: float) -> None:
 
 def speculative(ctx: dict, plan, report: Report, compiles, deadline: float) -> None:
     """The speculative server (its default at depth ``plan.speculate``) with the agreement oracle at each of
-    ``plan.spec_users``."""
+    ``plan.spec_users``; then the same server at threshold 0 (lossless decoding: every token routes, no router, the
+    oracle's verdicts) at the first of them."""
     servers = the_servers(ctx, plan, report, compiles)
     runs = []
     for c in plan.spec_users:
         runs.append(served.run_load(servers, "R2R", c, max(2 * c, 4), plan.serve_tokens, 1 - plan.headline, deadline,
                                     policy="speculative", agreement=plan.agreement, prompt=plan.prompt))
         report.put("serving", "R2R, speculative (oracle)", runs)
+    c = plan.spec_users[0]
+    lossless = served.run_load(servers, "R2R", c, max(2 * c, 4), plan.serve_tokens, 0.0, deadline,
+                               policy="speculative", agreement=plan.agreement, prompt=plan.prompt)
+    report.put("serving", "R2R, lossless (oracle)", [lossless])
 
 
 def release(ctx: dict) -> None:

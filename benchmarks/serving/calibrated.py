@@ -192,10 +192,13 @@ def _replayed(run: dict, server: str, costs: dict[str, Costs], plan: dict) -> fl
         answers = [(prompt, [False] * tokens)] * requests  # never routing: the LLM's reads in the SLM's place
         policy = replace(default_policy("cuda", slots), block=block)  # (never routing: nothing stops its blocks)
         return simulate(answers, c, policy, costs["alone"], slots)["tokens_per_s"]
-    answers = synthetic([(prompt, [False] * tokens)] * requests, p, agreement=plan.get("agreement", AGREEMENT))
+    lossless = "lossless" in server  # threshold 0: every token routes, no router step, frontier tokens
+    answers = synthetic([(prompt, [False] * tokens)] * requests, 1.0 if lossless else p,
+                        agreement=plan.get("agreement", AGREEMENT))
     policy = (speculative_policy("cuda", slots, run["speculate"]) if run.get("policy") == "speculative"
               else default_policy("cuda", slots))
-    return simulate(answers, c, replace(policy, block=block), costs["r2r"], slots)["tokens_per_s"]
+    return simulate(answers, c, replace(policy, block=block), costs["r2r"], slots,
+                    routes=True if lossless else None)["tokens_per_s"]
 
 
 def grid_check(data: dict, tolerance: float = 0.15) -> dict:
