@@ -132,7 +132,10 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
     """Counts per served step at ``rows`` rows (``steps`` counted after a warm-up), and the host ms per step."""
     from r2r_hf.model.row_settings import resolve_row
 
-    warm, tokens = 6, 5 * steps + 12  # five stretches of ``steps`` after the warm-up: counted, timed 3 times, deciding
+    # the joining turn, the warm-up, five stretches of ``steps`` turns (counted, timed 3 times, deciding): a block's
+    # steps each at most
+    warm = 6
+    tokens = (1 + warm + 5 * steps) * block + 12
     engine = engine_for(model, rows, tokens, block)
     generator = torch.Generator().manual_seed(rows)
     for _ in range(rows):
@@ -142,6 +145,8 @@ def served_per_step(model, counter: Counter, rows: int, threshold: float, steps:
 
     def turns(n: int) -> None:
         for _ in range(n):
+            if not engine.queue and not engine.batch.ledger.occupied():  # (the engine would wait for a request)
+                raise RuntimeError("every answer ended before the turns did: give the answers more tokens")
             engine._turn(engine._schedule())
 
     turns(1)  # every row joins and its prompt is read (one chunk: PROMPT < prefill_chunk)
