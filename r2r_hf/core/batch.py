@@ -188,7 +188,8 @@ class RunningBatch:
         states = self.choice.state(rows)  # kept so the LLM can draw in the SLM's place
         scores, token, ok = self.choice.propose(logits, rows, rows if index is None else None)
         after = self.choice.state(rows) if speculate else {}
-        router_scores, routed = self._route(rows, index, logits, hidden, token)
+        thresholds = _taken(self.thresholds, index)
+        router_scores, routed = self._route(rows, index, logits, hidden, token, thresholds)
         if self.lockstep:  # a rectangle's finished rows route nothing (a slot's proposers all run)
             routed &= self.running
         if not self._spends_none(rows):
@@ -197,16 +198,16 @@ class RunningBatch:
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
         return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after,
-                        waits(policy, router_scores, scores, token, _taken(self.thresholds, index))
-                        if speculate else None)
+                        waits(policy, router_scores, scores, token, thresholds) if speculate else None)
 
     def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
-               token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The router's scores of the proposals and where they reach each row's threshold; it does not run (scores
-        NaN) where every proposing row's routing is fixed (``RowState.routes``: rows at thresholds <= 0 route)."""
+               token: torch.Tensor, thresholds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's scores of the proposals and where they reach each row's threshold (``thresholds``, the
+        proposers'); it does not run (scores NaN) where every proposing row's routing is fixed (``RowState.routes``:
+        rows at thresholds <= 0 route)."""
         if all(self.ledger.rows[r].routes is not None for r in rows):
             nothing = torch.full(token.shape, math.nan, device=token.device)
-            return nothing, _taken(self.thresholds, index).to(token.device) <= 0
+            return nothing, thresholds.to(token.device) <= 0
         self.counters.router_steps += 1
         if self.unscored.isdisjoint(rows) and self.choice.argmax(rows):  # scored in the SLM's read (folded)
             router_scores = _taken(self.slm_scores, index).to(token.device)
@@ -215,7 +216,7 @@ class RunningBatch:
             if getattr(self.pair.router, "per_row", False):  # its draws are keyed by row and answer position
                 self.pair.router.rows_scored([self.ledger.rows[r] for r in rows])
             router_scores = self.layout.route(logits, hidden, token).to(token.device)
-        return router_scores, router_scores >= _taken(self.thresholds, index)
+        return router_scores, router_scores >= thresholds
 
     def sync(self, proposal: Proposal, extra: tuple[torch.Tensor, ...] = ()) -> Synced:
         """The step's one host synchronisation: this step's routing and draw flags, the previous step's tokens."""

@@ -61,7 +61,7 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
     scored = bool(generation_config.return_dict_in_generate) or isinstance(streamer, RoutingAwareStreamer)
     batch = RunningBatch.for_call(routing, input_ids, new_max, attention_mask, position_ids,
                                   _finished_pad(generation_config, stopping_criteria), scored=scored,
-                                  ends=_ends(generation_config))
+                                  ends=end_tokens(generation_config))
     records = _Records.of(generation_config, routing.sampler.state())
     criteria, stops = _needed(stopping_criteria, prompt_len + new_max), Finished(batch)
     while True:
@@ -80,8 +80,8 @@ def r2r_decode(routing: Routing, input_ids: torch.Tensor, stopping_criteria: Sto
     return records.output(sequences, routing, batch.counters, batch.ledger.rows) if records.return_dict else sequences
 
 
-def _ends(config: GenerationConfig) -> frozenset[int]:
-    """The tokens that end an answer (HF's EOS ids)."""
+def end_tokens(config: GenerationConfig) -> frozenset[int]:
+    """The tokens that end an answer (HF's EOS ids: one, a list, or none); ``generate``'s and a served row's."""
     eos = config.eos_token_id
     return frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
 

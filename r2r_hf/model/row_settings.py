@@ -22,6 +22,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from ..core.budget import check_budget
 from ..core.choice import RowRule, batched_processors
+from ..core.decoding import end_tokens
 from ..core.routing import check_threshold
 from ..core.sampling import check_seed, seeded_generator
 from .generation import generation_options, refuse_unsupported
@@ -126,6 +127,4 @@ def resolve_row(model, prompt: list[int], **options: Any) -> RowSettings:
     model._prepare_special_tokens(generation_config, True, device)
     processors = model._get_logits_processor(generation_config, input_ids_seq_length=len(prompt),
                                              encoder_input_ids=prompt_ids, device=device, model_kwargs={})
-    eos = generation_config.eos_token_id
-    eos_ids = frozenset([] if eos is None else [eos] if isinstance(eos, int) else eos)
-    return RowSettings(generation_config, threshold, budget, seed, max_new, eos_ids, processors)
+    return RowSettings(generation_config, threshold, budget, seed, max_new, end_tokens(generation_config), processors)

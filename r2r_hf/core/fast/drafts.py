@@ -126,7 +126,9 @@ def run_block(layout, inputs: dict[str, torch.Tensor], k: int,
     """A block of ``k`` steps on ``layout`` (``SlotLayout.draft``) read back in one synchronisation: what it drafted
     and each slot's SLM outputs after it."""
     out = layout.draft(inputs, k)
-    return read_back(previous, out[:6]), out[6:]
+    drafted = read_back(previous, out[:6])
+    layout.drafted(drafted.committed, drafted.read)
+    return drafted, out[6:]
 
 
 def read_back(previous: torch.Tensor, drafted: tuple[torch.Tensor, ...]) -> Drafted:

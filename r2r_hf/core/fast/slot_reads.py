@@ -29,7 +29,7 @@ from ..staging import in_order, staged
 from ..features import slm_proposals
 from ..layouts.model_calls import route_scores
 from .fused import attended
-from .fused_reads import PLAIN, capture_fused, fuse_problem, fused_regions, slot_read
+from .fused_reads import capture_fused, regions_for, slot_read
 from .drafts import ENDS, CapturedDrafts
 from .graphs import Step
 from .packed_reads import PackedReads
@@ -83,7 +83,7 @@ class CapturedReads:
                  fold: Callable[[Step], Step] | None = None) -> None:
         self.model, self.cache, self.capture, self.hidden, self.gather = model, cache, capture, hidden, gather
         self.fold = fold  # the router on each read's argmax proposal, in the same captured step (the SLM's reads)
-        self.regions = _regions(model, fuse)
+        self.regions = regions_for(model, fuse)
         self.rows = row_buckets(cache.slots)
         self.spans = span_buckets(cache.capacity)
         # (rows, tokens, span) bucket, whether it keeps every position's logits, whether it gathers its rows ->
@@ -294,7 +294,7 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
 
 def _llm_reads(llm, layout, capture, fuse: bool | str, speculate: int):
     """The LLM's captured reads: packed where its reads can be fused, else HF's forward in padded, gathering reads."""
-    regions = _regions(llm, fuse)
+    regions = regions_for(llm, fuse)
     if regions is None:
         return CapturedReads(llm, layout.llm_cache, capture, hidden=False, fuse=False, gather=True)
     kept = {False: layout.slots, True: layout.slots * (speculate + 1)}
@@ -311,13 +311,6 @@ def _idle_block(layout) -> dict[str, torch.Tensor]:
             "pending": zeros, "active": zeros.bool(), "remaining": zeros, "lengths": zeros, "depth": zeros,
             "everywhere": zeros.bool(), "ended": zeros.bool(), "previous": zeros - 1,
             "ends": torch.full((slots, ENDS), -2, dtype=torch.long, device=head.device)}
-
-
-def _regions(model, fuse: bool | str):
-    """The fused regions a model's captured reads run (None: HF's forward)."""
-    if fuse == "plain":
-        return PLAIN if fuse_problem(model) is None else None
-    return fused_regions(model) if fuse else None
 
 
 def _warm_llm(layout, capture, speculate: int) -> int:

@@ -152,18 +152,18 @@ class SlotLayout:
 
     def draft(self, inputs: dict[str, torch.Tensor], steps: int) -> tuple[torch.Tensor, ...]:
         """A draft block (``fast/drafts.py``) of every slot from ``inputs`` (each slot's SLM outputs and drafting
-        state): its per-step proposals and flags and each slot's SLM outputs after it. The block writes the drafted
-        tokens and the SLM's cache; the book counts each slot's committed tokens and those the SLM read."""
-        out = self.captured["drafts"].run(max(self.book.length) + steps + 1, **inputs)
-        committed, read = out[3].long(), out[5].long()
-        counts = torch.cat([committed.sum(0), read.sum(0), read.sum(1)]).tolist()
-        slots = self.slots
-        for r, (n, seen) in enumerate(zip(counts[:slots], counts[slots: 2 * slots])):
-            self.book.length[r] += n
-            self.book.seen["slm"][r] += seen  # (a frontier row's last token stays unread: the LLM's comes next)
-        for n in counts[2 * slots:]:  # one SLM forward of every slot per drafted step
-            self.counters.forward("slm", self.slots, 1, n, self.slots)
-        return out
+        state): its per-step proposals and flags and each slot's SLM outputs after it (device values; nothing
+        waits). The block writes the drafted tokens and the SLM's cache; ``drafted`` counts them once read back."""
+        return self.captured["drafts"].run(max(self.book.length) + steps + 1, **inputs)
+
+    def drafted(self, committed: list[list[bool]], read: list[list[bool]]) -> None:
+        """The book after a draft block, from its read-back flags [k][S]: each slot's committed tokens and those the
+        SLM read (a frontier row's last token stays unread: the LLM's comes next), one SLM forward per step."""
+        for r in range(self.slots):
+            self.book.length[r] += sum(step[r] for step in committed)
+            self.book.seen["slm"][r] += sum(step[r] for step in read)
+        for step in read:
+            self.counters.forward("slm", self.slots, 1, sum(step), self.slots)
 
     def route(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         p = self.pair
