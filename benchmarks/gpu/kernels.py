@@ -17,7 +17,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from r2r_hf.core.fast.fused import attended
-from r2r_hf.core.fast.fused_reads import slot_read
 from r2r_hf.core.layouts.slot_cache import piece_inputs
 
 TOP = 10
@@ -70,9 +69,7 @@ def slm_steps(grid, rows: int, steps: int) -> dict:
     captured = reads.step(rows, 1, span, example)
     out = {"captured": profiled(lambda: captured(**example), steps, grid.device), "fused": reads.fused,
            "router_folded": reads.fold is not None}
-    if reads.regions is not None:
-        uncaptured = slot_read(reads.model, reads.cache, True, reads.regions, span)
-        if reads.fold is not None:  # the router on the proposals, in the same step (as the server folds it)
-            uncaptured = reads.fold(uncaptured)
+    if reads.regions is not None:  # the same read uncaptured (the router folded in where the server folds it)
+        uncaptured = reads.function(rows, span)
         out["without a graph"] = profiled(lambda: uncaptured(**example), steps, grid.device)
     return out

@@ -239,21 +239,22 @@ def drafted_block(ledger: Ledger, book: SlotBook, policy: WaitPolicy, previous: 
         return None
     state = {r: [len(row.pending), row.max_new, len(row.owner.routed) - row.max_new] for r, row in enumerate(ledger.rows)
              if r in rows}
+    most = {r: depth(ledger.rows[r], policy, running) for r in rows}  # (fixed for the block, as on the device)
     token, routed, committed, active, read = [], [], [], [], []
     for _ in range(policy.block):
         step = [[0] * slots, [False] * slots, [False] * slots, [r in rows for r in range(slots)], [False] * slots]
         for r in list(rows):
             pending, left, index = state[r]
             row = ledger.rows[r]
-            hit, most = row.owner.routed[index], depth(row, policy, running)
+            hit = row.owner.routed[index]
             step[1][r] = hit
-            if hit and pending >= most:
+            if hit and pending >= most[r]:
                 rows.discard(r)
                 continue
             step[2][r] = True
             state[r] = [pending + hit, left - 1, index + 1]
             book.length[r] += 1
-            frontier = hit and row.routes and pending + 1 >= most and left > 1
+            frontier = hit and row.routes and pending + 1 >= most[r] and left > 1
             step[4][r] = not frontier
             book.seen["slm"][r] += not frontier
             if left - 1 <= 0 or frontier:

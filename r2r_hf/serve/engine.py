@@ -68,7 +68,7 @@ class Engine:
         self.policy = speculation_for(serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
                                                      settings.llm_max_wait, settings.speculate, below,
                                                      settings.draft_block, settings.draft_confidence), self.pair)
-        if settings.speculate:
+        if self.policy.speculate:  # (the pair may not speculate whatever the flag says: ``speculation_for``)
             logger.info("speculating: %s.", self.policy.said())
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
@@ -244,7 +244,7 @@ class Engine:
         routing = Routing.eager(self.pair, s.threshold, s.processors, sampler, len(prompt) + s.max_new_tokens + 1,
                                 s.llm_budget, rollback=self.policy.speculate > 0)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        self.batch = RunningBatch.for_call(routing, ids, s.max_new_tokens, counters=self.counters)
+        self.batch = RunningBatch.for_call(routing, ids, s.max_new_tokens, counters=self.counters, ends=s.eos_ids)
         state = self.batch.ledger.rows[0]
         state.owner, state.depth = Row(request, index, choice, self.tokenizer), s.speculate
         state.owner.speculated = state.speculated
