@@ -38,7 +38,7 @@ from pathlib import Path
 from r2r_hf.core.layouts.packed import TOKENS as PACKED_TOKENS
 from r2r_hf.core.policy import DRAFT_BLOCK, IMMEDIATE, WaitPolicy, default_policy, speculative_policy
 
-from .cost_model import AGREEMENT, Costs, llm_alone, simulate, synthetic
+from .cost_model import AGREEMENT, Costs, alone_on_the_engine, llm_alone, simulate, synthetic
 from .replay import replay
 from .speculative import by_fraction
 
@@ -123,10 +123,7 @@ def today(first: dict, fused: dict, p: float = 0.1, depth: int = 4) -> list[dict
     for c in (1, 8, 16):
         for tokens in (256, 2048):
             answers = served_answers(c, p, tokens)
-            never = [(prompt, [False] * len(routed)) for prompt, routed in answers]
-            # the LLM alone on the same engine, drafting in blocks too (it never routes: nothing stops a block)
-            alone = simulate(never, c, replace(default_policy("cuda", SLOTS), block=DRAFT_BLOCK), costs["alone"],
-                             SLOTS)["tokens_per_s"]
+            alone = alone_on_the_engine(answers, c, costs["alone"], SLOTS, DRAFT_BLOCK)
             speculating, waiting = speculative_policy("cuda", SLOTS, depth), default_policy("cuda", SLOTS)
             for name, policy in (("m = 1", IMMEDIATE), ("waiting, one step per synchronisation", waiting),
                                  (f"waiting default, blocks of {DRAFT_BLOCK}", replace(waiting, block=DRAFT_BLOCK)),
@@ -189,9 +186,7 @@ def _replayed(run: dict, server: str, costs: dict[str, Costs], plan: dict) -> fl
     slots = plan["long_users"] if long else max(plan["serve"])
     block = run.get("block", 1)  # steps its server drafted per synchronisation (runs before blocks: 1)
     if server == "LLM alone":
-        answers = [(prompt, [False] * tokens)] * requests  # never routing: the LLM's reads in the SLM's place
-        policy = replace(default_policy("cuda", slots), block=block)  # (never routing: nothing stops its blocks)
-        return simulate(answers, c, policy, costs["alone"], slots)["tokens_per_s"]
+        return alone_on_the_engine([(prompt, [False] * tokens)] * requests, c, costs["alone"], slots, block)
     lossless = "lossless" in server  # threshold 0: every token routes, no router step, frontier tokens
     answers = synthetic([(prompt, [False] * tokens)] * requests, 1.0 if lossless else p,
                         agreement=plan.get("agreement", AGREEMENT))

@@ -182,6 +182,15 @@ def cpu_costs(path: str | Path = "benchmarks/results/forward_costs.json", step: 
                  name=f"this CPU ({data['conditions']['dtype']}, 1 thread, benchmarks/serving/forward_costs.py)")
 
 
+def alone_on_the_engine(answers, concurrency: int, costs: Costs, slots: int, block: int) -> float:
+    """Tokens/s of the fair LLM alone served on R2R's engine (``gpu/serve.ALONE_OPTIONS``: ``costs`` prices the LLM
+    in the SLM's place and its LLM-side reads at nothing): the same answers never routing, the GPU's waiting default,
+    drafting in blocks of ``block`` (nothing stops a block where nothing routes)."""
+    never = [(prompt, [False] * len(routed)) for prompt, routed in answers]
+    policy = replace(default_policy("cuda", slots), block=block)
+    return simulate(never, concurrency, policy, costs, slots)["tokens_per_s"]
+
+
 def llm_alone(answers, concurrency: int, costs: Costs) -> float:
     """Tokens/s of the LLM alone served the same way: every token the LLM's, no SLM, no router."""
     everything = [(prompt, [True] * len(routed)) for prompt, routed in answers]

@@ -26,10 +26,10 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from r2r_hf.core.policy import DRAFT_BLOCK, default_policy, serving_policy, speculative_policy
+from r2r_hf.core.policy import DRAFT_BLOCK, serving_policy, speculative_policy
 
 from .calibrated import first_run_costs, measured_costs
-from .cost_model import llm_alone, simulate, synthetic
+from .cost_model import alone_on_the_engine, llm_alone, simulate, synthetic
 from .speculative import VLLM_LOSSLESS, by_fraction
 
 SLOTS = 16
@@ -76,9 +76,7 @@ def today(first: dict, fused: dict, agreements=(0.99, 0.9), concurrencies=(1, 8,
     for agreement in agreements:
         for c in concurrencies:
             load = answers(c, agreement)
-            never = [(prompt, [False] * len(routed)) for prompt, routed in load]
-            alone = simulate(never, c, replace(default_policy("cuda", SLOTS), block=DRAFT_BLOCK), costs["alone"],
-                             SLOTS)["tokens_per_s"]
+            alone = alone_on_the_engine(load, c, costs["alone"], SLOTS, DRAFT_BLOCK)
             for name, policy in ((f"server default, blocks of {default.block}", default),
                                  ("server default, one step per synchronisation", replace(default, block=1))):
                 got = simulate(load, c, policy, costs["r2r"], SLOTS, routes=True)

@@ -89,7 +89,7 @@ def choices(service, body: CompletionRequest | ChatRequest, prompt: list[int]) -
         value = getattr(body, name)
         if value is not None or default is not None:
             options[name] = value if value is not None else default
-    depth = speculation_depth(body, service.settings.speculate)
+    depth = speculation_depth(body, service.engine.policy.speculate)  # (0 where the pair cannot speculate)
     out = []
     for i in range(body.n):
         seed = None if body.seed is None else body.seed + i

@@ -142,7 +142,7 @@ class Service:
 
     def _speculation(self, ended: list[tuple]) -> dict[str, int] | None:
         """What speculation did for the answers of these end events (summed), where the server speculates."""
-        if not self.settings.speculate:
+        if not self.engine.policy.speculate:  # (the pair may not speculate whatever the flag says)
             return None
         counts = [event[5].as_dict() for event in ended if event[5] is not None]
         return {name: sum(c[name] for c in counts) for name in Speculated().as_dict()}
