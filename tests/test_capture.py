@@ -245,13 +245,13 @@ def test_disable_compile_and_dynamic_cache_stay_eager(pair, graphs):
     (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0}), "rotary embedding"),
 ])
 def test_only_sdpa_or_eager_attention_and_static_rope_are_captured(change, reason, monkeypatch, caplog):
-    from r2r_hf.core.fast.static_reads import capturable
+    from r2r_hf.core.probes import capture_problem
 
     slm = make_tiny_slm()
-    assert capturable(slm) is None
+    assert capture_problem(slm) is None
     for name, value in change.items():
         monkeypatch.setattr(slm.config, name, value)
-    assert reason in capturable(slm)
+    assert reason in capture_problem(slm)
     if "attention" in reason:
         return  # flash attention itself does not run on a CPU; the refusal is what is checked
     model = R2RForCausalLM.from_models(slm, make_tiny_llm(), **SMALL_ROUTER)
@@ -313,8 +313,7 @@ def _engines(model, batch: int, capacity: int):
     from r2r_hf.core.layouts.model_calls import EagerCalls
 
     eager = EagerCalls(model.slm, model.llm, model.router, model.config.num_topk_logits, None, capacity)
-    captured = model.capture_store.lend(model.slm, model.llm, model.router, model.config.num_topk_logits, None,
-                                        batch, capacity)
+    captured = model.capture_store.lend(model.routed_pair(), None, batch, capacity)
     return eager, captured
 
 

@@ -19,7 +19,8 @@ from r2r_hf import R2RForCausalLM
 from r2r_hf.core.fast import fused
 from r2r_hf.core.fast import fused_reads
 from r2r_hf.core.fast.static_reads import read_fn, static_cache
-from r2r_hf.core.fast.fused_reads import PLAIN, fuse_problem, static_read
+from r2r_hf.core.abilities import abilities
+from r2r_hf.core.fast.fused_reads import PLAIN, static_read
 from r2r_hf.testing import make_tiny_llm, make_tiny_slm
 from r2r_hf.testing.graphs import EmulatedGraphStep, emulated_store
 
@@ -59,7 +60,7 @@ def _reads(model, cache, ids, mask, make):
 @pytest.mark.parametrize("make_model", [make_tiny_slm, make_tiny_llm], ids=["qwen2", "llama"])
 def test_the_regions_compute_what_hf_computes_bit_for_bit(make_model):
     model = make_model().eval()
-    assert fuse_problem(model) is None
+    assert abilities(model).fuse is None
     ids = torch.randint(3, 400, (2, 24))
     mask = torch.ones(2, 24, dtype=torch.long)
     mask[0, :3] = 0  # a left-padded row
@@ -139,13 +140,13 @@ def test_a_variant_whose_forward_differs_is_not_fused():
     model = make_tiny_slm()
     plain = model.forward
     model.forward = lambda *a, **k: plain(*a, **k).__class__(logits=plain(*a, **k).logits * 2)  # not what we compute
-    assert fuse_problem(model) == "its fused logits differ from its own forward"
+    assert abilities(model).fuse == "its fused logits differ from its own forward"
 
 
 def test_the_self_check_allows_the_rounding_another_exact_read_shows():
     """A deep bf16 model departs from its own plain forward by rounding alone (the random 32B's captured HF reads by
     8 % on the H200): the fused read is judged against twice what HF's slot read departs by, a wrong one still not."""
-    from r2r_hf.core.layouts.slot_cache import continuation_problem
+    from r2r_hf.core.probes import continuation_problem, fuse_problem
 
     model = make_tiny_slm()
     off = lambda by: lambda cache, tokens: model(input_ids=tokens[1:], use_cache=False).logits[0, -1] * (1 + by)  # noqa
@@ -155,15 +156,13 @@ def test_the_self_check_allows_the_rounding_another_exact_read_shows():
     assert continuation_problem(model, off(0.06), "failed", "differs", found, rounding=0.04) is None
     assert found["tolerance"] == 0.08
     assert continuation_problem(model, off(1.0), "failed", "differs", {}, rounding=0.04) == "differs"
-    # the fused check takes HF's own slot read's gap as slot_problem measured it (the device check writes both down)
-    from r2r_hf.core.layouts.slot_cache import slot_problem
-    from r2r_hf.core.notes import notes
-
-    measured = {}
-    assert fused_reads._self_check(model, measured) is None and measured["slot_read_max_rel"] < 1e-5
-    assert slot_problem(model) is None
-    notes(model)["slot_read_max_rel"] = 0.04  # as a deep bf16 model's slot read departs
-    assert fused_reads._self_check(model, measured) is None and measured["tolerance"] == 0.08
+    # the fused check takes HF's own slot read's gap as the slot probe measured it (the device check writes both down)
+    assert abilities(model).slots is None and abilities(model).fuse is None
+    measured = dict(abilities(model).measured)
+    assert measured["slot_read_max_rel"] < 1e-5
+    assert measured["fuse_max_rel"] <= measured["fuse_tolerance"] == 1e-3
+    measured["slot_read_max_rel"] = 0.04  # as a deep bf16 model's slot read departs
+    assert fuse_problem(model, measured, slots=True) is None and measured["fuse_tolerance"] == 0.08
 
 
 def test_fused_captures_compile_past_dynamos_default_recompile_limit(monkeypatch):

@@ -120,9 +120,7 @@ def test_a_served_answer_gets_the_processors_generate_builds(model, tok):
 def test_decoders_take_a_prepared_mask_and_a_slot_cache(slm, llm):
     """Slots (``core/layouts/slot_cache.py``) hand the decoder a 4-D mask and a cache of their own; the self-check reads a
     sequence in two slots and in pieces and compares the logits with a plain forward."""
-    from r2r_hf.core.layouts.slot_cache import slot_problem
-    from r2r_hf.core.notes import notes
+    from r2r_hf.core.probes import slot_problem
 
     for model in (slm, llm):
-        notes(model).pop("slot_problem", None)  # check anew, not a cached verdict
-        assert slot_problem(model) is None, type(model).__name__
+        assert slot_problem(model, {}) is None, type(model).__name__  # the probe itself: no kept verdict

@@ -146,6 +146,8 @@ def test_captured_generates_resolving_reads_are_fused_and_keep_the_judged_positi
 
 
 def test_a_fused_resolving_read_gives_the_eager_logits_at_the_kept_positions(related, tok):
+    from r2r_hf.core.abilities import abilities
+    from r2r_hf.core.fast.fused_reads import regions_for
     from r2r_hf.core.fast.static_reads import CapturedState
     from r2r_hf.core.layouts.model_calls import EagerCalls
     from r2r_hf.core.layouts.rectangle import Committed
@@ -159,7 +161,8 @@ def test_a_fused_resolving_read_gives_the_eager_logits_at_the_kept_positions(rel
     start, keep = enc["input_ids"].shape[1] - 1, [seq.length - 9, seq.length - 6, seq.length - 5, seq.length - 1]
     pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
     state = CapturedState(related.slm, related.llm, related.router, related.config.num_topk_logits,
-                          lambda fn, example: EmulatedGraphStep(fn, example, pool), 2, 64, True, fuse="plain")
+                          lambda fn, example: EmulatedGraphStep(fn, example, pool), 2, 64, True,
+                          fused=(None, regions_for(related.llm, "plain", abilities(related.llm).fuse)))
     eager = EagerCalls(related.slm, related.llm, related.router, related.config.num_topk_logits, "static", 64,
                        caches=(state.slm_cache, state.llm_cache))
     with torch.inference_mode():
@@ -312,9 +315,13 @@ def test_speculate_below_holds_back_routed_rows_not_those_that_route_everywhere(
 def test_a_pair_that_cannot_speculate_keeps_no_depths_by_load(identity, monkeypatch):
     """``speculation_for`` turns speculation off for a pair that cannot be cut back: its depths by load go too (a
     depth of 0 is no depth: the server's draft blocks would refuse it)."""
+    import dataclasses
+
     from r2r_hf.core import routing
 
-    monkeypatch.setattr(routing, "speculation_problem", lambda slm, llm: "a test's reason")
+    pair = identity.routed_pair()
+    cannot = dataclasses.replace(pair.abilities.llm, rollback="a test's reason")
+    pair = dataclasses.replace(pair, abilities=dataclasses.replace(pair.abilities, llm=cannot))
     policy = speculative_policy("cuda", 4, 8)
-    off = routing.speculation_for(policy, identity.routed_pair())
+    off = routing.speculation_for(policy, pair)
     assert policy.depths and off.speculate == 0 and off.depths == ()

@@ -175,9 +175,13 @@ def test_metrics_are_prometheus_text_that_adds_up(model, tok):
 
 
 def test_a_model_that_cannot_use_slots_is_served_one_answer_at_a_time_on_hfs_caches(model, tok, monkeypatch, caplog):
-    from r2r_hf.serve import engine
+    import dataclasses
 
-    monkeypatch.setattr(engine, "slot_problem", lambda m: "its attention is 'flash_attention_2' (for this test)")
+    from r2r_hf.core.abilities import abilities
+    from r2r_hf.core.notes import notes
+
+    cannot = dataclasses.replace(abilities(model.slm), slots="its attention is 'flash_attention_2' (for this test)")
+    monkeypatch.setitem(notes(model.slm), "abilities", cannot)
     tau = gap_threshold(model, tok, PROMPTS, 0.65, 0.95)
     with caplog.at_level("WARNING"), serving(model, tok, max_batch_size=4) as (url, service):
         assert not service.engine.slotted

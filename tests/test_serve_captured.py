@@ -195,6 +195,8 @@ def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(mod
     rows instead where that makes a smaller bucket (a slot it does not read fills the bucket, writing nothing): the
     logits, in the rows' order, and what the read writes into the cache are an eager read's; other slots keep
     theirs."""
+    from r2r_hf.core.abilities import abilities
+    from r2r_hf.core.fast.fused_reads import regions_for
     from r2r_hf.core.fast.slot_reads import CapturedReads
     from r2r_hf.core.layouts.slot_cache import SlotCache, read_piece
     from r2r_hf.testing.graphs import EmulatedGraphStep
@@ -208,7 +210,7 @@ def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(mod
             read_piece(llm, cache, tokens, list(range(slots)), [0] * slots, filled)
         pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
         reads = CapturedReads(llm, static, lambda fn, example: EmulatedGraphStep(fn, example, pool), hidden=False,
-                              fuse=fuse, gather=True)
+                              regions=regions_for(llm, fuse, abilities(llm).fuse), gather=True)
         before = [kv.clone() for kv in (*static.keys, *static.values)]
         starts, counts = [filled[r] for r in rows], [5, 3, 1][: len(rows)]
         got = reads.read(tokens, rows, starts, counts)[0]

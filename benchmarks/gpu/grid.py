@@ -37,9 +37,11 @@ from dataclasses import dataclass
 
 import torch
 
+from r2r_hf.core.abilities import abilities
 from r2r_hf.core.batch import Joiner, RunningBatch
 from r2r_hf.core.choice import RowRule
 from r2r_hf.core.fast.fused import attended
+from r2r_hf.core.fast.fused_reads import regions_for
 from r2r_hf.core.fast.graphs import gc_paused
 from r2r_hf.core.fast.slot_reads import CapturedReads, capture_slots
 from r2r_hf.core.layouts.packed import TOKENS, inputs as packed_inputs, pack
@@ -67,7 +69,8 @@ class Slots:
         self.layout = layout = self.batch.layout
         with torch.inference_mode(), gc_paused(collect=True):
             self.report = capture_slots(layout, capture, warm=False, fuse=True, router_dtype=router_dtype)
-        self.padded = CapturedReads(model.llm, layout.llm_cache, capture, hidden=True, fuse=True)
+        regions = regions_for(model.llm, True, abilities(model.llm).fuse)
+        self.padded = CapturedReads(model.llm, layout.llm_cache, capture, hidden=True, regions=regions)
 
 
 class Grid:

@@ -20,7 +20,8 @@ from benchmarks.gpu import oracle
 from benchmarks.speed.parts import ForcedRouter, first_call, graph_decode_per_token, llm_call_steps, schedule, timed
 from benchmarks.synthetic import random_model
 from r2r_hf import R2RForCausalLM
-from r2r_hf.core.fast.fused_reads import fused_regions, self_check
+from r2r_hf.core.abilities import abilities
+from r2r_hf.core.fast.fused_reads import regions_for
 from r2r_hf.core.fast.graphs import gc_paused
 
 
@@ -46,8 +47,18 @@ def build(plan: Plan, report: Report) -> R2RForCausalLM:
 
         model.capture_store = emulated_store(fuse=True)  # the fused path, compiled on the CPU (tiny: seconds)
     # Written down whatever it decides: a pass says nothing of the margin, a refusal turns every number unfused.
-    report.put("fused_check", None, {role: self_check(getattr(model, role)) for role in ("slm", "llm")})
+    report.put("fused_check", None, {role: fused_check(getattr(model, role)) for role in ("slm", "llm")})
     return model
+
+
+def fused_check(model) -> dict:
+    """What the fused self-check decided for ``model`` (``problem``: None where it fuses) and what it measured: the
+    fused read's largest logit gap over the largest logit (``max_rel``), its ``tolerance``, and HF's own read in
+    slots' gap (``slot_read_max_rel``, the rounding the tolerance allows twice)."""
+    able = abilities(model)
+    measured = able.measured
+    return {"problem": able.fuse, "max_rel": measured.get("fuse_max_rel"), "tolerance": measured.get("fuse_tolerance"),
+            "slot_read_max_rel": measured.get("slot_read_max_rel")}
 
 
 def warm(model, plan: Plan, prompt: torch.Tensor, gen: dict, report: Report) -> None:
@@ -102,7 +113,7 @@ def alone(model, role: str, plan: Plan, batch: int, prompt: torch.Tensor, report
     denominator: what R2R's own reads replay) or of HF's forward (``{role}_graphs_ms``). A model that cannot be
     fused is measured on HF's forward and says so (``fused``: False)."""
     net = getattr(model, role)
-    regions = fused_regions(net) if fused else None
+    regions = regions_for(net, fused, abilities(net).fuse)
     seconds = graph_decode_per_token(net, prompt, plan.tokens, model.capture_store.graph_step, plan.device,
                                      plan.repeats, regions)
     value = 1e3 * seconds

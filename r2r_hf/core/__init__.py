@@ -5,7 +5,8 @@ The loop (this folder) reads top to bottom as steps over explicit values: ``deco
 the ``DeviceStep`` protocol a ``batch`` implements), ``plan`` the step's two decisions as plain values, ``step`` the
 values its device side hands between its stages, ``ledger`` each row's progress on the host, ``speculation`` the
 resolving read and the rollback; ``routing``, ``policy``, ``choice``, ``budget``, ``sampling``, ``counters``,
-``outputs``, ``pair``, ``features``, ``notes`` and ``staging`` are what they use. ``layouts/`` is where rows keep
+``outputs``, ``pair``, ``features``, ``notes`` and ``staging`` are what they use; ``abilities`` says what each model
+of a pair can do on the fast paths (its checks: ``probes``), the one place that probes a model. ``layouts/`` is where rows keep
 their tokens and caches (HF's rectangle, or the server's slots); ``fast/`` is the fast path (captured and fused
 reads, the captured router, the store that lends captures to calls).
 

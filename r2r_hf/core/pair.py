@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -25,13 +26,15 @@ class ModelPair:
 
 @dataclass(frozen=True, eq=False)
 class RoutedPair:
-    """What one call's steps run: the pair, the router, and how many sorted SLM logits the router reads."""
+    """What one call's steps run: the pair, the router, how many sorted SLM logits the router reads, and what the
+    models can do (a ``core.abilities.PairAbilities``: which fast paths they take, and why not)."""
 
     slm: nn.Module
     llm: nn.Module
     router: nn.Module
     num_topk: int
     vocab_size: int
+    abilities: Any
 
     def for_call(self, seed: int | None = None) -> RoutedPair:
         """The same pair with the router's per-call form (``Router.for_call``); ``seed``, the call's, keys the draws

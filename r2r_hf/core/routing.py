@@ -15,7 +15,7 @@ from transformers import GenerationConfig
 
 from .budget import check_budget
 from .fast.store import CaptureStore, choose_calls
-from .layouts.model_calls import EagerCalls, rollback_problem
+from .layouts.model_calls import EagerCalls
 from .layouts.rectangle import ModelCalls
 from .pair import RoutedPair
 from .policy import IMMEDIATE, WaitPolicy, call_policy, say_once
@@ -118,23 +118,12 @@ class Routing:
         return cls(pair, threshold, processors, sampler, calls, llm_budget)
 
 
-def speculation_problem(slm, llm) -> str | None:
-    """Why a pair cannot speculate, as the sentence R2R says (once), or None where both models can."""
-    for model in (slm, llm):
-        problem = rollback_problem(model)
-        if problem is not None:
-            return (f"speculation is off for {type(model).__name__} ({model.config.model_type!r}): {problem}; R2R "
-                    "decodes it without speculation (the same answers), and a transformer SLM and LLM (Llama, Qwen, "
-                    "Gemma, Mistral...) can speculate.")
-    return None
-
-
 def speculation_for(policy: WaitPolicy, pair: RoutedPair) -> WaitPolicy:
     """``policy``, without speculation where a model of the pair cannot be cut back (said once:
-    ``speculation_problem``); the answers are the same, only speculation's saving is lost."""
+    ``PairAbilities.speculation``); the answers are the same, only speculation's saving is lost."""
     if not policy.speculate:
         return policy
-    problem = speculation_problem(pair.slm, pair.llm)
+    problem = pair.abilities.speculation
     if problem is None:
         return policy
     say_once(problem)

@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrained
 from transformers.generation.configuration_utils import GenerationMode
 
 from ..config import R2RConfig
+from ..core.abilities import PairAbilities
 from ..core.fast.store import CaptureStore
 from ..core.features import output_device
 from ..core.pair import ModelPair, RoutedPair
@@ -94,8 +95,10 @@ class R2RForCausalLM(PreTrainedModel, R2RGenerationMixin):
         return None if self._pair is None else self._pair.vocab_size
 
     def routed_pair(self) -> RoutedPair:
-        """The pair with this router: what a call's steps run (``core.routing.Routing.for_call``)."""
-        return RoutedPair(self.slm, self.llm, self.router, self.config.num_topk_logits, self.shared_vocab_size)
+        """The pair with this router: what a call's steps run (``core.routing.Routing.for_call``), with what the
+        models can do (``core.abilities``: probed once per model, on the first call)."""
+        return RoutedPair(self.slm, self.llm, self.router, self.config.num_topk_logits, self.shared_vocab_size,
+                          PairAbilities.of(self.slm, self.llm))
 
     def set_models(self, slm: PreTrainedModel, llm: PreTrainedModel) -> None:
         """Attach (or replace) the SLM and LLM after checking they fit this router.

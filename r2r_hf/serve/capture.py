@@ -2,7 +2,7 @@
 
 ``auto`` captures where the model's ``CaptureStore`` captures (CUDA graphs on CUDA; the CPU emulation in tests)
 and every guard allows: the attention, the rotary embedding, the cache layers and the devices must be what a
-fixed-shape step needs (``core.fast.static_reads.capturable``), and a stateful router runs eagerly anyway. Where a guard
+fixed-shape step needs (each model's ``Abilities.capture``: ``core/abilities.py``), and a stateful router runs eagerly anyway. Where a guard
 refuses, the server runs eagerly and says why once; ``graphs`` refuses to start instead.
 
 Every step is captured at start-up, before the server listens (``capture_batch``): CUDA graphs, and ``compile``
@@ -25,7 +25,7 @@ from transformers import CompileConfig
 
 from ..core.fast.graphs import CompiledStep, Step, compile_options, gc_paused, recompile_limit
 from ..core.fast.slot_reads import capture_slots, captured_steps, row_buckets
-from ..core.fast.static_reads import BUCKETS, capturable
+from ..core.fast.static_reads import BUCKETS
 from ..core.features import output_device
 from ..model.loading import context_length
 
@@ -36,12 +36,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONTEXT = 4096
 
 
-def capture_plan(model, settings, device: torch.device):
-    """(capturer or None, why not or None, columns per slot or None) for the server's batch."""
+def capture_plan(model, abilities, settings, device: torch.device):
+    """(capturer or None, why not or None, columns per slot or None) for the server's batch of ``model``'s pair,
+    whose ``abilities`` (``core.abilities.PairAbilities``) say whether its models can be captured."""
     mode = settings.capture
     if mode == "off":
         return None, "capture is off (capture='off', --capture off)", None
-    why = capturable(model.slm) or capturable(model.llm)
+    why = abilities.why_not("capture")
     if why is None and output_device(model.llm) != output_device(model.slm):
         why = "the LLM is on another device than the SLM"
     store = model.capture_store

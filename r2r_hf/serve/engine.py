@@ -33,7 +33,6 @@ import torch
 from ..core.batch import Joiner, RunningBatch
 from ..core.counters import Counters
 from ..core.features import input_device
-from ..core.layouts.slot_cache import slot_problem
 from ..core.policy import serving_policy
 from ..core.routing import Routing, speculation_for
 from ..core.sampling import Sampler
@@ -74,10 +73,10 @@ class Engine:
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
         self._said: set[str] = set()
-        problem = slot_problem(model.slm) or slot_problem(model.llm)
+        problem = self.pair.abilities.slots
         self.slotted = problem is None
         if problem:
-            logger.warning("answers are decoded one at a time on HF's caches: the models cannot use slots (%s)", problem)
+            logger.warning("answers are decoded one at a time on HF's caches: %s", problem)
         self.queue: collections.deque[Request] = collections.deque()
         self.capture_report: dict = {"path": "eager", "why": problem or None}
         self.batch: RunningBatch | None = self._new_batch() if self.slotted else None
@@ -90,7 +89,7 @@ class Engine:
 
     def _new_batch(self) -> RunningBatch:
         """An empty batch of slots: static and captured where ``capture.capture_plan`` allows, else growing and eager."""
-        capturer, why, columns = capture_plan(self.model, self.settings, self.device)
+        capturer, why, columns = capture_plan(self.model, self.pair.abilities, self.settings, self.device)
         batch = RunningBatch.for_slots(self.pair, self.settings.max_batch_size, columns or START_COLUMNS,
                                        self.device, self.counters)
         if capturer is None:

@@ -123,9 +123,7 @@ def cell_bf16(p: Pair) -> None:
 
 def refused_speculation(p: Pair) -> None:
     """Where R2R does not speculate for the pair, the sentence it says (once) is the cell's refusal."""
-    from ..core.routing import speculation_problem
-
-    problem = speculation_problem(p.slm, p.llm)
+    problem = p.model.routed_pair().abilities.speculation
     if problem is not None:
         raise Refused(problem)
 

@@ -1,4 +1,4 @@
-"""Fused reads over the two caches, and when a model's reads may be fused.
+"""Fused reads over the two caches, and the regions a model's reads run.
 
 ``static_read`` has the signature of ``static_reads.read_fn`` (generate's reads over HF's ``StaticCache``) and
 ``slot_read`` that of ``slot_reads.CapturedReads._fn`` (the server's reads over slots): the capture code
@@ -19,7 +19,7 @@ from transformers.cache_utils import StaticCache
 from . import fused
 from ..notes import notes
 from .graphs import Step, recompile_limit
-from ..layouts.slot_cache import SlotCache, continuation_problem, piece_inputs, slot_problem
+from ..layouts.slot_cache import SlotCache
 
 logger = logging.getLogger(__name__)
 
@@ -63,24 +63,18 @@ def _fresh(fn):
 PLAIN = Regions(compile=False)
 
 
-def fused_regions(model: torch.nn.Module) -> Regions | None:
-    """``model``'s compiled regions (made on first use, kept in the core's notes on it), or None where it cannot be
-    fused (the reason is logged once per model)."""
-    problem = fuse_problem(model)
-    if problem is not None:
-        if not notes(model).get("fuse_logged"):
-            notes(model)["fuse_logged"] = True
-            logger.warning("R2R captures %s's HF forward, unfused: %s.", type(model).__name__, problem)
-        return None
-    return compiled_regions(model)
-
-
-def regions_for(model: torch.nn.Module, fuse: bool | str) -> Regions | None:
+def regions_for(model: torch.nn.Module, fuse: bool | str, why_not: str | None) -> Regions | None:
     """The fused regions a model's captured reads run (None: HF's forward): compiled with ``fuse``, plain (uncompiled,
-    for tests on emulated graphs) with ``fuse="plain"``, none without."""
-    if fuse == "plain":
-        return PLAIN if fuse_problem(model) is None else None
-    return fused_regions(model) if fuse else None
+    for tests on emulated graphs) with ``fuse="plain"``, none without, nor where the model cannot be fused (``why_not``:
+    its ``Abilities.fuse``, said once per model where fusing was asked)."""
+    if not fuse:
+        return None
+    if why_not is not None:
+        if fuse is True and not notes(model).get("fuse_logged"):
+            notes(model)["fuse_logged"] = True
+            logger.warning("R2R captures %s's HF forward, unfused: %s.", type(model).__name__, why_not)
+        return None
+    return PLAIN if fuse == "plain" else compiled_regions(model)
 
 
 def compiled_regions(model: torch.nn.Module) -> Regions:
@@ -186,75 +180,3 @@ def allocate(model: torch.nn.Module, cache: SlotCache) -> None:
                 store[i] = weight.new_zeros(cache.slots, config.num_key_value_heads, cache.capacity + 1, dim)
 
 
-# ------------------------------------------------------------------ the guard
-def fuse_problem(model: torch.nn.Module) -> str | None:
-    """Why ``model``'s reads cannot be fused, or None when they can (checked once per model).
-
-    The structure is checked by name; then the fused read (uncompiled) of a short sequence in two slots is
-    compared with the model's own forward, so a variant that computes otherwise is caught.
-    """
-    known = notes(model)
-    if "fuse_problem" not in known:
-        problem = _structure_problem(model)
-        known["fuse_problem"] = problem if problem is not None else _self_check(model)
-    return known["fuse_problem"]
-
-
-def _structure_problem(model: torch.nn.Module) -> str | None:
-    config = model.config
-    if config.model_type not in fused.FUSABLE:
-        return f"its architecture {config.model_type!r} is not one fused here ({', '.join(fused.FUSABLE)})"
-    if not hasattr(torch.nn.functional, "scaled_dot_product_attention") or not torch._dynamo.is_dynamo_supported():
-        return "this torch cannot compile (torch.compile is not supported here)"
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
-        return "it has sliding-window layers"
-    if config.model_type == "mistral" and getattr(config, "sliding_window", None):
-        return "its attention slides over a window"
-    inner = getattr(model, "model", None)
-    needed = ("embed_tokens", "rotary_emb", "layers", "norm")
-    if inner is None or not all(hasattr(inner, name) for name in needed) or not hasattr(model, "lm_head"):
-        return "its modules are not named as HF's decoders name them"
-    for layer in inner.layers:
-        attn = getattr(layer, "self_attn", None)
-        if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")):
-            return "its attention is not HF's q/k/v/o projections"
-        if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
-            return "its decoder layer is not norm-attention-norm-MLP"
-        mlp = layer.mlp
-        if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            return "its MLP is not HF's gated gate/up/down projections"
-        if not (fused.packable([attn.q_proj, attn.k_proj, attn.v_proj]) and fused.packable([mlp.gate_proj,
-                                                                                             mlp.up_proj])):
-            return "its projections are not plain nn.Linear layers on one device (quantised, offloaded or hooked)"
-    return None
-
-
-def _self_check(model: torch.nn.Module, measured: dict | None = None) -> str | None:
-    """The fused read against the plain forward, allowed twice what HF's own read in slots departs by (rounding: a
-    deep model in bf16 departs far more than a tiny one; the random 32B's fused read was 6 % off on an H200, over
-    the 5 % bf16 tolerance, while its captured HF reads departed 8 % from eager ones); a wrong structure is off by
-    the logits' whole scale."""
-    own = notes(model).get("slot_read_max_rel") if slot_problem(model) is None else None  # (measured there once)
-    found = {} if measured is None else measured
-    problem = continuation_problem(model, lambda cache, tokens: _fused_piece(model, cache, tokens, start=4, count=3),
-                                   "its fused forward failed", "its fused logits differ from its own forward", found,
-                                   rounding=own or 0.0)
-    found["slot_read_max_rel"] = own
-    return problem
-
-
-def self_check(model: torch.nn.Module) -> dict:
-    """The fused self-check run again, with what it measured: ``problem`` (None: fused), and where it compared,
-    ``max_rel`` (the largest logit difference over the largest logit) and ``tolerance`` (for the device check)."""
-    measured: dict = {}
-    problem = _structure_problem(model)
-    if problem is None:
-        problem = _self_check(model, measured)
-    return {"problem": problem, **measured}
-
-
-def _fused_piece(model, cache: SlotCache, tokens: torch.Tensor, start: int, count: int) -> torch.Tensor:
-    """Slot 1's logits after reading ``count`` more tokens through the plain fused regions (slot 0 idle)."""
-    inputs = piece_inputs(tokens, [0, 1], [0, start], [0, count], count, cache.trash)
-    read = slot_read(model, cache, hidden=False, regions=PLAIN)
-    return read(**inputs)[0][1]

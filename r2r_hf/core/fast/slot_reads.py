@@ -29,7 +29,7 @@ from ..staging import in_order, staged
 from ..features import slm_proposals
 from ..layouts.model_calls import route_scores
 from .fused import attended
-from .fused_reads import capture_fused, regions_for, slot_read
+from .fused_reads import Regions, capture_fused, regions_for, slot_read
 from .drafts import ENDS, CapturedDrafts
 from .graphs import Step
 from .packed_reads import PackedReads
@@ -74,16 +74,15 @@ class CapturedReads:
         cache: its slot cache (allocated, static: its capacity never grows).
         capture: turns a step and example inputs into a captured step.
         hidden: also return the post-norm hidden state (the SLM's, for the router).
-        fuse: capture fused reads (``fused.py``) where the model can be fused, HF's forward elsewhere (``"plain"``:
-            the fused regions uncompiled, for tests).
+        regions: capture fused reads over these regions (``fused_reads.regions_for``); None: HF's forward.
     """
 
     def __init__(self, model: torch.nn.Module, cache: SlotCache, capture: Callable[[Step, dict], Step],
-                 hidden: bool, fuse: bool | str = False, gather: bool = False,
+                 hidden: bool, regions: Regions | None = None, gather: bool = False,
                  fold: Callable[[Step], Step] | None = None) -> None:
         self.model, self.cache, self.capture, self.hidden, self.gather = model, cache, capture, hidden, gather
         self.fold = fold  # the router on each read's argmax proposal, in the same captured step (the SLM's reads)
-        self.regions = regions_for(model, fuse)
+        self.regions = regions
         self.rows = row_buckets(cache.slots)
         self.spans = span_buckets(cache.capacity)
         # (rows, tokens, span) bucket, whether it keeps every position's logits, whether it gathers its rows ->
@@ -267,8 +266,10 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
     layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
     foldable = stateless(p.router) and getattr(p.router, "capturable", True)  # (``router_copy`` says why)
     fold = layout.router_step.folding(p.vocab_size) if foldable else None
-    layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True, fuse=fuse, fold=fold),
-                       "llm": _llm_reads(p.llm, layout, capture, fuse, speculate)}
+    able = p.abilities
+    layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True,
+                                            regions=regions_for(p.slm, fuse, able.slm.fuse), fold=fold),
+                       "llm": _llm_reads(p.llm, layout, capture, regions_for(p.llm, fuse, able.llm.fuse), speculate)}
     if block > 1 and fold is not None:
         slm = layout.captured["slm"]
         layout.captured["drafts"] = CapturedDrafts(lambda span: slm.function(layout.slots, span), capture, block,
@@ -292,11 +293,11 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
     return report
 
 
-def _llm_reads(llm, layout, capture, fuse: bool | str, speculate: int):
-    """The LLM's captured reads: packed where its reads can be fused, else HF's forward in padded, gathering reads."""
-    regions = regions_for(llm, fuse)
+def _llm_reads(llm, layout, capture, regions: Regions | None, speculate: int):
+    """The LLM's captured reads: packed where its reads are fused (over ``regions``), else HF's forward in padded,
+    gathering reads."""
     if regions is None:
-        return CapturedReads(llm, layout.llm_cache, capture, hidden=False, fuse=False, gather=True)
+        return CapturedReads(llm, layout.llm_cache, capture, hidden=False, gather=True)
     kept = {False: layout.slots, True: layout.slots * (speculate + 1)}
     return PackedReads(llm, layout.llm_cache, regions, kept, capture)
 

@@ -26,15 +26,14 @@ import logging
 from collections.abc import Callable, Iterator
 
 import torch
-from transformers.cache_utils import StaticCache, StaticLayer
+from transformers.cache_utils import StaticCache
 
 from ...compat import cache_argument
 from ..layouts.model_calls import EagerCalls, route_scores
 from ..layouts.model_calls import static_cache as full_static_cache
-from ..layouts.model_calls import static_shape_problem
-from ..features import input_device, output_device, slm_proposals
+from ..features import output_device, slm_proposals
 from .fused import attended
-from .fused_reads import capture_fused, regions_for, static_read
+from .fused_reads import Regions, capture_fused, static_read
 from .graphs import CompiledStep, Step, compile_options
 from .router_copy import Scorer, folded, stateless
 from ..layouts.rectangle import Committed
@@ -43,10 +42,6 @@ logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 SLACK = BUCKETS[-1]  # a padded piece may run this far past the committed tokens
-# Attention that can be captured: HF's sdpa and eager paths build a full mask from device tensors.
-# Flash attention syncs the host (``.all()``, ``nonzero``) and, given the all-ones mask past the prompt,
-# would attend cache slots that hold no token yet.
-CAPTURABLE_ATTENTION = ("sdpa", "eager")
 
 
 def bucket_for(tokens: int) -> int:
@@ -58,39 +53,6 @@ def pieces(tokens: int) -> list[tuple[int, int]]:
     """(real tokens, bucket) of each piece a read of ``tokens`` new tokens is split into."""
     full, rest = divmod(tokens, BUCKETS[-1])
     return [(BUCKETS[-1], BUCKETS[-1])] * full + ([(rest, bucket_for(rest))] if rest else [])
-
-
-def capturable(model: torch.nn.Module) -> str | None:
-    """Why ``model``'s forward cannot be captured with fixed shapes, or None when it can.
-
-    Capture needs one device, dense weights, attention that builds its mask from device tensors,
-    rotary embeddings that do not change with the sequence length, and a static cache whose
-    layers are all attention, keeping their length in a device tensor (R2R's static caches hold every column of a
-    windowed layer too: ``model_calls.static_cache``), sized as the config declares.
-    """
-    if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
-        return "it is spread over several devices"
-    if getattr(model, "hf_quantizer", None) is not None:
-        return "it is quantised"
-    if input_device(model) != output_device(model):
-        return "its input and output layers are on different devices"
-    attention = getattr(model.config, "_attn_implementation", None) or "eager"
-    if attention not in CAPTURABLE_ATTENTION:
-        return f"its attention is {attention!r} (only {' and '.join(CAPTURABLE_ATTENTION)} attention can be captured)"
-    rope = rope_type(model.config)
-    if "dynamic" in rope or rope == "longrope":  # HF recomputes these frequencies from the length, on the host
-        return f"its rotary embedding ({rope!r}) changes with the sequence length"
-    if not all(type(layer) is StaticLayer for layer in full_static_cache(model.config, 1).layers):
-        return "its static cache has layers other than attention (a recurrent state)"
-    return static_shape_problem(model)
-
-
-def rope_type(config) -> str:
-    """The config's RoPE type ("default" when it names none)."""
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and isinstance(next(iter(rope.values()), None), dict):  # per layer type
-        return ",".join(sorted({str(r.get("rope_type", r.get("type", "default"))) for r in rope.values()}))
-    return str(rope.get("rope_type", rope.get("type", "default"))) if isinstance(rope, dict) else "default"
 
 
 # ------------------------------------------------------------------ the fixed-shape calls
@@ -170,15 +132,16 @@ class CapturedState:
         batch, capacity: the shapes (capacity = longest sequence + ``SLACK``).
         capture_llm: False keeps the LLM's reads eager (it cannot be captured).
         key: what the state was built for (``CaptureStore`` compares it).
-        fuse: capture each model's fused reads where it can be fused (``fused.py``), HF's forward elsewhere
-            (``"plain"``: the fused regions uncompiled, for tests).
+        fused: each model's fused regions (SLM, LLM; ``fused_reads.regions_for``), its captured reads fused over
+            them, or None: HF's forward.
         vocab: the ids both models write (a folded read proposes the argmax among them).
         router_dtype: ``"model"`` scores with a copy of the router in the SLM's dtype, ``"float32"`` with the
             router itself (``router_copy.py``).
     """
 
     def __init__(self, slm, llm, router, num_topk: int, capture: Callable[[Step, dict], Step], batch: int,
-                 capacity: int, capture_llm: bool, key: tuple = (), fuse: bool | str = False, vocab: int | None = None,
+                 capacity: int, capture_llm: bool, key: tuple = (), fused: tuple[Regions | None, Regions | None] = (None, None),
+                 vocab: int | None = None,
                  router_dtype: str = "float32") -> None:
         self.slm, self.llm, self.router, self.num_topk = slm, llm, router, num_topk
         self.vocab = vocab if vocab is not None else slm.get_output_embeddings().weight.shape[0]
@@ -187,7 +150,7 @@ class CapturedState:
         self.capture = capture
         self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
         self.reads: dict[tuple, Step] = {}  # (role, bucket, span, folded, logits kept: 0 the last) -> captured read
-        self.fused = {role: regions_for(model, fuse) for role, model in (("slm", slm), ("llm", llm))}
+        self.fused = dict(zip(("slm", "llm"), fused))
         self.router_step: Step | None = None
         self.weights = read_memory(slm, llm, router)  # where the weights lived when last lent (``CaptureStore``)
         # Views of this tensor give a piece's ``last`` index and ``rewind`` count without a host copy; the same view

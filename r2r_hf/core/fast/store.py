@@ -24,10 +24,11 @@ from collections.abc import Sequence
 
 from transformers import GenerationConfig
 
-from .static_reads import SLACK, CapturedState, CapturedCalls, capturable, compiled, read_memory
+from .static_reads import SLACK, CapturedState, CapturedCalls, compiled, read_memory
 from ..layouts.model_calls import EagerCalls
 from ..layouts.rectangle import ModelCalls
 from ..features import output_device
+from .fused_reads import regions_for
 from .graphs import CudaGraphStep, GraphStep
 from ..pair import RoutedPair
 
@@ -71,15 +72,13 @@ class CaptureStore:
         """Whether a static-cache call without ``compile_config`` is captured on ``device``."""
         return device.type in self.graph_devices
 
-    def lend(self, slm, llm, router, num_topk: int, compile_config, batch: int, needed: int, vocab: int | None = None,
-             fold: bool = False) -> CapturedCalls | None:
+    def lend(self, pair: RoutedPair, compile_config, batch: int, needed: int, fold: bool = False) -> CapturedCalls | None:
         """Captured steps for one call, held by it until their ``close()``; None when the call runs eagerly.
 
         Args:
-            slm, llm, router, num_topk: what the call routes with.
+            pair: what the call routes with (the models, the router, what each model can do: ``abilities.py``).
             compile_config: the call's ``CompileConfig`` (None: ``graph_step``).
             batch, needed: the call's rows and longest sequence.
-            vocab: the ids both models write.
             fold: the call proposes the SLM's raw argmax, so its SLM reads score it too (``router_copy.py``).
         """
         if self._holder == threading.get_ident():
@@ -89,7 +88,7 @@ class CaptureStore:
         self._lock.acquire()
         self._holder = threading.get_ident()
         try:
-            state = self._state_for(slm, llm, router, num_topk, compile_config, batch, needed, vocab)
+            state = self._state_for(pair, compile_config, batch, needed)
         except BaseException:
             self._release()
             raise
@@ -102,25 +101,27 @@ class CaptureStore:
         self._holder = None
         self._lock.release()
 
-    def _state_for(self, slm, llm, router, num_topk, compile_config, batch, needed, vocab) -> CapturedState | None:
+    def _state_for(self, pair: RoutedPair, compile_config, batch: int, needed: int) -> CapturedState | None:
+        slm, llm, router, able = pair.slm, pair.llm, pair.router, pair.abilities
         fuse = self.fuse if compile_config is None else False  # a compile_config compiles the whole read instead
-        key = state_key(slm, llm, router, num_topk, compile_config, batch, fuse, self.router_dtype)
+        key = state_key(slm, llm, router, pair.num_topk, compile_config, batch, fuse, self.router_dtype)
         state = self.state
         moved = state is not None and state.weights != read_memory(slm, llm, router)  # replaced, not written
         if state is None or state.key != key or state.capacity < needed + SLACK or moved:
             self.state = None  # free the old caches and graphs before allocating new ones
-            why_not = capturable(slm)
+            why_not = able.slm.capture
             if why_not is not None:
                 self._warn(f"R2R runs eagerly: the SLM cannot be captured ({why_not}).")
                 return None
-            llm_why_not = capturable(llm)
+            llm_why_not = able.llm.capture
             if llm_why_not is None and output_device(llm) != output_device(slm):
                 llm_why_not = "it is on another device than the SLM"
             if llm_why_not is not None:
                 self._warn(f"R2R captures the SLM's steps only: the LLM cannot be captured ({llm_why_not}).")
-            state = CapturedState(slm, llm, router, num_topk, self._capturer(compile_config, output_device(slm)),
-                                  batch, needed + SLACK, capture_llm=llm_why_not is None, key=key, fuse=fuse,
-                                  vocab=vocab, router_dtype=self.router_dtype)
+            fused = (regions_for(slm, fuse, able.slm.fuse), regions_for(llm, fuse, able.llm.fuse))
+            state = CapturedState(slm, llm, router, pair.num_topk, self._capturer(compile_config, output_device(slm)),
+                                  batch, needed + SLACK, capture_llm=llm_why_not is None, key=key, fused=fused,
+                                  vocab=pair.vocab_size, router_dtype=self.router_dtype)
             self.state = state
         state.reset()
         return state
@@ -160,7 +161,6 @@ def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: i
     if not eager and compile_config is None and not store.captures_on(output_device(pair.slm)):
         eager = True
     p = pair
-    steps = None if eager else store.lend(p.slm, p.llm, p.router, p.num_topk, compile_config, batch, needed,
-                                          p.vocab_size, fold)
+    steps = None if eager else store.lend(p, compile_config, batch, needed, fold)
     return steps if steps is not None else EagerCalls(p.slm, p.llm, p.router, p.num_topk, kind, needed,
                                                       rollback=rollback)

@@ -1,9 +1,10 @@
 """The rectangle's model calls (``rectangle.ModelCalls``) as plain forwards over HF's caches, dynamic or static.
 
 ``fast/static_reads.CapturedCalls`` replays the same calls captured, and ``fast/store.choose_calls`` decides which
-a generate call gets. What differs by family is read off the model here, once: how its layers read the mask
-(``read_mask``), where a long-RoPE model reads everything again (``read_start``), whether its cache can be cut back
-for speculation (``rollback_problem``). docs/model_families.md shows what each family gets on each path.
+a generate call gets. What differs by family is read off the model here: how its layers read the mask
+(``read_mask``), where a long-RoPE model reads everything again (``read_start``), what its layers keep
+(``layer_kinds``). Whether it can take a path at all is its ``Abilities`` (``core/abilities.py``);
+docs/model_families.md shows what each family gets on each path.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import torch
 from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
-from ...compat import cache_argument, crop_cache
-from ..features import HiddenStateCapture, input_device, lm_forward, read_features, score
+from ...compat import crop_cache
+from ..features import HiddenStateCapture, lm_forward, read_features, score
 from ..notes import notes
 from .rectangle import Committed
 
@@ -48,30 +49,6 @@ def static_cache(config, length: int) -> StaticCache:
         if windowed and not isinstance(layer, LINEAR):  # (a hybrid layer keeps its recurrent half: not captured)
             cache.layers[i] = StaticLayer(max_cache_len=length)
     return cache
-
-
-def static_shape_problem(model: torch.nn.Module) -> str | None:
-    """Why a static cache allocated up front from ``model``'s config (as the captured path allocates it) would not fit
-    its attention's keys (Falcon's multi-query attention keeps one key head where its config counts every head), or
-    None; read once per model from one forward over a cache that sizes itself."""
-    known = notes(model)
-    if "static_shape_problem" not in known:
-        known["static_shape_problem"] = None
-        declared = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
-        if declared is not None:
-            cache = static_cache(model.config, 2)
-            with torch.inference_mode():
-                model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)), use_cache=True,
-                      **cache_argument(cache))
-            for i, layer in enumerate(cache.layers):
-                heads, dim = (value[i] if isinstance(value, (list, tuple)) else value for value in declared)
-                if layer.is_initialized and tuple(layer.keys.shape[1::2]) != (heads, dim):
-                    known["static_shape_problem"] = (
-                        f"its attention keeps {layer.keys.shape[1]} key heads of {layer.keys.shape[-1]} where its "
-                        f"config declares {heads} of {dim} (multi-query attention), so a static cache cannot be "
-                        "allocated for it before the capture")
-                    break
-    return known["static_shape_problem"]
 
 
 def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:
@@ -181,39 +158,3 @@ def long_rope_switch(model: torch.nn.Module) -> int | None:
         return None
     return (rope.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
             or config.max_position_embeddings)  # (HF's default where the config names none)
-
-
-def rollback_problem(model: torch.nn.Module) -> str | None:
-    """Why a rollback (speculation) cannot cut ``model``'s cache back exactly, or None where it can.
-
-    Checked once per model on its own weights: 4 tokens read, then 2 more, cut back by 2 and 2 others read; the
-    logits must be those of one plain forward over the 6 tokens kept, and no layer may hold a recurrent state.
-    """
-    known = notes(model)
-    if "rollback_problem" not in known:
-        known["rollback_problem"] = _rollback_probe(model) if long_rope_switch(model) is None else (
-            "its long-context rotary factors follow the sequence's length, so a cut back across its original context "
-            "would keep keys read with the other factors")
-    return known["rollback_problem"]
-
-
-def _rollback_probe(model: torch.nn.Module) -> str | None:
-    device = input_device(model)
-    ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
-    positions = torch.arange(6, device=device)[None]
-    cache = make_cache(model, None, 8, rollback=True)
-    with torch.inference_mode():
-        try:
-            lm_forward(model, ids[:, :4], None, positions[:, :4], cache)
-            lm_forward(model, ids[:, 4:6], None, positions[:, 4:6], cache)
-            crop_cache(cache, 2)
-            got = lm_forward(model, ids[:, 6:], None, positions[:, 4:6], cache)[0, -1].float()
-        except Exception as err:  # noqa: BLE001 - any failure means: it cannot be cut back
-            return f"its cache cannot be cut back to an earlier token (transformers raises {type(err).__name__})"
-        want = lm_forward(model, torch.cat([ids[:, :4], ids[:, 6:]], 1), None, positions, None)[0, -1].float()
-    if any(any(getattr(layer, "is_recurrent_states_initialized", {}).values()) for layer in cache.layers):
-        return "its recurrent (state-space) layers keep a state that cannot be cut back to an earlier token"
-    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
-    if not bool((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1e-6)):
-        return "its state does not follow its cache when the cache is cut back (a state kept on its modules)"
-    return None

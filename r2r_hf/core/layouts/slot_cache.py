@@ -20,23 +20,19 @@ other subset is gathered (a copy of those rows' columns in use, counted by ``gat
 the read's shapes, by whoever runs the read; nothing inside a read writes Python state, which a captured read's
 replay would not run and a compiled one would guard on).
 
-Only the ``sdpa`` and ``eager`` attention paths take a prepared 4-D mask; ``slot_problem`` says why a
-model cannot use slots (then the caller falls back to HF's own caches).
+Only the ``sdpa`` and ``eager`` attention paths take a prepared 4-D mask; a model's ``Abilities.slots``
+(``core/abilities.py``) says why one cannot use slots (then the server decodes on HF's own caches).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
 from ...compat import cache_argument
 from ..features import HiddenStateCapture
-from ..notes import notes
 from ..staging import in_order, staged
 from .model_calls import long_rope_switch
 
-SLOT_ATTENTION = ("sdpa", "eager")
 # Layer types whose attention is local, and the config entry that sizes it (HF's masks read the same entries).
 LOCAL = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
 
@@ -234,62 +230,3 @@ def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, r
     if cache.span is None:  # the rows were gathered
         cache.count_gathered(len(rows), used)
     return out
-
-
-def slot_problem(model: torch.nn.Module) -> str | None:
-    """Why ``model`` cannot decode in slots, or None when it can (checked once per model, on its own weights).
-
-    Beyond the attention path, the check reads a short sequence in two slots and in pieces and compares the
-    logits with one plain forward: an architecture that ignores a prepared mask or the cache fails it.
-    """
-    known = notes(model)
-    if "slot_problem" in known:
-        return known["slot_problem"]
-    attention = getattr(model.config, "_attn_implementation", None) or "eager"
-    measured: dict = {}
-    if attention not in SLOT_ATTENTION:
-        problem = f"its attention is {attention!r} (slots need {' or '.join(SLOT_ATTENTION)} attention)"
-    elif long_rope_switch(model) is not None:
-        problem = "its long-context rotary factors follow the longest row of a forward (one row's answer would " \
-                  "depend on the others')"
-    else:
-        problem = _self_check(model, measured)
-    known["slot_problem"] = problem
-    known["slot_read_max_rel"] = measured.get("max_rel")  # the fused check's yardstick (``fused_reads._self_check``)
-    return problem
-
-
-def _self_check(model: torch.nn.Module, measured: dict) -> str | None:
-    return continuation_problem(
-        model, lambda cache, tokens: read_piece(model, cache, tokens, [1], [4], [3])[0],
-        "its forward does not accept a per-row cache and mask",
-        "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask)", measured)
-
-
-def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, differs: str,
-                         measured: dict | None = None, rounding: float = 0.0) -> str | None:
-    """Whether slots read as one plain forward: a 7-token sequence's first 4 tokens are read in slot 1 by HF's
-    forward (beside other tokens in slot 0), then ``rest(cache, tokens)`` reads its last 3 and gives slot 1's
-    logits; None when they match the plain forward's, else ``failed`` (with the error) or ``differs``.
-    ``measured`` (when given) receives the largest difference relative to the largest logit, and the tolerance:
-    the dtype's, or twice ``rounding`` where that is larger (what another exact way of reading departs by)."""
-    device = model.get_input_embeddings().weight.device
-    vocab = model.get_input_embeddings().weight.shape[0]
-    ids = torch.arange(7, device=device)[None] * 37 % vocab
-    with torch.inference_mode():
-        want = model(input_ids=ids, use_cache=False).logits[0, -1].float()
-        tokens = torch.stack([ids[0].flip(0), ids[0]])  # slot 0 holds other tokens, read beside slot 1
-        cache = SlotCache(model.config.num_hidden_layers, 2, 8)
-        try:
-            read_piece(model, cache, tokens, [0, 1], [0, 0], [3, 4])
-            got = rest(cache, tokens).float()
-        except Exception as err:  # noqa: BLE001 - any failure means: not this way
-            return f"{failed} ({type(err).__name__}: {err})"
-    scale = want.abs().max().clamp(min=1e-6)
-    tolerance = max(1e-3 if model.dtype == torch.float32 else 5e-2, 2 * rounding)
-    gap = (got - want).abs().max() / scale
-    if measured is not None:  # the device check writes it down (a pass says nothing of the margin)
-        measured.update(max_rel=float(gap), tolerance=tolerance)
-    if not bool(gap <= tolerance):
-        return differs
-    return None
