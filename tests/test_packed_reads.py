@@ -3,13 +3,14 @@ tokens, padded to a bucket of their total, each token attending its own slot, lo
 plain forward of each row alone; and served rows whose LLM reads are packed (their prompts' pieces riding in them)
 answer what ``generate`` answers alone, under every policy, speculating or not."""
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 from r2r_hf.core.fast.fused_reads import PLAIN
-from r2r_hf.core.fast.packed_reads import PackedReads
+from r2r_hf.core.fast.packed_reads import PackedSteps
 from r2r_hf.core.fast.slot_reads import capture_slots
 from r2r_hf.core.layouts.packed import GROUPS, TOKENS, bucket, layout, pack, shapes
 from r2r_hf.core.layouts.slot_cache import SlotCache
@@ -46,7 +47,7 @@ def test_a_packed_read_gives_each_row_what_a_plain_forward_of_it_alone_gives(llm
     torch.manual_seed(0)
     slots, capacity = 4, 48
     tokens = torch.randint(3, 300, (slots, capacity))
-    reads = PackedReads(llm, SlotCache(llm.config.num_hidden_layers, slots, capacity), PLAIN, {False: 4, True: 16})
+    reads = PackedSteps(llm, SlotCache(llm.config.num_hidden_layers, slots, capacity), PLAIN, {False: 4, True: 16})
 
     def alone(row: int, end: int) -> torch.Tensor:
         return llm(input_ids=tokens[row : row + 1, :end]).logits[0]
@@ -121,8 +122,9 @@ def test_the_router_scores_greedy_rows_inside_the_slms_read(model, tok):
     for sampled, steps_wanted in ((False, 0), (True, None)):
         run = _packed(Driver(model, tok, slots=2, policy=WaitPolicy((2,), 4), capacity=64))
         router_calls = []
-        step = run.batch.layout.router_step
-        run.batch.layout.router_step = lambda *args: (router_calls.append(1), step(*args))[1]
+        layout = run.batch.layout
+        step = layout.path.route
+        layout.use(dataclasses.replace(layout.path, route=lambda *args: (router_calls.append(1), step(*args))[1]))
         options = {"max_new_tokens": 10, "threshold": tau, "do_sample": sampled,
                    **({"seed": 3, "temperature": 1.0} if sampled else {})}
         for i in range(2):

@@ -197,7 +197,7 @@ def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(mod
     theirs."""
     from r2r_hf.core.abilities import abilities
     from r2r_hf.core.fast.fused_reads import regions_for
-    from r2r_hf.core.fast.slot_reads import CapturedReads
+    from r2r_hf.core.fast.slot_reads import PaddedSteps
     from r2r_hf.core.layouts.slot_cache import SlotCache, read_piece
     from r2r_hf.testing.graphs import EmulatedGraphStep
 
@@ -209,7 +209,7 @@ def test_a_catch_up_of_high_slots_replays_the_small_graph_and_reads_as_eager(mod
         for cache in (eager, static):
             read_piece(llm, cache, tokens, list(range(slots)), [0] * slots, filled)
         pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
-        reads = CapturedReads(llm, static, lambda fn, example: EmulatedGraphStep(fn, example, pool), hidden=False,
+        reads = PaddedSteps(llm, static, lambda fn, example: EmulatedGraphStep(fn, example, pool), hidden=False,
                               regions=regions_for(llm, fuse, abilities(llm).fuse), gather=True)
         before = [kv.clone() for kv in (*static.keys, *static.values)]
         starts, counts = [filled[r] for r in rows], [5, 3, 1][: len(rows)]
@@ -246,7 +246,7 @@ def _gathering_reads(model, capture, reads: int, strict: bool = False) -> tuple:
     gathers: every layer's keys and values of 1 row x the span it attends."""
     import torch._dynamo.config as dynamo_config
 
-    from r2r_hf.core.fast.slot_reads import CapturedReads
+    from r2r_hf.core.fast.slot_reads import PaddedSteps
     from r2r_hf.core.layouts.slot_cache import SlotCache, read_piece
 
     llm, config = model.llm, model.llm.config
@@ -255,7 +255,7 @@ def _gathering_reads(model, capture, reads: int, strict: bool = False) -> tuple:
     with torch.inference_mode():
         read_piece(llm, cache, tokens, [0, 1], [0, 0], [9, 12])
         cache.gathered_bytes = 0
-        captured = CapturedReads(llm, cache, capture, hidden=False, gather=True)
+        captured = PaddedSteps(llm, cache, capture, hidden=False, gather=True)
         for i in range(reads):
             with dynamo_config.patch(error_on_recompile=strict and i > 0):
                 captured.read(tokens, [1], [12 + i], [1])

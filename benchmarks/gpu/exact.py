@@ -3,7 +3,7 @@
 The first device run passed the 32B's fused self-check only once its tolerance was widened (5 % of the largest
 logit, then twice what HF's own slot read departs by: 8.6 %), and compared the fused 32B with nothing else. Here
 one fixed token sequence is read both ways: HF's eager forward over the whole sequence (the reference, bf16), and
-the server's fused packed reads over the grid's slots of the long answers' server (``PackedReads``, captured as the server replays them), in
+the server's fused packed reads over the grid's slots of the long answers' server (``PackedSteps``, captured as the server replays them), in
 pieces of ``GROUPS[-1]`` tokens per row keeping the logits at every position. At each position: whether the argmax
 token is the same (what an exactness claim rests on), and the difference relative to the position's largest logit
 (the tolerance check's measure, as a second opinion).
@@ -22,7 +22,7 @@ def fused_against_eager(grid, rows: int, length: int, tolerance: float | None = 
     ``rows`` x ``length`` positions (the first ``rows`` slots of the grid's long answers' batch are written from
     column 0)."""
     layout = grid.long.layout
-    llm, reads, tokens = grid.model.llm, layout.captured["llm"], layout.tokens
+    llm, reads, tokens = grid.model.llm, layout.path.llm.steps, layout.tokens
     if length + 1 > reads.cache.capacity:
         raise ValueError(f"{length} positions do not fit the grid's {reads.cache.capacity} columns")
     vocab = llm.get_output_embeddings().weight.shape[0]

@@ -10,9 +10,9 @@ cache shape, so the grid's reads compile exactly what the servers' start-ups the
 they replay (at the spans they attend). Each point is one captured step, replayed ``replays`` times under CUDA events
 (the wall clock on a CPU):
 
-* ``llm_padded``: the LLM's fused slot read of k rows x g tokens with its hidden state (``CapturedReads``, as the
+* ``llm_padded``: the LLM's fused slot read of k rows x g tokens with its hidden state (``PaddedSteps``, as the
   LLM alone's server reads: the LLM in the SLM's place);
-* ``llm_packed``: the LLM's packed read at each total-token bucket T (``PackedReads``: min(T, slots) rows sharing
+* ``llm_packed``: the LLM's packed read at each total-token bucket T (``PackedSteps``: min(T, slots) rows sharing
   T tokens, one kept logit per slot, as a catch-up keeps them);
 * ``llm_verify``: packed reads of k rows x g tokens keeping the logits at every position (a resolution's worst);
 * ``llm_long`` (on the long answers' batch): the padded and the packed LLM read and the SLM's read of every slot x 1
@@ -43,7 +43,7 @@ from r2r_hf.core.choice import RowRule
 from r2r_hf.core.fast.fused import attended
 from r2r_hf.core.fast.fused_reads import regions_for
 from r2r_hf.core.fast.graphs import gc_paused
-from r2r_hf.core.fast.slot_reads import CapturedReads, capture_slots
+from r2r_hf.core.fast.slot_reads import PaddedSteps, capture_slots
 from r2r_hf.core.layouts.packed import TOKENS, inputs as packed_inputs, pack
 from r2r_hf.core.layouts.slot_cache import piece_inputs
 from r2r_hf.core.policy import WaitPolicy
@@ -70,7 +70,7 @@ class Slots:
         with torch.inference_mode(), gc_paused(collect=True):
             self.report = capture_slots(layout, capture, warm=False, fuse=True, router_dtype=router_dtype)
         regions = regions_for(model.llm, True, abilities(model.llm).fuse)
-        self.padded = CapturedReads(model.llm, layout.llm_cache, capture, hidden=True, regions=regions)
+        self.padded = PaddedSteps(model.llm, layout.llm_cache, capture, hidden=True, regions=regions)
 
 
 class Grid:
@@ -103,13 +103,13 @@ class Grid:
         at, k = p.long_span - 1, p.long_users  # the read's token sits at the last column of the span
         out += [self._padded("llm_long", long, long.padded, k, 1, at, key=f"llm padded {k}x1"),
                 self._packed("llm_long", f"llm packed {k}x1", long, [1] * k, at, every=False),
-                self._padded("llm_long", long, long.layout.captured["slm"], k, 1, at, key=f"slm {k}x1")]
-        slm = short.layout.captured["slm"]
+                self._padded("llm_long", long, long.layout.path.slm.steps, k, 1, at, key=f"slm {k}x1")]
+        slm = short.layout.path.slm.steps
         out += [self._padded("slm", short, slm, k, g, p.grid_context) for k in p.slm_rows for g in p.slm_tokens]
         out += [self._router(k) for k in p.slm_rows] + [self._topk(k) for k in p.slm_rows]
         return out
 
-    def _padded(self, section: str, slots: Slots, reads: CapturedReads, k: int, g: int, start: int,
+    def _padded(self, section: str, slots: Slots, reads: PaddedSteps, k: int, g: int, start: int,
                 key: str | None = None) -> Point:
         example = piece_inputs(slots.layout.tokens, list(range(k)), [start] * k, [g] * k, g, reads.cache.trash)
         span = attended(start + g, reads.cache.capacity)
@@ -117,7 +117,7 @@ class Grid:
                      lambda: reads.step(k, g, span, example)(**example))
 
     def _packed(self, section: str, key: str, slots: Slots, counts: list[int], start: int, every: bool) -> Point:
-        reads, rows, tokens = slots.layout.captured["llm"], list(range(len(counts))), slots.layout.tokens
+        reads, rows, tokens = slots.layout.path.llm.steps, list(range(len(counts))), slots.layout.tokens
         if not getattr(reads, "packed", False):  # (the LLM could not be fused: its reads are HF's forward, padded)
             return Point(section, key, {"rows": len(rows), "tokens": sum(counts)}, _unpacked)
         wanted = [(r, start + n - 1) for r, n in zip(rows, counts)] if not every else [
@@ -132,7 +132,7 @@ class Grid:
         return Point(section, key, shape, lambda: reads.step(plan.width, plan.group, span, kept, example)(**example))
 
     def _router(self, k: int) -> Point:
-        router, (logits, hidden, token) = self.layout.router_step, self._proposals(k)
+        router, (logits, hidden, token) = self.layout.path.route, self._proposals(k)
         inputs = {"logits": logits, "hidden": hidden, "token": token}
 
         def call():

@@ -62,7 +62,7 @@ def profiled(call, steps: int, device: torch.device) -> dict:
 def slm_steps(grid, rows: int, steps: int) -> dict:
     """The SLM's step at ``rows`` rows, replayed from its captured graph and run without one (see the module
     docstring)."""
-    reads, plan = grid.layout.captured["slm"], grid.plan
+    reads, plan = grid.layout.path.slm.steps, grid.plan
     example = piece_inputs(grid.layout.tokens, list(range(rows)), [plan.grid_context] * rows, [1] * rows, 1,
                            reads.cache.trash)
     span = attended(plan.grid_context + 1, reads.cache.capacity)

@@ -1,8 +1,8 @@
 """Every read a served load replays, by shape and kind: the serving phases' per-read histogram.
 
 The first device run gave only totals per served step, so the step's budget had to be inferred. While a ``ReadLog``
-is attached, each slot read of the server (``CapturedReads.read``: the proposing model's padded reads;
-``PackedReads.read``: the LLM's packed reads) labels the graph replays it runs with its role, its kind (``prefill``
+is attached, each slot read of the server (``PaddedSteps.read``: the proposing model's padded reads;
+``PackedSteps.read``: the LLM's packed reads) labels the graph replays it runs with its role, its kind (``prefill``
 while rows join or read their prompt, ``resolution`` inside a speculative resolution, ``step`` for the proposing
 model's one-token reads, ``catch-up`` for the LLM's other reads), its rows, its tokens (real, and the bucket it
 replays at) and the columns it attends, and so does the router's graph over the proposals (``CapturedRouter``);
@@ -70,14 +70,14 @@ class ReadLog:
         """Label the server's reads while it lasts (the methods are wrapped where they are defined)."""
         global ACTIVE
         from r2r_hf.core import batch
-        from r2r_hf.core.fast.packed_reads import PackedReads
-        from r2r_hf.core.fast.slot_reads import CapturedReads, CapturedRouter
+        from r2r_hf.core.fast.packed_reads import PackedSteps
+        from r2r_hf.core.fast.slot_reads import PaddedSteps, CapturedRouter
 
-        saved = [(CapturedReads, "read", CapturedReads.read), (PackedReads, "read", PackedReads.read),
+        saved = [(PaddedSteps, "read", PaddedSteps.read), (PackedSteps, "read", PackedSteps.read),
                  (CapturedRouter, "_scores", CapturedRouter._scores),
                  (batch.RunningBatch, "join", batch.RunningBatch.join),
                  (batch.RunningBatch, "prefill", batch.RunningBatch.prefill), (batch, "resolve", batch.resolve)]
-        CapturedReads.read, PackedReads.read = self._padded(CapturedReads.read), self._packed(PackedReads.read)
+        PaddedSteps.read, PackedSteps.read = self._padded(PaddedSteps.read), self._packed(PackedSteps.read)
         CapturedRouter._scores = self._router(CapturedRouter._scores)
         batch.RunningBatch.join = self._inside("prefill", batch.RunningBatch.join)
         batch.RunningBatch.prefill = self._inside("prefill", batch.RunningBatch.prefill)

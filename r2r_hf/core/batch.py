@@ -288,7 +288,7 @@ class RunningBatch:
         None where a block cannot stand for them (a row samples, has processors, a budget or over ``drafts.ENDS`` end
         tokens; the reads do not fold the router, or no blocks of this size are captured). The ledger is not touched
         (``turn.decode_block``)."""
-        drafts = self.layout.captured.get("drafts") if getattr(self.layout, "captured", None) else None
+        drafts = self.layout.drafts
         rows, live = self.ledger.proposing(), self.ledger.rows
         if (drafts is None or drafts.k != policy.block or not rows or not self.unscored.isdisjoint(rows)
                 or not self.choice.argmax(rows) or not self._spends_none(rows) or any(len(live[r].ends) > ENDS

@@ -104,8 +104,8 @@ class Engine:
     @property
     def max_context(self) -> int | None:
         """Tokens per answer the slots hold when they are static (captured), else None (they grow)."""
-        layout = None if self.batch is None else getattr(self.batch, "layout", None)
-        return layout.capacity - 1 if getattr(layout, "captured", None) is not None else None
+        layout = None if self.batch is None else self.batch.layout
+        return layout.capacity - 1 if layout is not None and layout.static else None
 
     # ------------------------------------------------------------ the HTTP side
     @property

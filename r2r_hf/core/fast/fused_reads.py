@@ -1,7 +1,7 @@
 """Fused reads over the two caches, and the regions a model's reads run.
 
 ``static_read`` has the signature of ``static_reads.read_fn`` (generate's reads over HF's ``StaticCache``) and
-``slot_read`` that of ``slot_reads.CapturedReads._fn`` (the server's reads over slots): the capture code
+``slot_read`` that of ``slot_reads.PaddedSteps._fn`` (the server's reads over slots): the capture code
 chooses one or the other and captures it the same way. Both leave the caches exactly as HF's forward would
 (keys and values at the same columns, the static layers' lengths), so an eager read over the same cache can
 follow a fused one. The regions are ``fused.py``'s.

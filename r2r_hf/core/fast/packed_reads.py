@@ -18,6 +18,7 @@ from . import fused
 from .fused_reads import Regions, _dynamic, _groups, allocate, capture_fused
 from .graphs import Step
 from ..layouts.packed import Packed, inputs, shapes
+from ..layouts.reads import PackedReads
 from ..layouts.slot_cache import SlotCache
 
 
@@ -41,7 +42,7 @@ def packed_read(model: torch.nn.Module, cache: SlotCache, regions: Regions, span
     return read
 
 
-class PackedReads:
+class PackedSteps:
     """A model's packed reads over a slot cache: captured per (tokens, group, span, kept) bucket with ``capture``, or
     run as they are (``capture`` None: eagerly, with ``regions`` plain or compiled).
 
@@ -53,12 +54,16 @@ class PackedReads:
         capture: turns a step and example inputs into a captured step (None: run eagerly).
     """
 
-    packed, fused = True, True  # (what the slot layout and the capture report ask of the LLM's reads)
+    fused = True  # (what the capture report asks of the LLM's steps)
 
     def __init__(self, model: torch.nn.Module, cache: SlotCache, regions: Regions, kept: dict[bool, int],
                  capture: Callable[[Step, dict], Step] | None = None) -> None:
         self.model, self.cache, self.regions, self.kept, self.capture = model, cache, regions, kept, capture
         self.steps: dict[tuple[int, int, int, int], Step] = {}
+
+    def reads(self) -> PackedReads:
+        """The layout's reads of the LLM replaying these steps (``layouts/reads.py``)."""
+        return PackedReads(self)
 
     def read(self, tokens: torch.Tensor, plan: Packed) -> torch.Tensor:
         """The logits [len(plan.keep), V] after each kept position of ``plan``, read from ``tokens`` [S, C]."""

@@ -32,7 +32,8 @@ from .fused import attended
 from .fused_reads import Regions, capture_fused, regions_for, slot_read
 from .drafts import ENDS, CapturedDrafts
 from .graphs import Step
-from .packed_reads import PackedReads
+from .packed_reads import PackedSteps
+from ..layouts.reads import PaddedReads, SlotPath
 from .router_copy import Scorer, folded, stateless
 from ..layouts.slot_cache import SlotCache, forward_piece, piece, piece_inputs
 
@@ -66,7 +67,7 @@ def captured_steps(slots: int, capacity: int, speculate: bool) -> int:
     return len(rows) * per + llm + len(rows)
 
 
-class CapturedReads:
+class PaddedSteps:
     """One model's slot reads, captured per (rows bucket, tokens bucket) over a static ``SlotCache``.
 
     Args:
@@ -91,7 +92,7 @@ class CapturedReads:
         device = model.get_input_embeddings().weight.device
         self.index = {k: torch.arange(k, device=device) for k in self.rows}
 
-    packed = False  # (``packed_reads.PackedReads`` are)
+    packed = False  # (``packed_reads.PackedSteps`` are)
 
     @property
     def piece(self) -> int:
@@ -138,6 +139,11 @@ class CapturedReads:
     def fused(self) -> bool:
         """Whether the captured reads are fused ones."""
         return self.regions is not None
+
+    def reads(self) -> PaddedReads:
+        """The layout's reads of this model replaying these steps (``layouts/reads.py``)."""
+        return PaddedReads(self.read, self.piece, self.cache, lambda rows, counts: math.prod(self.shape(rows, counts)[:2]),
+                           steps=self)
 
     def shape(self, rows: list[int], counts: list[int]) -> tuple[int, int, bool]:
         """The rows and tokens buckets a read of ``rows`` replays, and whether it gathers: a read of the first slots
@@ -243,7 +249,7 @@ class CapturedRouter:
         return self.steps[k](**inputs)[0][: len(token)]
 
     def warm(self, vocab: int, width: int, device: torch.device, dtype: torch.dtype) -> int:
-        for k in reversed(self.rows):  # largest first, as ``CapturedReads.warm``
+        for k in reversed(self.rows):  # largest first, as ``PaddedSteps.warm``
             logits, hidden = (torch.zeros(k, n, dtype=dtype, device=device) for n in (vocab, width))
             self._scores(logits, hidden, torch.zeros(k, dtype=torch.long, device=device))
         return len(self.steps)
@@ -253,53 +259,55 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
                   router_dtype: str = "float32", speculate: int = 0, block: int = 1) -> dict:
     """From now on every read of the slot ``layout`` (a ``layouts.slot_layout.SlotLayout``) replays a captured call:
     the slots become static (their current size), every bucket is captured now with ``warm`` (with ``speculate``
-    pending positions per row, also the LLM's reads that keep their logits), fused reads where ``fuse`` (the LLM's
-    packed: ``packed_reads.py``; ``"plain"``: the fused regions uncompiled, for tests), the router in
-    ``router_dtype`` (``router_copy.py``), and with ``block`` > 1 and the router folded, draft blocks of that many
-    steps (``drafts.py``); what it took."""
+    pending positions per row, also the LLM's reads that keep their logits), fused reads where ``fuse`` and the model
+    can be fused (its ``Abilities.fuse``; the LLM's packed: ``packed_reads.py``; ``"plain"``: the fused regions
+    uncompiled, for tests), the router in ``router_dtype`` (``router_copy.py``), and with ``block`` > 1 and the
+    router folded, draft blocks of that many steps (``drafts.py``). The layout is handed the captured ``SlotPath``
+    once it is built; what it took."""
     p = layout.pair
     for model, cache in ((p.slm, layout.slm_cache), (p.llm, layout.llm_cache)):  # allocate outside any capture
         inputs = piece_inputs(layout.tokens, list(range(layout.slots)), [0] * layout.slots, [0] * layout.slots, 1,
                               cache.trash)
         cache.plan(list(range(layout.slots)), inputs["column"], 1)
         forward_piece(model, cache, **inputs, used=1, hidden=False)
-    layout.router_step = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
-    foldable = stateless(p.router) and getattr(p.router, "capturable", True)  # (``router_copy`` says why)
-    fold = layout.router_step.folding(p.vocab_size) if foldable else None
-    able = p.abilities
-    layout.captured = {"slm": CapturedReads(p.slm, layout.slm_cache, capture, hidden=True,
-                                            regions=regions_for(p.slm, fuse, able.slm.fuse), fold=fold),
-                       "llm": _llm_reads(p.llm, layout, capture, regions_for(p.llm, fuse, able.llm.fuse), speculate)}
+    router = CapturedRouter(p.slm, p.router, p.num_topk, capture, layout.slots, router_dtype)
+    capturable = getattr(p.router, "capturable", True)
+    foldable = stateless(p.router) and capturable  # (``router_copy`` says why)
+    fold = router.folding(p.vocab_size) if foldable else None
+    slm = PaddedSteps(p.slm, layout.slm_cache, capture, hidden=True, regions=regions_for(p.slm, fuse, p.abilities.slm.fuse),
+                      fold=fold)
+    llm = _llm_steps(p.llm, layout, capture, regions_for(p.llm, fuse, p.abilities.llm.fuse), speculate)
+    drafts = None
     if block > 1 and fold is not None:
-        slm = layout.captured["slm"]
-        layout.captured["drafts"] = CapturedDrafts(lambda span: slm.function(layout.slots, span), capture, block,
-                                                   p.vocab_size, layout.slm_cache.trash, layout.tokens)
+        drafts = CapturedDrafts(lambda span: slm.function(layout.slots, span), capture, block, p.vocab_size,
+                                layout.slm_cache.trash, layout.tokens)
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:
         start = time.perf_counter()
-        report["steps"] = layout.captured["slm"].warm(layout.tokens)
-        report["steps"] += _warm_llm(layout, capture, speculate)
-        if "drafts" in layout.captured:
-            report["steps"] += layout.captured["drafts"].warm(span_buckets(layout.capacity), _idle_block(layout))
+        report["steps"] = slm.warm(layout.tokens)
+        llm, steps = _warm_llm(llm, layout, capture, speculate)
+        report["steps"] += steps
+        if drafts is not None:
+            report["steps"] += drafts.warm(span_buckets(layout.capacity), _idle_block(layout))
         head = p.slm.get_output_embeddings().weight
-        if getattr(p.router, "capturable", True):
-            report["steps"] += layout.router_step.warm(head.shape[0], p.slm.config.hidden_size, head.device,
-                                                       head.dtype)
+        if capturable:
+            report["steps"] += router.warm(head.shape[0], p.slm.config.hidden_size, head.device, head.dtype)
         report["seconds"] = time.perf_counter() - start
-    report["fused"] = {role: layout.captured[role].fused for role in ("slm", "llm")}  # after warming: what ran
-    report["packed"] = isinstance(layout.captured["llm"], PackedReads)
+    layout.use(SlotPath(slm.reads(), llm.reads(), router if capturable else layout.path.route, drafts, static=True))
+    report["fused"] = {"slm": slm.fused, "llm": llm.fused}  # after warming: what ran
+    report["packed"] = isinstance(llm, PackedSteps)
     report["folded"] = fold is not None
-    report["block"] = block if "drafts" in layout.captured else 1
+    report["block"] = block if drafts is not None else 1
     return report
 
 
-def _llm_reads(llm, layout, capture, regions: Regions | None, speculate: int):
-    """The LLM's captured reads: packed where its reads are fused (over ``regions``), else HF's forward in padded,
+def _llm_steps(llm, layout, capture, regions: Regions | None, speculate: int):
+    """The LLM's captured steps: packed where its reads are fused (over ``regions``), else HF's forward in padded,
     gathering reads."""
     if regions is None:
-        return CapturedReads(llm, layout.llm_cache, capture, hidden=False, gather=True)
+        return PaddedSteps(llm, layout.llm_cache, capture, hidden=False, gather=True)
     kept = {False: layout.slots, True: layout.slots * (speculate + 1)}
-    return PackedReads(llm, layout.llm_cache, regions, kept, capture)
+    return PackedSteps(llm, layout.llm_cache, regions, kept, capture)
 
 
 def _idle_block(layout) -> dict[str, torch.Tensor]:
@@ -314,14 +322,14 @@ def _idle_block(layout) -> dict[str, torch.Tensor]:
             "ends": torch.full((slots, ENDS), -2, dtype=torch.long, device=head.device)}
 
 
-def _warm_llm(layout, capture, speculate: int) -> int:
-    """Capture the LLM's reads; where a packed read does not compile, the LLM's reads are HF's forward (said once)."""
-    reads = layout.captured["llm"]
-    if isinstance(reads, CapturedReads):
-        return reads.warm(layout.tokens, speculate > 0)
+def _warm_llm(steps, layout, capture, speculate: int):
+    """Capture the LLM's steps, and how many; where a packed read does not compile, the LLM's reads are HF's forward
+    in padded steps instead (said once)."""
+    if isinstance(steps, PaddedSteps):
+        return steps, steps.warm(layout.tokens, speculate > 0)
     try:
-        return reads.warm(layout.tokens, span_buckets(layout.capacity))
+        return steps, steps.warm(layout.tokens, span_buckets(layout.capacity))
     except RuntimeError as err:
         logger.warning("R2R captures the LLM's HF forward in padded reads: %s.", err)
-        layout.captured["llm"] = CapturedReads(reads.model, layout.llm_cache, capture, hidden=False, gather=True)
-        return layout.captured["llm"].warm(layout.tokens, speculate > 0)
+        steps = PaddedSteps(steps.model, layout.llm_cache, capture, hidden=False, gather=True)
+        return steps, steps.warm(layout.tokens, speculate > 0)

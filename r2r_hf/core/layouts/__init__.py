@@ -8,6 +8,7 @@
 * ``slot_layout.py``  one slot per row, each at its own length (the server): rows join, leave and wait for the LLM
                       independently, and the LLM reads only the rows asked for, each from where it last stopped.
 * ``slot_cache.py``   the slots' KV cache, and one forward over a piece of several rows' new tokens.
+* ``reads.py``        how a slot layout's models read (eagerly, captured padded, captured packed): its ``SlotPath``.
 
 The running batch (``core/batch.py``) sees either through ``Layout``.
 """
@@ -21,6 +22,10 @@ import torch
 
 class Layout(Protocol):
     """What the step asks of a layout (see the module docstring)."""
+
+    # Draft blocks it runs (``fast/drafts.CapturedDrafts``), or None; whether its buffers are static (captured).
+    drafts: object | None
+    static: bool
 
     # The rows move in lockstep (HF's rectangle: one length for every row, so the LLM reads every row whenever it
     # runs, no row can wait for it, and a rollback cuts every row back), or each at its own pace (slots).

@@ -109,6 +109,8 @@ class RectangleLayout:
     """
 
     lockstep = True
+    drafts = None  # (a rectangle's steps are not drafted in blocks: ``RunningBatch.draft``)
+    static = False  # (its caches are HF's, sized per call)
 
     def __init__(self, calls: ModelCalls, seq: Committed, counters: Counters, pad: torch.Tensor | None = None) -> None:
         self.calls, self.seq, self.counters, self.pad = calls, seq, counters, pad
