@@ -4,7 +4,8 @@ cut where they did; and a token's cost does not grow with the answer (counted in
 
 Issue 59, items 2 and 3: once the answer ends its text is exactly ``tokenizer.decode`` of its tokens (what the window
 held back included: a U+FFFD the last token wrote, a byte run), and every piece handed out before is a prefix of it,
-for byte-level BPE (the tests' tiny one, Qwen2.5's), byte-fallback BPE (Llama 2's kind, trained here) and WordPiece."""
+for byte-level BPE (the tests' tiny one, Qwen2.5's), byte-fallback BPE (Llama 2's kind), SentencePiece's unigram and
+WordPiece (the last three trained here)."""
 
 import io
 import json
@@ -147,6 +148,20 @@ def byte_fallback_tokenizer():
                                          decoders.Strip(" ", 1, 0)])
     backend.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def test_the_pieces_concatenate_with_a_sentencepiece_unigram_tokenizer():
+    """SentencePiece's unigram model with its Metaspace decoder (T5's, ALBERT's kind: the first token's "▁" is no
+    space), trained here."""
+    from tokenizers import SentencePieceUnigramTokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = SentencePieceUnigramTokenizer()
+    backend.train_from_iterator(["the old man said that he was a good man.", "def f(x): return x + 1", MIXED] * 5,
+                                vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend._tokenizer, unk_token="<unk>", eos_token="</s>")
+    assert tokenizer.decode(tokenizer(" the old man", add_special_tokens=False)["input_ids"]) == "the old man"
+    _assert_pieces_concatenate(tokenizer, 150)
 
 
 def _byte(tokenizer, value: int) -> int:
