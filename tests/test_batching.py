@@ -38,12 +38,16 @@ class Driver:
         self.out, self.limit, self.eos = {}, {}, {}
 
     def join(self, name, prompt, **options):
+        self.batch.join([self.joiner(name, prompt, **options)], prefill=self.prefill)  # (as the server's engine joins)
+
+    def joiner(self, name, prompt, **options) -> Joiner:
+        """Row ``name`` of ``prompt`` (an index of ``PROMPTS`` or a text), resolved as the server resolves it."""
         ids = self.tok(PROMPTS[prompt] if isinstance(prompt, int) else prompt)["input_ids"]
         settings = resolve_row(self.model, ids, **options)
         self.out[name], self.limit[name], self.eos[name] = [], settings.max_new_tokens, settings.eos_ids
         rule = settings.rule(torch.device("cpu"), fresh_seed=0)
-        self.batch.join([Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name,
-                                ends=settings.eos_ids)], prefill=self.prefill)  # (as the server's engine joins)
+        return Joiner(ids, settings.max_new_tokens, settings.threshold, rule, settings.llm_budget, name,
+                      ends=settings.eos_ids)
 
     def reads(self):  # the stop rule of the turns (core.turn.Stops): EOS or the length limit
         return ()

@@ -36,9 +36,24 @@ def _usage_error(capsys, argv, *expected):
     (["generate", "--router", "r", "--threads", "20000", "x"], "expected at most"),
     (["chat", "--router", "r", "--threads", "100000"], "per CPU of this machine's"),
     (["label", "--slm", "s", "--llm", "l", "--prompts", "p", "--out", "o", "--threads", "20000"], "expected at most"),
+    (["serve", "r", "--draft-block", "64"], "argument --draft-block: expected a whole number of drafted steps from 1 to "
+                                            "16 (1: off), got '64'"),  # issue 59, item 4: "block must be..."
+    (["serve", "r", "--draft-block", "0"], "argument --draft-block: expected a whole number of drafted steps"),
 ])
 def test_option_values_out_of_range_are_refused_by_the_option(argv, expected, capsys):
     _usage_error(capsys, argv, expected)
+
+
+def test_the_servers_draft_block_is_refused_by_its_own_name():
+    """Issue 59, item 4: in Python the setting is ``draft_block`` (the policy's own field is ``block``)."""
+    from r2r_hf.core.policy import WaitPolicy
+    from r2r_hf.serve.settings import ServeSettings
+
+    with pytest.raises(ValueError, match=r"^draft_block must be a whole number of drafted steps from 1 to 16 \(1: off\), "
+                                         r"got 64\.$"):
+        ServeSettings(draft_block=64)
+    with pytest.raises(ValueError, match=r"^block must be a whole number of drafted steps"):
+        WaitPolicy(block=17)
 
 
 def test_threads_up_to_the_bound_are_accepted():

@@ -103,13 +103,13 @@ def _written(data: dict, phase: str):
 def _grid_is_whole(data: dict, plan) -> None:
     from benchmarks.gpu.grid import server_columns
     from r2r_hf.core.fast.fused import attended
-    from r2r_hf.core.layouts.packed import TOKENS
+    from r2r_hf.core.layouts.packed import tokens_buckets
 
     def keys(rows, tokens):
         return {f"{k}x{g}" for k in rows for g in tokens}
 
     assert set(data["grid_llm_padded"]) == keys(plan.grid_rows, plan.grid_tokens)
-    assert set(data["grid_llm_packed"]) == {str(t) for t in TOKENS if t <= max(plan.serve) * plan.grid_tokens[-1]}
+    assert set(data["grid_llm_packed"]) == {str(t) for t in tokens_buckets(max(plan.serve) * plan.grid_tokens[-1])}
     assert set(data["grid_llm_verify"]) == keys(plan.verify_rows, plan.verify_tokens)
     assert all(v["kept"] == v["tokens"] for v in data["grid_llm_verify"].values()), "every position's logits"
     assert len(data["grid_llm_long"]) == 3 and {v["span"] for v in data["grid_llm_long"].values()} == {

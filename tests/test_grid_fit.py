@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.serving.calibrated import grid_check, grid_costs
 from benchmarks.serving.cost_model import Costs, simulate, synthetic
-from r2r_hf.core.layouts.packed import TOKENS
+from r2r_hf.core.layouts.packed import tokens_buckets
 from r2r_hf.core.policy import WaitPolicy, default_policy, speculative_policy
 
 PLAN = {"prompt": 16, "headline": 0.1, "serve": [4, 8, 8], "long_users": 2, "agreement": 0.876, "speculate": 4}
@@ -41,7 +41,7 @@ def _grid() -> dict:
     ms = lambda t, **shape: {**shape, "ms": 1e3 * t, "replays": 20}  # noqa: E731
     return {"grid_slm": {f"{k}x{g}": ms(slm(k, g), rows=k, tokens=g) for k in (1, 8, 16) for g in (1, 64)},
             "grid_llm_padded": {f"{k}x{g}": ms(padded(k, g), rows=k, tokens=g) for k in ROWS for g in GS},
-            "grid_llm_packed": {str(t): ms(packed(t), rows=min(t, 16), tokens=t, width=t) for t in TOKENS if t <= 1024},
+            "grid_llm_packed": {str(t): ms(packed(t), rows=min(t, 16), tokens=t, width=t) for t in tokens_buckets(1024)},
             "grid_router": {str(k): ms(router(k), rows=k) for k in (1, 8, 16)},
             "grid_topk": {str(k): ms(topk(k), rows=k) for k in (1, 8, 16)},
             "grid_host": {str(k): {"rows": k, "host_ms_per_step": 1e3 * HOST} for k in (8, 16)}}
@@ -49,7 +49,7 @@ def _grid() -> dict:
 
 def _truth() -> dict[str, Costs]:
     dense = lambda f: {(k, g): f(k, g) for k in range(1, 17) for g in range(1, 65)}  # noqa: E731
-    pack = {(1, t): packed(t) for t in TOKENS}
+    pack = {(1, t): packed(t) for t in tokens_buckets(4096)}
     r2r = Costs(slm=dense(slm), llm=pack, router=(router(0), router(1) - router(0)), step=HOST, packed=True,
                 captured_shapes=True)
     alone = Costs(slm=dense(padded), llm={key: 0.0 for key in pack}, router=(topk(0), topk(1) - topk(0)), step=HOST,

@@ -12,7 +12,7 @@ import torch
 from r2r_hf.core.fast.fused_reads import PLAIN
 from r2r_hf.core.fast.packed_reads import PackedSteps
 from r2r_hf.core.fast.slot_reads import capture_slots
-from r2r_hf.core.layouts.packed import GROUPS, TOKENS, bucket, layout, pack, shapes
+from r2r_hf.core.layouts.packed import GROUPS, layout, pack, shapes
 from r2r_hf.core.layouts.slot_cache import SlotCache
 from r2r_hf.core.policy import WaitPolicy
 from r2r_hf.testing.graphs import EmulatedGraphStep
@@ -32,15 +32,22 @@ def test_a_plan_lays_each_row_out_in_its_own_attention_row_and_pads_the_total_on
         pack([0], [0], [65], [], kept=1)
 
 
-def test_every_plan_of_a_server_has_a_shape_it_captured():
-    rng, slots = random.Random(0), 16
+@pytest.mark.parametrize("slots", [16, 65, 256, 1000])
+def test_every_plan_of_a_server_has_a_shape_it_captured(slots):
+    """Any number of slots (issue 59, item 1: the buckets ended at 64 slots x 64 tokens, and 65 slots failed at
+    start-up): every plan, the largest (every slot reading its most) included, has a shape its server captures."""
+    rng = random.Random(0)
     captured = set(shapes(slots))
-    for _ in range(2000):
+    for _ in range(300):
         rows = rng.sample(range(slots), rng.randint(1, slots))
         counts = [rng.choice([1, 1, 2, 3, 5, 9, 17, 40, 64]) for _ in rows]
         plan = pack(rows, [0] * len(rows), counts, [], kept=slots)
         assert (plan.width, plan.group) in captured, (counts, plan.width, plan.group)
-    assert len(captured) == 43 and max(w for w, _ in captured) == bucket(slots * GROUPS[-1], TOKENS)
+    largest = pack(list(range(slots)), [0] * slots, [GROUPS[-1]] * slots, [], kept=slots)
+    assert (largest.width, largest.group) == max(captured) and largest.width >= slots * GROUPS[-1]
+    assert largest.width <= 1.5 * slots * GROUPS[-1], "a bucket pads by half its tokens at most"
+    if slots == 16:
+        assert len(captured) == 43
 
 
 def test_a_packed_read_gives_each_row_what_a_plain_forward_of_it_alone_gives(llm):
@@ -133,3 +140,41 @@ def test_the_router_scores_greedy_rows_inside_the_slms_read(model, tok):
         for i in range(2):
             assert run.out[i] == _alone(model, tok, i, **options), (sampled, i)
         assert (len(router_calls) == 0) if steps_wanted == 0 else len(router_calls) > 0, sampled
+
+
+def test_a_server_of_65_slots_captures_its_packed_reads_at_start_up(model, tok):
+    """Issue 59, item 1 as it was found: 65 slots or more died at start-up ("generator raised StopIteration")."""
+    run = Driver(model, tok, slots=65, policy=WaitPolicy((1,), 1), capacity=32)
+    pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
+    with torch.inference_mode():
+        report = capture_slots(run.batch.layout, lambda fn, example: EmulatedGraphStep(fn, example, pool), warm=True,
+                               fuse="plain")
+    widths = {width for width, *_ in run.batch.layout.captured["llm"].steps}
+    assert report["packed"] and max(widths) == pack(list(range(65)), [0] * 65, [64] * 65, [], kept=65).width == 6144
+
+
+@pytest.mark.parametrize("policy", [WaitPolicy((1,), 1), WaitPolicy((64,), 8, speculate=2)],
+                         ids=["m1", "speculating"])
+def test_a_server_of_256_slots_reads_them_all_in_one_packed_read(model, tok, policy):
+    """Issue 59, item 1: packed reads serve as many rows as vLLM does by default (256; the buckets ended at 64 slots x
+    64 tokens). 256 answers join at once: the LLM's first read takes the prompts of every row that routes, over 4,096
+    tokens in one packed read, and the answers (a sample of them, alone, on each kind of prompt and threshold) are ``generate``'s alone."""
+    tau = _threshold(model, tok, 0.6)
+    run = _packed(Driver(model, tok, slots=256, policy=policy, capacity=96), policy.speculate)
+    reads, widths = run.batch.layout.captured["llm"], []
+    read = reads.read
+    reads.read = lambda tokens, plan: (widths.append((len(plan.rows), plan.real, plan.width)), read(tokens, plan))[1]
+
+    def prompt(r: int) -> str:
+        return " ".join(PROMPTS[(r + i) % 6] for i in range(3))
+
+    def job(r: int) -> dict:
+        return {"max_new_tokens": 3 + r % 4, "threshold": 0.0 if r % 3 else tau}
+
+    run.batch.join([run.joiner(r, prompt(r), **job(r)) for r in range(256)])
+    run.run()
+    assert max(real for _, real, _ in widths) > 4096, widths[:3]
+    for r in (0, 97, 128, 254, 255):
+        assert run.out[r] == _alone(model, tok, prompt(r), **job(r)), r
+    counters = run.batch.counters
+    assert not policy.speculate or counters.agreed + counters.rejected > 0

@@ -163,6 +163,10 @@ def test_the_chat_endpoint_takes_them_too(served, model, tok, tau):
     ("/v1/completions", "repetition_penalty", float("nan"), "NaN is not a number"),
     ("/v1/completions", "min_p", 1.5, "less than or equal to 1"),
     ("/v1/completions", "min_tokens", -1, "greater than or equal to 0"),
+    ("/v1/completions", "min_tokens", 10**30, "is more than max_tokens=2; send min_tokens of at most 2"),  # issue 59
+    ("/v1/chat/completions", "min_tokens", 3, "is more than max_tokens=2; send min_tokens of at most 2"),
+    ("/v1/completions", "speculate", 1, "this server does not speculate (it was started without --speculate); send 0 "
+                                        "or leave speculate out, or start it with --speculate 1 or more"),  # issue 59
     ("/v1/completions", "ignore_eos", "yes", "valid boolean"),
     ("/v1/completions", "stop_token_ids", [5, 10**9], "outside the vocabulary"),
     ("/v1/completions", "tool_choice", "required", "not supported"),
@@ -177,6 +181,39 @@ def test_unknown_fields_and_bad_values_are_refused_by_name(served, path, field, 
     error = reply.json()["error"]
     assert error["param"] == field and field in error["message"] and words in error["message"], error
     assert error["message"].count(". ") == 0, "one sentence"
+
+
+def test_min_tokens_past_the_default_max_tokens_is_refused_by_both_names(served):
+    """Issue 59, item 4: min_tokens above what the answer may write was accepted; without max_tokens, the limit is
+    the default (16 on /v1/completions, as OpenAI's)."""
+    url, _ = served
+    reply = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "water", "min_tokens": 17}, timeout=60)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == "min_tokens", error
+    assert error["message"] == ("min_tokens=17 is more than the 16 tokens this answer may write (no max_tokens sent); "
+                                "send min_tokens of at most 16 or a larger max_tokens.")
+    body = {"model": "tiny", "prompt": "water", "min_tokens": 16, "max_tokens": 16, "ignore_eos": True}
+    assert httpx.post(url + "/v1/completions", json=body, timeout=60).status_code == 200
+
+
+def test_speculate_on_a_server_that_does_not_speculate_says_why_and_what_to_do():
+    """Issue 59, item 4: it said "send a whole number from 0 (off) to 0"; where --speculate was given but the pair
+    cannot speculate, starting with --speculate is no remedy."""
+    from r2r_hf.serve.answers import APIError, speculation_depth
+    from r2r_hf.serve.protocol import CompletionRequest
+
+    def refusal(asked: int, depth: int, flag: int) -> str:
+        with pytest.raises(APIError) as err:
+            speculation_depth(CompletionRequest(model="tiny", prompt="water", speculate=asked), depth, flag)
+        assert err.value.param == "speculate"
+        return err.value.message
+
+    assert refusal(2, 0, 4) == ("speculate=2 cannot be honoured: this server does not speculate (its models cannot be "
+                                "cut back after a rejected position); send 0 or leave speculate out.")
+    assert refusal(3, 0, 0).endswith("(it was started without --speculate); send 0 or leave speculate out, or start it "
+                                     "with --speculate 3 or more.")
+    assert refusal(-1, 0, 0).endswith("send 0 or leave speculate out.") and "from 0 (off) to 4" in refusal(5, 4, 4)
+    assert speculation_depth(CompletionRequest(model="tiny", prompt="water", speculate=0), 0, 0) == 0
 
 
 def test_fields_that_change_nothing_here_are_taken(served):

@@ -44,7 +44,7 @@ from r2r_hf.core.fast.fused import attended
 from r2r_hf.core.fast.fused_reads import regions_for
 from r2r_hf.core.fast.graphs import gc_paused
 from r2r_hf.core.fast.slot_reads import PaddedSteps, capture_slots
-from r2r_hf.core.layouts.packed import TOKENS, inputs as packed_inputs, pack
+from r2r_hf.core.layouts.packed import inputs as packed_inputs, pack, tokens_buckets
 from r2r_hf.core.layouts.slot_cache import piece_inputs
 from r2r_hf.core.policy import WaitPolicy
 from r2r_hf.core.turn import decode_step
@@ -94,7 +94,7 @@ class Grid:
         p, slots, short, long = self.plan, max(self.plan.serve), self.short, self.long
         out = [self._padded("llm_padded", short, short.padded, k, g, p.grid_context)
                for k in p.grid_rows for g in p.grid_tokens]
-        for total in (t for t in TOKENS if t <= slots * p.grid_tokens[-1]):
+        for total in tokens_buckets(slots * p.grid_tokens[-1]):
             rows = min(total, slots)
             counts = [total // rows + (i < total % rows) for i in range(rows)]
             out.append(self._packed("llm_packed", str(total), short, counts, p.grid_context, every=False))

@@ -35,7 +35,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from r2r_hf.core.layouts.packed import TOKENS as PACKED_TOKENS
+from r2r_hf.core.layouts.packed import GROUPS, tokens_buckets
 from r2r_hf.core.policy import DRAFT_BLOCK, IMMEDIATE, WaitPolicy, default_policy, speculative_policy
 
 from .cost_model import AGREEMENT, Costs, alone_on_the_engine, llm_alone, simulate, synthetic
@@ -44,7 +44,7 @@ from .speculative import by_fraction
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 SLOTS = 16
-TOKENS_ALL = PACKED_TOKENS
+PACKED_TOKENS = tokens_buckets(64 * GROUPS[-1])  # every packed read's tokens bucket up to 64 slots (the grids' most)
 
 
 def _served_step(serving: dict, name: str, concurrency: int) -> float:
@@ -237,7 +237,7 @@ def predict_second(first: dict, fused: dict, plan: dict) -> dict:
     r2r, alone = costs["r2r"], costs["alone"]
     ms = lambda role, k, g: 1e3 * r2r.forward(role, k, g)  # noqa: E731
     slots = max(plan["serve"])
-    totals = [t for t in TOKENS_ALL if t <= slots * plan["grid_tokens"][-1]]
+    totals = tokens_buckets(slots * plan["grid_tokens"][-1])
     grid = {"llm_padded": {f"{k}x{g}": 1e3 * alone.forward("slm", k, g) for k in plan["grid_rows"]
                            for g in plan["grid_tokens"]},
             "llm_packed": {str(t): ms("llm", 1, t) for t in totals},

@@ -28,7 +28,7 @@ from typing import Protocol
 from r2r_hf.core.counters import Counters
 from r2r_hf.core.fast.slot_reads import row_buckets
 from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
-from r2r_hf.core.layouts.packed import TOKENS, bucket
+from r2r_hf.core.layouts.packed import tokens_bucket
 from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
 from r2r_hf.core.ledger import Ledger, RowState
 from r2r_hf.core.plan import Outcome, StepPlan, depth
@@ -130,7 +130,7 @@ class Clock:
         costs, slots = self.costs, len(self.book.length)
         real, longest = sum(n for _, _, n in forward), max(n for _, _, n in forward)
         if self.packs(role):
-            shapes = [(1, bucket(real, TOKENS))]
+            shapes = [(1, tokens_bucket(real))]
         elif getattr(costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
             buckets = row_buckets(slots)
             k = next(b for b in buckets if b > max(r for r, _, _ in forward))

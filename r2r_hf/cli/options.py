@@ -124,6 +124,17 @@ def min_rows(text: str) -> tuple[int, ...]:
                                          f"(e.g. 1,2,2,3), got {text!r}") from None
 
 
+def draft_block(text: str) -> int:
+    """``--draft-block``: steps drafted per host synchronisation, 1 (off) to ``policy.MAX_BLOCK``."""
+    from ..core.policy import MAX_BLOCK, check_block  # the one check (stdlib only: no torch before a command runs)
+
+    try:
+        return check_block(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of drafted steps from 1 to {MAX_BLOCK} (1: off), "
+                                         f"got {text!r}") from None
+
+
 def widths(text: str) -> list[int]:
     """Comma-separated router block widths, each from 1 to ``MAX_ROUTER_WIDTH``."""
     from ..config import MAX_ROUTER_WIDTH

@@ -46,9 +46,15 @@ def check_speculate(value: object) -> int:
     return value
 
 
-def check_block(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 16:
-        raise ValueError(f"block must be a whole number of drafted steps from 1 to 16 (1: off), got {value!r}.")
+MAX_BLOCK = 16  # drafted steps per host synchronisation at most (each is captured in the block's one graph)
+
+
+def check_block(value: object, name: str = "block") -> int:
+    """Steps drafted per host synchronisation, from 1 (off) to ``MAX_BLOCK``; ``name``: the setting's (the server's
+    ``draft_block``, ``--draft-block``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BLOCK:
+        raise ValueError(f"{name} must be a whole number of drafted steps from 1 to {MAX_BLOCK} (1: off), got "
+                         f"{value!r}.")
     return value
 
 

@@ -25,13 +25,19 @@ FIELDS = ("threshold", "llm_budget", "seed", "temperature", "top_p", "top_k", "m
           "min_p", "min_tokens", "stop_token_ids")
 
 
-def speculation_depth(body: CompletionRequest | ChatRequest, server: int) -> int | None:
-    """The answer's own speculation depth (None: the server's ``server``): 0 turns it off, at most ``server``."""
+def speculation_depth(body: CompletionRequest | ChatRequest, server: int, flag: int) -> int | None:
+    """The answer's own speculation depth (None: the server's ``server``): 0 turns it off, at most ``server`` (the
+    server's policy: 0 where it was started without ``--speculate``, ``flag``, or its pair cannot speculate)."""
     asked = body.speculate
-    if asked is not None and not 0 <= asked <= server:
-        raise APIError(400, f"speculate={asked} is out of range: this server speculates up to {server} pending "
-                            f"positions per answer; send a whole number from 0 (off) to {server}.", param="speculate")
-    return asked
+    if asked is None or 0 <= asked <= server:
+        return asked
+    if server == 0:
+        why = "its models cannot be cut back after a rejected position" if flag else "it was started without --speculate"
+        remedy = f", or start it with --speculate {asked} or more" if asked > 0 and not flag else ""
+        raise APIError(400, f"speculate={asked} cannot be honoured: this server does not speculate ({why}); send 0 or "
+                            f"leave speculate out{remedy}.", param="speculate")
+    raise APIError(400, f"speculate={asked} is out of range: this server speculates up to {server} pending positions "
+                        f"per answer; send a whole number from 0 (off) to {server}.", param="speculate")
 
 
 def sampling_fields(body: CompletionRequest | ChatRequest, default_eos, vocab: int) -> dict[str, Any]:
@@ -59,7 +65,8 @@ def sampling_fields(body: CompletionRequest | ChatRequest, default_eos, vocab: i
 
 def max_tokens(body: CompletionRequest | ChatRequest, prompt_tokens: int, context: int | None,
                default_max_tokens: int | None) -> int:
-    """New tokens an answer may write: asked, or the default (the context left, for chat), within the context."""
+    """New tokens an answer may write: asked, or the default (the context left, for chat), within the context, and
+    at least ``min_tokens``."""
     chat = isinstance(body, ChatRequest)
     asked = (body.max_completion_tokens or body.max_tokens) if chat else body.max_tokens
     room = None if context is None else context - prompt_tokens
@@ -74,6 +81,10 @@ def max_tokens(body: CompletionRequest | ChatRequest, prompt_tokens: int, contex
                                 f"models' context of {context} tokens. Lower max_tokens or shorten the prompt.",
                            param="max_tokens", code="context_length_exceeded")
         tokens = room
+    if body.min_tokens > tokens:  # (vLLM refuses it too: no answer could write them)
+        limit = f"max_tokens={tokens}" if asked else f"the {tokens} tokens this answer may write (no max_tokens sent)"
+        raise APIError(400, f"min_tokens={body.min_tokens} is more than {limit}; send min_tokens of at most {tokens} "
+                            "or a larger max_tokens.", param="min_tokens")
     return tokens
 
 
@@ -89,7 +100,7 @@ def choices(service, body: CompletionRequest | ChatRequest, prompt: list[int]) -
         value = getattr(body, name)
         if value is not None or default is not None:
             options[name] = value if value is not None else default
-    depth = speculation_depth(body, service.engine.policy.speculate)  # (0 where the pair cannot speculate)
+    depth = speculation_depth(body, service.engine.policy.speculate, service.settings.speculate)
     out = []
     for i in range(body.n):
         seed = None if body.seed is None else body.seed + i

@@ -97,22 +97,19 @@ class Row:
         return due if isinstance(due, str) else self._text(*due)
 
     def _text(self, token: int, last: bool) -> str:
-        if token in self.eos_ids:
-            self.finish = "stop"
-            return self._release(len(self._full()))
-        if self.generated == self.choice.min_tokens:
-            self.floor = len(self._full())
-        self.text.add(token)
-        full = self._full()
+        ends = token in self.eos_ids
+        if not ends:
+            if self.generated == self.choice.min_tokens:
+                self.floor = len(self._full())
+            self.text.add(token)
+        # Once the answer ends, its text is the decode of all its tokens, what the window held back included.
+        full = self.text.text + self.text.end() if ends or last else self._full()
         stop_at = self._stop_position(full) if self.generated >= self.choice.min_tokens else None
-        if stop_at is not None:
-            self.finish = "stop"
-            return self._release(stop_at)
-        if last:
-            self.finish = "length"
-            return self._release(len(full))
+        if stop_at is not None or ends or last:
+            self.finish = "stop" if stop_at is not None or ends else "length"
+            return self._release(full, len(full) if stop_at is None else stop_at)
         # (before the end only text no later token changes is sent: ``IncrementalText.tail`` may change)
-        return self._release(min(len(self.text.text), len(full) - self._held(full)))
+        return self._release(full, min(len(self.text.text), len(full) - self._held(full)))
 
     def _full(self) -> str:
         """The answer's text so far: what is decoded for good, and the end a later token may still change."""
@@ -130,8 +127,8 @@ class Row:
         return max((n for s in self.choice.stops for n in range(min(len(s) - 1, len(tail)), 0, -1)
                     if s.startswith(tail[-n:])), default=0)
 
-    def _release(self, upto: int) -> str:
-        piece = self._full()[self.sent : max(upto, self.sent)]
+    def _release(self, full: str, upto: int) -> str:
+        piece = full[self.sent : max(upto, self.sent)]
         self.sent = max(upto, self.sent)
         return piece
 

@@ -139,7 +139,7 @@ class ServeSettings:
     draft_block: int | None = setting(None, "with captured steps: steps drafted on the device per host "
                                             "synchronisation while every running answer is greedy (1: a "
                                             "synchronisation per step; default: 4 on a GPU, 1 elsewhere)",
-                                      parse="positive_int")
+                                      parse="draft_block")
     read_timeout: float = setting(30.0, "seconds a client may take to send a request, headers and body (slower ones "
                                         "are closed)", parse="positive_seconds")
     write_timeout: float = setting(30.0, "seconds a client may leave its answer unread (the server's buffer for it "
@@ -183,7 +183,7 @@ class ServeSettings:
         check_speculate_below(self.speculate_below)
         check_confidence(self.draft_confidence)
         if self.draft_block is not None:
-            check_block(self.draft_block)
+            check_block(self.draft_block, "draft_block")
         self._check_speculation()
         if self.default_max_tokens is not None and self.default_max_tokens < 1:
             raise ValueError(f"default_max_tokens must be at least 1, got {self.default_max_tokens}.")

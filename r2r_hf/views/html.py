@@ -28,11 +28,11 @@ class Piece:
 
 def token_pieces(tokenizer, ids: list[int], routed: list[bool], scores: list[float]) -> list[Piece]:
     """One piece of text per token (see ``IncrementalText``); a token inside a character gets "" (the last token
-    takes what is still held back at the end: ``IncrementalText.tail``)."""
+    takes what is still held back at the end: ``IncrementalText.end``)."""
     text = IncrementalText(tokenizer, skip_special_tokens=False)
     pieces = [Piece(text.add(token) or "", r, s) for token, r, s in zip(ids, routed, scores)]
-    if pieces and text.tail:
-        pieces[-1].text += text.tail
+    if pieces:
+        pieces[-1].text += text.end()
     return pieces
 
 

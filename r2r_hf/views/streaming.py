@@ -65,7 +65,7 @@ class RoutingStreamer(RoutingAwareStreamer):
         self.stream.flush()
 
     def end(self) -> None:
-        self._write(self.text.tail, self.pending_routed)  # what was held back for a clean-up of spaces
+        self._write(self.text.end(), self.pending_routed)  # what was held back (an unfinished character...)
         self.stream.write("\n")
         self.stream.flush()
         self.reset()

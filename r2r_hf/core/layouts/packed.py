@@ -3,7 +3,7 @@ bucket of their total.
 
 A padded slot read is a [rows x longest] rectangle: at 16 rows a catch-up of ~5 rows x ~10 tokens read ~518 padded
 token-rows for ~55 real ones on the first device run (the 32B's GEMMs past their ridge). A packed read lays the
-tokens out flat instead, row after row, and pads the list to a bucket of its total (``TOKENS``): every linear layer
+tokens out flat instead, row after row, and pads the list to a bucket of its total (``tokens_bucket``): every linear layer
 (projections, MLP, head) reads the real tokens and the bucket's slack only. Three things need a layout beyond the
 flat list:
 
@@ -28,10 +28,26 @@ import torch
 
 from ..staging import staged
 
-# Total tokens of a packed read, padded up to one: powers of two and the halfway points between them (a read pads by
-# a fifth of its tokens at most past 2, an eighth on average).
-TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 GROUPS = (1, 4, 16, 64)  # tokens of one row in the attention's layout (a row reads at most GROUPS[-1] per read)
+
+
+def tokens_bucket(total: int) -> int:
+    """The length a packed read of ``total`` tokens pads its flat list to: 1, 2, 3, then the powers of two and the
+    halfway points between them (4, 6, 8, 12, 16, 24...), as far as any read goes (a read pads by a fifth of its
+    tokens at most past 2, an eighth on average; computed, so a server of any number of slots has one)."""
+    if total <= 3:
+        return max(total, 1)
+    power = 1 << (total - 1).bit_length()  # the smallest power of two holding ``total``
+    halfway = power // 2 + power // 4
+    return halfway if total <= halfway else power
+
+
+def tokens_buckets(most: int) -> list[int]:
+    """Every ``tokens_bucket`` of at most ``most`` tokens, smallest first."""
+    out = [1]
+    while tokens_bucket(out[-1] + 1) <= most:
+        out.append(tokens_bucket(out[-1] + 1))
+    return out
 
 
 def bucket(value: int, buckets: tuple[int, ...]) -> int:
@@ -44,8 +60,8 @@ def shapes(slots: int) -> list[tuple[int, int]]:
     of more tokens than the group before it, and the total is at least that and at most ``slots`` x ``g``."""
     out, before = [], 0
     for group in GROUPS:
-        low, high = bucket(before + 1, TOKENS), bucket(slots * group, TOKENS)
-        out += [(width, group) for width in TOKENS if low <= width <= high]
+        low = tokens_bucket(before + 1)
+        out += [(width, group) for width in tokens_buckets(tokens_bucket(slots * group)) if width >= low]
         before = group
     return out
 
@@ -56,7 +72,7 @@ class Packed:
 
     Args:
         rows, starts, counts: each row read, its first column, how many tokens (in the flat list's order).
-        width: the flat list's length (a ``TOKENS`` bucket of the total); group: the attention layout's row length.
+        width: the flat list's length (``tokens_bucket`` of the total); group: the attention layout's row length.
         keep: flat positions whose logits the read returns (the rest of ``kept`` points at position 0).
         kept: how many logits rows the read returns.
     """
@@ -91,7 +107,7 @@ def pack(rows: list[int], starts: list[int], counts: list[int], wanted: list[tup
         raise ValueError(f"a packed read takes at most {GROUPS[-1]} tokens of a row, not {max(counts)}")
     if len(wanted) > kept:
         raise ValueError(f"{len(wanted)} logits wanted from a read that returns {kept}")
-    width, group = bucket(sum(counts), TOKENS), bucket(max(counts), GROUPS)
+    width, group = tokens_bucket(sum(counts)), bucket(max(counts), GROUPS)
     plan = Packed(tuple(rows), tuple(starts), tuple(counts), width, group, (), kept)
     keep = tuple(plan.position(r, c) for r, c in wanted)
     return Packed(plan.rows, plan.starts, plan.counts, width, group, keep, kept)
