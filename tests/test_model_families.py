@@ -91,5 +91,5 @@ def test_speculation_off_for_a_recurrent_model_is_said_once_and_answers_the_same
         first = p.model.generate(**batch, **options, speculate=4)
         again = p.model.generate(**batch, **options, speculate=4)
     said = [r.getMessage() for r in caplog.records if "speculation is off" in r.getMessage()]
-    assert said == [p.model.routed_pair().abilities.speculation] and "MambaForCausalLM" in said[0]
+    assert said == [p.model.routed_pair().abilities.speculation()] and "MambaForCausalLM" in said[0]
     assert torch.equal(first, p.model.generate(**batch, **options)) and torch.equal(first, again)

@@ -8,8 +8,10 @@ path and the server read it instead of probing.
 
 * ``slots``     it decodes in the server's slots: each row at its own length over one prepared mask
                 (``layouts/slot_cache.py``); else the server decodes its answers one at a time on HF's caches;
-* ``capture``   its reads can be captured with fixed shapes over a static cache (``fast/static_reads.py``,
-                ``fast/slot_reads.py``); else its steps run eagerly;
+* ``capture``   its reads can be captured with fixed shapes (the server's slots: ``fast/slot_reads.py``); else its
+                steps run eagerly;
+* ``static``    they can be captured over HF's static cache too (``generate``'s captured path:
+                ``fast/static_reads.py``); else ``generate``'s steps run eagerly;
 * ``fuse``      its decoder layers run as R2R's fused regions (``fast/fused.py``); else its captured reads are HF's
                 forward;
 * ``rollback``  its cache can be cut back to an earlier token exactly (speculation: ``speculation.py``); else the
@@ -28,10 +30,11 @@ import torch
 
 from .layouts.model_calls import layer_kinds
 from .notes import notes
-from .probes import capture_problem, fuse_problem, rollback_problem, slot_problem
+from .probes import capture_problem, fuse_problem, rollback_problem, slot_problem, static_problem
 
 # Each ability, as a sentence says a model lacks it.
-ABILITIES = {"slots": "cannot decode in slots", "capture": "cannot be captured", "fuse": "cannot be fused",
+ABILITIES = {"slots": "cannot decode in slots", "capture": "cannot be captured",
+             "static": "cannot be captured over HF's static cache", "fuse": "cannot be fused",
              "rollback": "cannot be cut back"}
 
 
@@ -51,6 +54,7 @@ class Abilities:
     kinds: frozenset[str]
     slots: str | None
     capture: str | None
+    static: str | None
     rollback: str | None
     measured: dict[str, float | None] = field(default_factory=dict, compare=False)
     module: weakref.ref | None = field(default=None, repr=False, compare=False)
@@ -72,9 +76,11 @@ def abilities(model: torch.nn.Module) -> Abilities:
     known = notes(model)
     if "abilities" not in known:
         measured: dict[str, float | None] = {}
+        capture = capture_problem(model)
         known["abilities"] = Abilities(
             model=f"{type(model).__name__} ({model.config.model_type!r})", kinds=layer_kinds(model),
-            slots=slot_problem(model, measured), capture=capture_problem(model), rollback=rollback_problem(model),
+            slots=slot_problem(model, measured), capture=capture, static=capture or static_problem(model),
+            rollback=rollback_problem(model),
             measured=measured, module=weakref.ref(model))
     return known["abilities"]
 
@@ -103,9 +109,12 @@ class PairAbilities:
         """Why the server cannot decode this pair in slots, or None."""
         return self.why_not("slots")
 
-    @property
-    def speculation(self) -> str | None:
-        """Why the pair cannot speculate, as the sentence R2R says (once), or None where both models can."""
+    def speculation(self, slots: bool = False) -> str | None:
+        """Why the pair cannot speculate, as the sentence R2R says (once), or None where both models can: in ``slots``
+        (the server's: a rollback there restores R2R's own checkpoints, exact wherever the models decode in slots:
+        ``layouts/slot_state.py``), or on HF's caches (``generate``'s rectangle: its ``rollback``)."""
+        if slots and self.slots is None:
+            return None
         for model in (self.slm, self.llm):
             if model.rollback is not None:
                 return (f"speculation is off for {model.model}: {model.rollback}; R2R decodes "

@@ -276,6 +276,8 @@ class RunningBatch:
         if writers:  # (a rectangle commits the pad for its finished rows)
             committed = self.layout.append(list(writers), committed, self.running)
         self.last_token = committed
+        # a row's first pending token: its SLM state kept before the SLM reads it (a rollback returns there)
+        self.layout.keep("slm", [r for r in plan.speculating if not self.ledger.rows[r].pending])
         if outcome.slm_reads:
             self.store_slm(list(outcome.slm_reads), *self.layout.slm_read(list(outcome.slm_reads)))
         if self.budget is not None:
@@ -295,6 +297,8 @@ class RunningBatch:
                                                                                     for r in rows)):
             return None
         depths = [depth(row, policy, len(self.ledger.occupied())) if row else 0 for row in live]
+        # rows that may speculate inside the block: their SLM state kept first (a rollback returns there)
+        self.layout.keep("slm", [r for r in rows if depths[r] and not live[r].pending])
         drafted, (self.slm_logits, self.slm_hidden, self.slm_scores) = run_block(
             self.layout, block_inputs(self, rows, depths, policy), policy.block, self.last_token)
         self.counters.host_syncs += 1

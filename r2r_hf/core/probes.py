@@ -14,7 +14,7 @@ from ..compat import cache_argument, crop_cache
 from .features import input_device, lm_forward, output_device
 from .fast import fused
 from .fast.fused_reads import PLAIN, slot_read
-from .layouts.model_calls import long_rope_switch, make_cache, static_cache
+from .layouts.model_calls import layer_kinds, long_rope_switch, make_cache, static_cache
 from .layouts.slot_cache import SlotCache, piece_inputs, read_piece
 
 # Attention that takes R2R's prepared 4-D masks (slots; a captured read builds its mask from device tensors). Flash
@@ -29,8 +29,10 @@ def _attention(model: torch.nn.Module) -> str:
 # ------------------------------------------------------------------ slots
 def slot_problem(model: torch.nn.Module, measured: dict) -> str | None:
     """Why ``model`` cannot decode in slots: its attention path, long-RoPE factors, or a short sequence read in two
-    slots and in pieces that does not give one plain forward's logits (an architecture that ignores a prepared mask
-    or the cache). ``measured["slot_read_max_rel"]``: that read's gap (the fused check's yardstick)."""
+    slots and in pieces — with a rollback on the way: two other tokens read, then cut back (a recurrent state back to
+    its checkpoint) — that does not give one plain forward's logits (an architecture that ignores a prepared mask,
+    the cache, or keeps a state outside it). ``measured["slot_read_max_rel"]``: that read's gap (the fused check's
+    yardstick)."""
     attention = _attention(model)
     if attention not in MASKED_ATTENTION:
         return f"its attention is {attention!r} (slots need {' or '.join(MASKED_ATTENTION)} attention)"
@@ -38,10 +40,19 @@ def slot_problem(model: torch.nn.Module, measured: dict) -> str | None:
         return "its long-context rotary factors follow the longest row of a forward (one row's answer would depend " \
                "on the others')"
     found: dict = {}
+
+    def rest(cache: SlotCache, tokens: torch.Tensor) -> torch.Tensor:
+        other = tokens.clone()
+        other[1, 4:6] = tokens[0, :2]
+        cache.states.keep([1])  # (``slot_state.py``: what a speculative rollback does)
+        read_piece(model, cache, other, [1], [4], [2])
+        cache.states.restore(1)
+        return read_piece(model, cache, tokens, [1], [4], [3])[0]
+
     problem = continuation_problem(
-        model, lambda cache, tokens: read_piece(model, cache, tokens, [1], [4], [3])[0],
-        "its forward does not accept a per-row cache and mask",
-        "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask)", found)
+        model, rest, "its forward does not accept a per-row cache and mask",
+        "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask, or keeps a "
+        "state outside its cache)", found)
     measured["slot_read_max_rel"] = found.get("max_rel")
     return problem
 
@@ -49,8 +60,8 @@ def slot_problem(model: torch.nn.Module, measured: dict) -> str | None:
 def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, differs: str,
                          measured: dict | None = None, rounding: float = 0.0) -> str | None:
     """Whether slots read as one plain forward: a 7-token sequence's first 4 tokens are read in slot 1 by HF's
-    forward (beside other tokens in slot 0), then ``rest(cache, tokens)`` reads its last 3 and gives slot 1's
-    logits; None when they match the plain forward's, else ``failed`` (with the error) or ``differs``.
+    forward (beside 3 other tokens in slot 0, padded; 4 for a model with recurrent layers, whose rows are never
+    padded), then ``rest(cache, tokens)`` reads its last 3 and gives slot 1's logits; None when they match the plain forward's, else ``failed`` (with the error) or ``differs``.
     ``measured`` (when given) receives the largest difference relative to the largest logit, and the tolerance:
     the dtype's, or twice ``rounding`` where that is larger (what another exact way of reading departs by)."""
     device = model.get_input_embeddings().weight.device
@@ -61,7 +72,7 @@ def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, di
         tokens = torch.stack([ids[0].flip(0), ids[0]])  # slot 0 holds other tokens, read beside slot 1
         cache = SlotCache(model.config.num_hidden_layers, 2, 8)
         try:
-            read_piece(model, cache, tokens, [0, 1], [0, 0], [3, 4])
+            read_piece(model, cache, tokens, [0, 1], [0, 0], [4 if "recurrent" in layer_kinds(model) else 3, 4])
             got = rest(cache, tokens).float()
         except Exception as err:  # noqa: BLE001 - any failure means: not this way
             return f"{failed} ({type(err).__name__}: {err})"
@@ -77,10 +88,9 @@ def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, di
 
 # ------------------------------------------------------------------ capture
 def capture_problem(model: torch.nn.Module) -> str | None:
-    """Why ``model``'s reads cannot be captured with fixed shapes: capture needs one device, dense weights, attention
-    that builds its mask from device tensors, rotary embeddings that do not change with the sequence length, and a
-    static cache whose layers are all attention, keeping their length in a device tensor (R2R's static caches hold
-    every column of a windowed layer too: ``model_calls.static_cache``), sized as the config declares."""
+    """Why ``model``'s reads cannot be captured with fixed shapes (the server's slots: ``fast/slot_reads.py``): capture
+    needs one device, dense weights, attention that builds its mask from device tensors and rotary embeddings that do
+    not change with the sequence length."""
     if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
         return "it is spread over several devices"
     if getattr(model, "hf_quantizer", None) is not None:
@@ -93,6 +103,13 @@ def capture_problem(model: torch.nn.Module) -> str | None:
     rope = rope_type(model.config)
     if "dynamic" in rope or rope == "longrope":  # HF recomputes these frequencies from the length, on the host
         return f"its rotary embedding ({rope!r}) changes with the sequence length"
+    return None
+
+
+def static_problem(model: torch.nn.Module) -> str | None:
+    """Why ``model``'s reads cannot be captured over HF's static cache (``generate``'s captured path:
+    ``fast/static_reads.py``): its layers must all be attention, keeping their length in a device tensor (R2R's static
+    caches hold every column of a windowed layer too: ``model_calls.static_cache``), sized as the config declares."""
     others = {type(layer).__name__ for layer in static_cache(model.config, 1).layers if type(layer) is not StaticLayer}
     if others:
         return f"its static cache has layers other than attention: {_kinds(others)}"

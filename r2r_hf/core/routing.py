@@ -118,12 +118,13 @@ class Routing:
         return cls(pair, threshold, processors, sampler, calls, llm_budget)
 
 
-def speculation_for(policy: WaitPolicy, pair: RoutedPair) -> WaitPolicy:
-    """``policy``, without speculation where a model of the pair cannot be cut back (said once:
-    ``PairAbilities.speculation``); the answers are the same, only speculation's saving is lost."""
+def speculation_for(policy: WaitPolicy, pair: RoutedPair, slots: bool = False) -> WaitPolicy:
+    """``policy``, without speculation where a model of the pair cannot be cut back where it decodes (in ``slots``, or
+    on HF's caches; said once: ``PairAbilities.speculation``); the answers are the same, only speculation's saving is
+    lost."""
     if not policy.speculate:
         return policy
-    problem = pair.abilities.speculation
+    problem = pair.abilities.speculation(slots)
     if problem is None:
         return policy
     say_once(problem)

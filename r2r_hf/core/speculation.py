@@ -46,6 +46,7 @@ def resolve(batch, plan: StepPlan, proposal: Proposal) -> LLMRead:
     needs = {r: [p.index for p in ps] for r, ps in pending.items()}
     for r in plan.llm_writers:
         needs.setdefault(r, []).append(rows[r].written)
+    layout.keep("llm", list(plan.resolving))  # its state before it reads a pending token (a rollback returns there)
     predicted = layout.predict(needs)
     indices = {r: found[0] for r, found in predicted.items()}
     logits = {r: found[1] for r, found in predicted.items()}

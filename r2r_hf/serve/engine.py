@@ -66,7 +66,8 @@ class Engine:
         below = getattr(model.generation_config, "speculate_below", None) if below is None else below
         self.policy = speculation_for(serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
                                                      settings.llm_max_wait, settings.speculate, below,
-                                                     settings.draft_block, settings.draft_confidence), self.pair)
+                                                     settings.draft_block, settings.draft_confidence), self.pair,
+                                     slots=self.pair.abilities.slots is None)
         if self.policy.speculate:  # (the pair may not speculate whatever the flag says: ``speculation_for``)
             logger.info("speculating: %s.", self.policy.said())
         self.counters = Counters()

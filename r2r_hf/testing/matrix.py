@@ -121,9 +121,10 @@ def cell_bf16(p: Pair) -> None:
                  f"{who}, row {r} alone against the model's own generate")
 
 
-def refused_speculation(p: Pair) -> None:
-    """Where R2R does not speculate for the pair, the sentence it says (once) is the cell's refusal."""
-    problem = p.model.routed_pair().abilities.speculation
+def refused_speculation(p: Pair, slots: bool = False) -> None:
+    """Where R2R does not speculate for the pair (in the server's ``slots``, or on HF's caches), the sentence it says
+    (once) is the cell's refusal."""
+    problem = p.model.routed_pair().abilities.speculation(slots)
     if problem is not None:
         raise Refused(problem)
 
@@ -208,7 +209,7 @@ def cell_served(p: Pair, **settings) -> None:
 def cell_served_speculation(p: Pair) -> None:
     """The same with ``--speculate 4``."""
     cell_served(p, speculate=4)
-    refused_speculation(p)
+    refused_speculation(p, slots=True)
 
 
 def cell_served_captured(p: Pair) -> None:

@@ -27,7 +27,7 @@ import torch
 from .static_reads import BUCKETS, bucket_for
 from ..staging import in_order, staged
 from ..features import slm_proposals
-from ..layouts.model_calls import route_scores
+from ..layouts.model_calls import layer_kinds, route_scores
 from .fused import attended
 from .fused_reads import Regions, capture_fused, regions_for, slot_read
 from .drafts import ENDS, CapturedDrafts
@@ -141,9 +141,11 @@ class PaddedSteps:
         return self.regions is not None
 
     def reads(self) -> PaddedReads:
-        """The layout's reads of this model replaying these steps (``layouts/reads.py``)."""
+        """The layout's reads of this model replaying these steps (``layouts/reads.py``; a model with recurrent layers
+        reads every row of a forward at one tokens bucket: no row padded)."""
+        widths = BUCKETS if "recurrent" in layer_kinds(self.model) else None
         return PaddedReads(self.read, self.piece, self.cache, lambda rows, counts: math.prod(self.shape(rows, counts)[:2]),
-                           steps=self)
+                           steps=self, widths=widths)
 
     def shape(self, rows: list[int], counts: list[int]) -> tuple[int, int, bool]:
         """The rows and tokens buckets a read of ``rows`` replays, and whether it gathers: a read of the first slots

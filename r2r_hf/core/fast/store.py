@@ -109,11 +109,11 @@ class CaptureStore:
         moved = state is not None and state.weights != read_memory(slm, llm, router)  # replaced, not written
         if state is None or state.key != key or state.capacity < needed + SLACK or moved:
             self.state = None  # free the old caches and graphs before allocating new ones
-            why_not = able.slm.capture
+            why_not = able.slm.static
             if why_not is not None:
                 self._warn(f"R2R runs eagerly: the SLM cannot be captured ({why_not}).")
                 return None
-            llm_why_not = able.llm.capture
+            llm_why_not = able.llm.static
             if llm_why_not is None and output_device(llm) != output_device(slm):
                 llm_why_not = "it is on another device than the SLM"
             if llm_why_not is not None:

@@ -52,6 +52,10 @@ class Layout(Protocol):
     def tokens_at(self, row: int, indices: list[int]) -> torch.Tensor:
         """[n] the row's committed answer tokens at ``indices``."""
 
+    def keep(self, role: str, rows: list[int]) -> None:
+        """Checkpoint ``role``'s state of ``rows`` where it has read them to, before it reads a token a rollback may cut
+        (a recurrent state cannot be cut back otherwise: ``slot_state.py``)."""
+
     def cut(self, row: int, index: int) -> None:
         """The row back to its first ``index`` answer tokens, both models' caches with it (a rollback)."""
 

@@ -112,6 +112,9 @@ class RectangleLayout:
     drafts = None  # (a rectangle's steps are not drafted in blocks: ``RunningBatch.draft``)
     static = False  # (its caches are HF's, sized per call)
 
+    def keep(self, role: str, rows: list[int]) -> None:
+        """(HF's caches are cut back by their own crop: nothing to checkpoint)"""
+
     def __init__(self, calls: ModelCalls, seq: Committed, counters: Counters, pad: torch.Tensor | None = None) -> None:
         self.calls, self.seq, self.counters, self.pad = calls, seq, counters, pad
         self.slm_seen = 0  # columns the SLM has read

@@ -29,6 +29,8 @@ class SlotBook:
         self.length = [0] * slots
         self.prompt = [0] * slots
         self.seen = {role: [0] * slots for role in ROLES}
+        # where each model's checkpoint of a row's recurrent state stands (``slot_state.py``; None: none kept)
+        self.saved: dict[str, list[int | None]] = {role: [None] * slots for role in ROLES}
         self.riders: tuple[list[int], int | None] = ([], None)  # prompt pieces the LLM's next packed read takes
 
     def grow(self, slots: int) -> None:
@@ -37,18 +39,35 @@ class SlotBook:
         self.prompt += extra
         for role in ROLES:
             self.seen[role] += extra
+            self.saved[role] += [None] * len(extra)
 
     def place(self, row: int, tokens: int) -> None:
         """Slot ``row`` holds a new prompt of ``tokens`` tokens; no model has read it."""
         self.length[row] = self.prompt[row] = tokens
         for role in ROLES:
-            self.seen[role][row] = 0
+            self.seen[role][row], self.saved[role][row] = 0, None
 
-    def cut(self, row: int, index: int) -> None:
-        """Row ``row`` back to its prompt and first ``index`` answer tokens; neither model has read past them."""
+    def cut(self, row: int, index: int) -> list[str]:
+        """Row ``row`` back to its prompt and first ``index`` answer tokens; neither model has read past them. The
+        models that had read past them (a recurrent state then goes back to its checkpoint: ``restore``)."""
         self.length[row] = self.prompt[row] + index
-        for role in ROLES:
-            self.seen[role][row] = min(self.seen[role][row], self.length[row])
+        past = [role for role in ROLES if self.seen[role][row] > self.length[row]]
+        for role in past:
+            self.seen[role][row] = self.length[row]
+        return past
+
+    def keep(self, role: str, rows: list[int]) -> None:
+        """``role``'s state of each of ``rows`` is checkpointed where the model has read the row to."""
+        for r in rows:
+            self.saved[role][r] = self.seen[role][r]
+
+    def restore(self, role: str, row: int) -> None:
+        """``role``'s state of ``row`` is back at its checkpoint: the model reads the row again from there."""
+        saved = self.saved[role][row]
+        if saved is None or saved > self.length[row]:
+            raise RuntimeError(f"slot {row}'s {role.upper()} state was cut back to {self.length[row]} tokens without a "
+                               f"checkpoint at or before them ({saved})")
+        self.seen[role][row] = saved
 
     def free(self, row: int) -> None:
         self.place(row, 0)
@@ -57,10 +76,15 @@ class SlotBook:
         return self.length[row] - self.seen[role][row]
 
     def read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
-             piece: int = PIECE, upto: dict[int, int] | None = None) -> list[list[tuple[int, int, int]]]:
+             piece: int = PIECE, upto: dict[int, int] | None = None,
+             widths: tuple[int, ...] | None = None) -> list[list[tuple[int, int, int]]]:
         """``role`` reads each row's unread tokens but the last ``short`` (or up to column ``upto[row]``; at most
         ``limit`` of them), ``piece`` at a time: the forwards this takes, each a list of (row, first column, tokens)
-        over the rows it reads. The tokens count as read once planned (the caller runs every forward)."""
+        over the rows it reads. The tokens count as read once planned (the caller runs every forward).
+
+        With ``widths`` (a model with recurrent layers: ``slot_state.py``), every row of a forward reads the same
+        number of tokens, one of ``widths``: the widest that fits the most any row has left, taken by each row with
+        that many left (the others read in later forwards)."""
         seen = self.seen[role]
         left = {r: (self.length[r] - short if upto is None else upto[r]) - seen[r] for r in rows}
         if any(n < 1 for n in left.values()):
@@ -69,7 +93,11 @@ class SlotBook:
             left = {r: min(n, limit) for r, n in left.items()}
         forwards = []
         while left:
-            forward = [(r, seen[r], min(left[r], piece)) for r in rows if r in left]
+            if widths is None:
+                forward = [(r, seen[r], min(left[r], piece)) for r in rows if r in left]
+            else:
+                width = max(w for w in widths if w <= min(max(left.values()), piece))
+                forward = [(r, seen[r], width) for r in rows if left.get(r, 0) >= width]
             for r, _, n in forward:
                 seen[r] += n
                 left[r] -= n

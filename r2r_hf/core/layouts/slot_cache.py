@@ -20,6 +20,9 @@ other subset is gathered (a copy of those rows' columns in use, counted by ``gat
 the read's shapes, by whoever runs the read; nothing inside a read writes Python state, which a captured read's
 replay would not run and a compiled one would guard on).
 
+A recurrent layer's conv and recurrent states live beside the keys and values, one per slot (``slot_state.py``, which
+says how they stay exact: no padding in a row, idle rows untouched, checkpoints for rollbacks).
+
 Only the ``sdpa`` and ``eager`` attention paths take a prepared 4-D mask; a model's ``Abilities.slots``
 (``core/abilities.py``) says why one cannot use slots (then the server decodes on HF's own caches).
 """
@@ -31,17 +34,20 @@ import torch
 from ...compat import cache_argument
 from ..features import HiddenStateCapture
 from ..staging import in_order, staged
-from .model_calls import long_rope_switch
+from .model_calls import layer_kinds, long_rope_switch
+from .slot_state import CONV, RECURRENT, SlotStates
 
 # Layer types whose attention is local, and the config entry that sizes it (HF's masks read the same entries).
 LOCAL = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
 
 
 class SlotCache:
-    """Keys and values of ``slots`` rows x ``capacity`` columns per layer, allocated on the first write.
+    """Keys and values of ``slots`` rows x ``capacity`` columns per layer, allocated on the first write, and the
+    recurrent layers' states per slot (``states``: ``slot_state.SlotStates``).
 
-    HF's attention calls ``update(keys, values, layer_idx, ...)`` and attends over what it returns;
-    ``plan`` says, before each forward, which rows it reads and where each new token goes.
+    HF's attention calls ``update(keys, values, layer_idx, ...)`` and attends over what it returns; its recurrent
+    layers call ``get_conv_state`` / ``update_conv_state`` and their recurrent twins; ``plan`` says, before each
+    forward, which rows it reads and where each new token goes, ``finish`` ends it.
 
     Args:
         layers: the model's decoder layers.
@@ -60,6 +66,7 @@ class SlotCache:
         self.columns: torch.Tensor | None = None  # [k, g] the column each new token is written to
         self.used = 0  # columns the forward attends over
         self.gathered_bytes = 0
+        self.states = SlotStates(slots)
 
     @property
     def trash(self) -> int:
@@ -76,6 +83,7 @@ class SlotCache:
         self.span = slice(rows[0], rows[0] + len(rows)) if contiguous else None
         self.rows = index if index is not None else staged(rows, columns.device)
         self.columns, self.used = columns, used
+        self.states.plan(self.rows, None)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the forward's new keys and values [k, heads, g, dim]; return its rows' [k, heads, used, dim]."""
@@ -102,6 +110,30 @@ class SlotCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.used
 
+    # HF's recurrent layers (``slot_state.py``): a forward's rows' states, gathered, written back by ``finish``
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self.states.get(layer_idx, CONV, state_idx)
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self.states.get(layer_idx, RECURRENT, state_idx)
+
+    def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0,
+                          conv_kernel_size: int | None = None, **kwargs) -> torch.Tensor:
+        return self.states.update_conv(conv_states, layer_idx, state_idx, conv_kernel_size)
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0,
+                               **kwargs) -> torch.Tensor:
+        return self.states.update_recurrent(recurrent_states, layer_idx, state_idx)
+
+    def is_recording_past(self, layer_idx: int | None = None) -> bool:
+        return False  # (a rollback restores a checkpoint: ``slot_state.py``)
+
+    def finish(self, real: torch.Tensor) -> None:
+        """After a forward: its rows' recurrent states written back where a row read a real token (``real`` [k, g])."""
+        if self.states.handed:
+            self.states.real = real.any(-1)
+            self.states.finish()
+
     def grow(self, slots: int, capacity: int) -> int:
         """At least ``slots`` rows of ``capacity`` columns (rows keep their tokens); the bytes copied."""
         slots, capacity = max(slots, self.slots), max(capacity, self.capacity)
@@ -116,13 +148,15 @@ class SlotCache:
                 new[: self.slots, :, : self.capacity] = old[:, :, : self.capacity]
                 store[i] = new
                 copied += old[:, :, : self.capacity].numel() * old.element_size()
+        copied += self.states.grow(slots)
         self.slots, self.capacity = slots, capacity
         return copied
 
     def row_bytes(self, columns: int) -> int:
-        """Bytes one row's first ``columns`` columns hold over every layer (0 before the first write)."""
-        return sum(b[0, :, :columns].numel() * b.element_size() for store in (self.keys, self.values)
-                   for b in store if b is not None)
+        """Bytes one row's first ``columns`` columns hold over every layer, its states included (0 before the first
+        write)."""
+        return self.states.row_bytes() + sum(b[0, :, :columns].numel() * b.element_size()
+                                             for store in (self.keys, self.values) for b in store if b is not None)
 
 
 # ----------------------------------------------------------------- one forward
@@ -143,8 +177,13 @@ def piece_masks(model: torch.nn.Module, real: torch.Tensor, position: torch.Tens
     its chunk, where the layer has one: ``LOCAL``).
 
     One 4-D mask; for a model whose layers differ (``layer_types``), a mapping per layer type (what HF's decoders
-    take in place of the masks they would build; a decoder whose layers are all alike takes the tensor only).
+    take in place of the masks they would build; a decoder whose layers are all alike takes the tensor only). A
+    recurrent layer takes none (``RecurrentMasks``: its rows are never padded, ``slot_state.py``); a model without
+    attention layers, no mask at all.
     """
+    held = layer_kinds(model)
+    if "attention" not in held:
+        return None
     columns = torch.arange(used, device=position.device)
     allowed = torch.where(real[..., None], columns <= position[..., None], columns == 0)  # [k, g, used]
     config = model.config
@@ -169,7 +208,17 @@ def piece_masks(model: torch.nn.Module, real: torch.Tensor, position: torch.Tens
         if attention == "eager":  # HF's eager attention adds the mask to its scores
             mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         masks[kind] = mask
+    if "recurrent" in held:
+        return RecurrentMasks(masks)
     return masks if len(masks) > 1 else next(iter(masks.values()))
+
+
+class RecurrentMasks(dict):
+    """The masks of a hybrid decoder's attention layer types; its recurrent layer types ("linear_attention", "mamba",
+    "conv": whatever a decoder names them) take None (their rows are never padded)."""
+
+    def __missing__(self, kind: str) -> None:
+        return None
 
 
 def piece_inputs(tokens: torch.Tensor, rows: list[int], starts: list[int], counts: list[int], width: int,
@@ -205,6 +254,7 @@ def forward_piece(model: torch.nn.Module, cache: SlotCache, ids: torch.Tensor, p
     out = model(input_ids=ids.to(embed_device), attention_mask=masks, position_ids=position.to(embed_device),
                 **cache_argument(cache), use_cache=True, logits_to_keep=0 if every else 1,
                 output_hidden_states=hidden, return_dict=True)
+    cache.finish(real)
     if every:
         return (out.logits,)
     if not hidden:

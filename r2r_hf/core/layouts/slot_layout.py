@@ -82,9 +82,12 @@ class SlotLayout:
         return self.slm_cache.grow(slots, columns) + self.llm_cache.grow(slots, columns)
 
     def place(self, row: int, prompt: list[int]) -> None:
-        """A new answer's prompt in slot ``row`` (which must have room: ``reserve``); neither model read it yet."""
+        """A new answer's prompt in slot ``row`` (which must have room: ``reserve``); neither model read it yet (a
+        recurrent state starts from zero)."""
         self.tokens[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=self.device)
         self.book.place(row, len(prompt))
+        for cache in (self.slm_cache, self.llm_cache):
+            cache.states.reset(row)
 
     def free(self, row: int) -> None:
         self.book.free(row)
@@ -100,8 +103,21 @@ class SlotLayout:
         return self.tokens[row, staged([self.book.prompt[row] + i for i in indices], self.device)]
 
     def cut(self, row: int, index: int) -> None:
-        """The row back to its first ``index`` answer tokens: what follows is written over (no cache is moved)."""
-        self.book.cut(row, index)
+        """The row back to its first ``index`` answer tokens: what follows is written over (no cache is moved); a
+        model with recurrent layers that read past them goes back to its checkpoint and reads again from there."""
+        for role in self.book.cut(row, index):
+            cache = self.slm_cache if role == "slm" else self.llm_cache
+            if cache.states.buffers:
+                self.book.restore(role, row)
+                cache.states.restore(row)
+
+    def keep(self, role: str, rows: list[int]) -> None:
+        """Checkpoint ``role``'s recurrent states of ``rows`` where it has read them to (before it reads a token a
+        rollback may cut: ``slot_state.py``); nothing for a model without recurrent layers."""
+        cache = self.slm_cache if role == "slm" else self.llm_cache
+        if cache.states.buffers and rows:
+            cache.states.keep(rows)
+            self.book.keep(role, rows)
 
     def predict(self, needs: dict[int, list[int]]) -> dict[int, tuple[list[int], torch.Tensor]]:
         """The LLM reads each row through the token before its last needed answer index; per row, the indices
