@@ -9,13 +9,17 @@ planned where nothing was rejected, else the rejected rows cut back there with t
 row cut back to the earliest such position). Both are pure: the same functions decide ``generate``'s steps, the
 server's and the cost model's replay of recorded routing, and a ``StepPlan`` or ``Outcome`` can be printed,
 compared and replayed. The rows' host state they read is the ledger's (``ledger.py``).
+
+Who goes on and who waits is each proposing row's move (``moves.move``: one rule for every step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from .moves import Move, Standing, move
 from .policy import WaitPolicy
 
 
@@ -72,20 +76,20 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
         step: the step's number.
         proposed: rows that proposed; routed: the router's decision for each of them.
         ended: rows whose answer ended before this step.
-        policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``); a row
-            whose tail holds a token that ends its answer holds no more (``RowState.ended_in_tail``).
+        policy: when the LLM runs, and how many pending positions a row may hold (``WaitPolicy.speculate``); each
+            proposing row's move is ``moves.move``'s (a routed row speculates or waits).
         lockstep: the rows move together (HF's rectangle): the LLM reads every row whenever it runs, and a routed
             row cannot wait with no token (the LLM runs instead).
         sure: for each proposing row, whether the router is surer than ``policy.speculate_below`` (it then waits).
     """
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
-    hits = [r for r, hit in zip(proposed, routed) if hit and r not in ended]
-    unsure = {r for r, s in zip(proposed, sure or [False] * len(proposed)) if not s}
-    speculating = tuple(r for r in hits if len(rows[r].pending) < depth(rows[r], policy, len(occupied))
-                        and r in unsure and not rows[r].ended_in_tail())
-    slm_writers = tuple(r for r, hit in zip(proposed, routed) if r not in ended and (not hit or r in speculating))
+    # (a row that did not route writes whatever it stands: its standing is worked out where it routed only)
+    moves = {r: move(Standing.of(rows[r], depth(rows[r], policy, len(occupied))) if hit else None, hit, certain)
+             for r, hit, certain in zip(proposed, routed, sure or [False] * len(proposed)) if r not in ended}
+    made = _made(_in_lockstep(rows, moves) if lockstep else moves, ended)
+    speculating = sorted(made.speculates + made.frontier)
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
-    since.update({r: step for r in hits if r not in speculating})
+    since.update(dict.fromkeys(made.waits, step))
     held = {r: rows[r].pending[0].step for r in occupied if rows[r].pending}
     held.update({r: step for r in speculating if r not in held})
     # A row that routes everywhere always holds pending positions: it counts once it waits (its tail full), wrote its
@@ -93,21 +97,53 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     holders = set(since) | {r for r, s in held.items()
                             if not rows[r].routes or rows[r].draining or step - s >= policy.max_wait}
     oldest = max((step - s for s in (*since.values(), *held.values())), default=0)
-    runs = bool(holders) and (policy.runs(len(holders), len(occupied), oldest, stalled=not slm_writers)
-                              or (bool(since) and lockstep))
+    stalled = not (made.writes or speculating)
+    runs = bool(holders) and (policy.runs(len(holders), len(occupied), oldest, stalled) or (bool(since) and lockstep))
     if not runs:
-        slm_reads = tuple(r for r in sorted(slm_writers) if rows[r].max_new > 1)
-        frontier = _frontier(rows, speculating, slm_reads, policy, lockstep, len(occupied))
-        slm_reads = tuple(r for r in slm_reads if r not in frontier)
-        return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, (), speculating,
-                        waiting=tuple(sorted({*since, *frontier})), slm_reads=slm_reads, frontier=frontier)
-    llm_writers = tuple(sorted(set(since) | set(speculating)))  # a row routed now is written now
-    slm_writers = tuple(r for r in slm_writers if r not in speculating)
+        return _without_llm(rows, step, proposed, ended, made, since)
+    llm_writers = tuple(sorted(set(since).union(speculating)))  # a row routed now is written now
+    slm_writers = tuple(made.writes)
     resolving = tuple(r for r in occupied if rows[r].pending)
     reads = tuple(occupied) if lockstep else tuple(sorted(set(llm_writers) | set(resolving)))
     slm_reads = tuple(r for r in sorted(slm_writers + llm_writers) if rows[r].max_new > 1)
-    return StepPlan(step, tuple(proposed), tuple(hits), tuple(sorted(ended)), slm_writers, llm_writers, (),
+    return StepPlan(step, tuple(proposed), made.routed, tuple(sorted(ended)), slm_writers, llm_writers, (),
                     resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
+
+
+class _Made(NamedTuple):
+    """The proposing rows by the move each made (in slot order)."""
+
+    writes: list[int]
+    speculates: list[int]
+    waits: list[int]
+    frontier: list[int]
+
+    @property
+    def routed(self) -> tuple[int, ...]:
+        """The rows whose proposal routed (every move but ``WRITES``)."""
+        return tuple(sorted(self.speculates + self.waits + self.frontier))
+
+
+def _made(moves: Mapping[int, Move], ended: set[int]) -> _Made:
+    """``moves`` grouped by move, the rows in ``ended`` left out (they commit nothing)."""
+    made = _Made([], [], [], [])
+    for r, m in moves.items():
+        if r not in ended:
+            (made.writes if m is Move.WRITES else made.speculates if m is Move.SPECULATES
+             else made.waits if m is Move.WAITS else made.frontier).append(r)
+    return made
+
+
+def _without_llm(rows: Sequence, step: int, proposed: Sequence[int], ended: set[int], made: _Made,
+                 waiting: Iterable[int]) -> StepPlan:
+    """The plan of a step the LLM does not run in: rows that commit write the SLM's token (pending where they
+    routed), the ``waiting`` rows (those that waited, and those that wait now) and the frontier rows wait after it,
+    the SLM reads the committed tokens of the rest that propose again."""
+    writers, last = sorted(made.writes + made.speculates + made.frontier), set(made.frontier)
+    slm_reads = tuple(r for r in writers if rows[r].max_new > 1 and r not in last)
+    return StepPlan(step, tuple(proposed), made.routed, tuple(sorted(ended)), tuple(writers), (),
+                    tuple(sorted(made.speculates + made.frontier)), waiting=tuple(sorted(last.union(waiting))),
+                    slm_reads=slm_reads, frontier=tuple(made.frontier))
 
 
 def depth(row, policy: WaitPolicy, running: int) -> int:
@@ -117,14 +153,14 @@ def depth(row, policy: WaitPolicy, running: int) -> int:
     return most if row.depth is None else min(most, row.depth)
 
 
-def _frontier(rows: Sequence, speculating: Sequence[int], slm_reads: Sequence[int], policy: WaitPolicy,
-              lockstep: bool, running: int) -> tuple[int, ...]:
-    """The speculating rows whose next token is the LLM's for sure (``StepPlan.frontier``): they route everywhere, hold
-    as many pending positions as they may (``depth``) after this step and have a token left after it. In lockstep
-    every row the SLM would read must be one (the rectangle's SLM reads every row or none)."""
-    full = tuple(r for r in speculating if rows[r].routes and r in slm_reads
-                 and len(rows[r].pending) + 1 >= depth(rows[r], policy, running))
-    return () if lockstep and set(full) != set(slm_reads) else full
+def _in_lockstep(rows: Sequence, moves: dict[int, Move]) -> dict[int, Move]:
+    """In lockstep the SLM reads every row or none (the rectangle's): a row takes its frontier only where every row
+    the SLM would read does; else those rows speculate."""
+    frontier = {r for r, m in moves.items() if m is Move.FRONTIER}
+    readers = {r for r, m in moves.items() if m.commits and rows[r].max_new > 1}
+    if frontier == readers:
+        return moves
+    return {r: Move.SPECULATES if m is Move.FRONTIER else m for r, m in moves.items()}
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ then queues the next step, so the device idles for the host's decisions at every
 proposes the SLM's argmax with the router folded into the SLM's read (greedy rows without processors or a budget),
 nothing a step decides needs the host until the LLM runs: a routed row waits for it, or, speculating, goes on with
 the SLM's token while it may hold more pending positions (its depth), the router is not sure and no token of its tail
-the host has seen ends its answer (``plan.plan_step``'s rule); a row that routes everywhere (threshold 0) and fills
-its depth commits its last pending token unread, its next token being the LLM's (``StepPlan.frontier``). A draft
-block applies that rule on the device for k steps — propose (the argmax), route (the folded scores), commit (a row
-that waits stops drafting; one whose length limit is reached stops), the SLM's read of every slot's new token — and
-the host reads the k steps' tokens and flags back in one synchronisation, then plans and applies each step as it
-would have (``turn.decode_block``), the LLM not running inside a block.
+the host has seen ends its answer; a row that routes everywhere (threshold 0) and fills its depth commits its last
+pending token unread, its next token being the LLM's (each row's move: ``moves.move``, which ``device_move`` mirrors
+on the device; ``tests/test_moves.py`` holds the two equal). A draft block applies that rule on the device for k
+steps — propose (the argmax), route (the folded scores), commit (a row that waits stops drafting; one whose length
+limit is reached stops), the SLM's read of every slot's new token — and the host reads the k steps' tokens and flags
+back in one synchronisation, then plans and applies each step as it would have (``turn.decode_block``), the LLM not
+running inside a block.
 
 What the device cannot know it does not need to: a row whose answer a stop rule ends inside the block (an EOS, a stop
 string) goes on drafting there; the host ends it at the step it ends and its slot is freed, the tokens drafted past
@@ -32,6 +33,17 @@ from .graphs import Step
 ENDS = 8  # end tokens a drafted row may have at most (more: the batch does not draft; ``RunningBatch.draft``)
 
 
+def device_move(routed: torch.Tensor, sure: torch.Tensor, pending: torch.Tensor, depth: torch.Tensor,
+                left: torch.Tensor, everywhere: torch.Tensor, ended: torch.Tensor,
+                active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moves.move`` on the device, for every slot at once (``Standing``'s fields [S]; ``active``: the slot
+    proposes): where each row commits a token (it writes, speculates or takes its frontier), and where that token is
+    its frontier's (``Move.of`` reads the move back)."""
+    commit = active & (~routed | ((pending < depth) & ~sure & ~ended))
+    frontier = commit & routed & everywhere & (pending + 1 >= depth) & (left > 1)
+    return commit, frontier
+
+
 def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens: torch.Tensor) -> Step:
     """The block's step function: ``read`` (ids, position, column, real [S, 1]) -> (logits [S, V], hidden [S, H],
     folded scores [S]) is the SLM's read of every slot, run after each of the ``k`` drafted steps; ``tokens`` [S, C]
@@ -49,12 +61,11 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
             token = logits[:, :vocab].argmax(-1)
             routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
             sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: it waits
-            commit = active & (~routed | ((pending < depth) & ~sure & ~ended))
+            commit, frontier = device_move(routed, sure, pending, depth, remaining, everywhere, ended, active)
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
             pending = pending + (commit & routed).long()
             remaining = remaining - commit.long()
-            frontier = commit & routed & everywhere & (pending >= depth) & (remaining > 0)  # the LLM's next
             reads = commit & ~frontier
             for name, value in zip(steps, (token, routed, sure, commit, active, reads)):
                 steps[name].append(value)
