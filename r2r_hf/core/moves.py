@@ -5,14 +5,20 @@ routed and goes on with the SLM's token, pending), waits for the LLM, or takes i
 last pending token, which the SLM does not read: its next token is the LLM's). ``move`` decides it from where the row
 stands (``Standing``) and what its proposal found (routed; the router or the SLM sure). ``plan.plan_step`` decides
 every step's moves with it; a draft block (``fast/drafts.py``) decides each drafted step's on the device with its
-device form (``drafts.device_move``). ``tests/test_moves.py`` runs one table of cases through both forms.
+device form (``drafts.device_move``), and the host applies what the block read back (``Drafted``), so the device's
+moves are the plan's. ``tests/test_moves.py`` runs one table of cases through both forms.
 
-Nothing here touches a tensor.
+A draft block is planned once on the host (``BlockPlan``: ``plan.plan_block``), drafted on the device from it, and
+read back once (``Drafted``). ``draft_on_host`` drafts the same block over plain values: the cost model's replay
+drafts with it, and the tests hold the device's block to it. Nothing here touches a tensor.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -64,6 +70,13 @@ class Standing(NamedTuple):
         """A ``ledger.RowState``'s standing, ``depth`` its pending positions at most."""
         return cls(len(row.pending), depth, row.max_new, bool(row.routes), row.ended_in_tail())
 
+    def after(self, move: Move, ends: bool) -> Standing:
+        """Where it stands after a step of a draft block in which it made ``move``, the token it committed ending its
+        answer where ``ends`` (a tail holding it goes no further: the host sees it at the next step)."""
+        pending = self.pending + move.pending
+        ended = self.ended or (move.commits and pending > 0 and ends)
+        return self._replace(pending=pending, left=self.left - move.commits, ended=ended)
+
 
 def move(standing: Standing | None, routed: bool, sure: bool) -> Move:
     """The row's move (see the module docstring): a row that did not route writes (its ``standing`` is not read:
@@ -79,3 +92,84 @@ def move(standing: Standing | None, routed: bool, sure: bool) -> Move:
     if s.everywhere and s.pending + 1 >= s.depth and s.left > 1:
         return Move.FRONTIER
     return Move.SPECULATES
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """A draft block as the host plans it, once, before it (``plan.plan_block``): the device drafts from it.
+
+    Args:
+        steps: steps it drafts (``WaitPolicy.block``).
+        standing: per slot, where each drafting row stands at its start (its depth kept for the block's steps: the
+            depth by the load at its start); None: the slot does not draft.
+        ends: per slot, the tokens that end its answer (``RowState.ends``).
+        below, confidence: the policy's bounds on where a routed row is sure (``WaitPolicy.speculate_below``,
+            ``draft_confidence``).
+    """
+
+    steps: int
+    standing: tuple[Standing | None, ...]
+    ends: tuple[frozenset[int], ...]
+    below: float = math.inf
+    confidence: float = 0.0
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """The rows that draft (those that propose at its start)."""
+        return tuple(r for r, s in enumerate(self.standing) if s is not None)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """What a draft block read back in its one synchronisation (``fast/drafts.read_back``), or drafted on the host
+    (``draft_on_host``): per drafted step, per slot, the SLM's argmax proposal, whether it routed and whether the
+    router was sure; each proposing row's move; and the token each slot committed at the step before the block
+    (-1: none)."""
+
+    previous: list[int]
+    token: list[list[int]]
+    routed: list[list[bool]]
+    sure: list[list[bool]]
+    moves: list[dict[int, Move]]
+
+    @property
+    def committed(self) -> list[list[bool]]:
+        """Per drafted step, per slot: whether it committed a token."""
+        return [[r in step and step[r].commits for r in range(len(self.previous))] for step in self.moves]
+
+    @property
+    def read(self) -> list[list[bool]]:
+        """Per drafted step, per slot: whether the SLM read the token it committed (not a frontier's)."""
+        return [[r in step and step[r].commits and step[r] is not Move.FRONTIER for r in range(len(self.previous))]
+                for step in self.moves]
+
+    def arrived(self, i: int) -> list[int]:
+        """The tokens that reach the host at drafted step ``i`` (those committed at the step before it)."""
+        if i == 0:
+            return self.previous
+        step = self.moves[i - 1]
+        return [t if r in step and step[r].commits else -1 for r, t in enumerate(self.token[i - 1])]
+
+
+def draft_on_host(plan: BlockPlan, previous: Sequence[int],
+                  propose: Callable[[int, int], tuple[int, bool, bool]]) -> Drafted:
+    """``plan``'s block drafted on the host as the device drafts it (``fast/drafts.draft_fn``), ``propose(row,
+    tokens it committed in the block)`` -> (token, routed, sure) standing for the SLM's argmax and the router: each
+    step every drafting row makes its ``move`` and stands ``after`` it; a row drafts on while the SLM reads its
+    token and it has tokens left. ``previous``: each slot's token committed before the block (-1: none)."""
+    slots = len(plan.standing)
+    standing = {r: s._replace(ended=s.ended or (s.pending > 0 and previous[r] in plan.ends[r]))
+                for r, s in enumerate(plan.standing) if s is not None}
+    token, routed, sure, moves = [], [], [], []
+    for _ in range(plan.steps):
+        step = ([0] * slots, [False] * slots, [False] * slots, {})
+        for r, s in list(standing.items()):
+            t, hit, certain = propose(r, plan.standing[r].left - s.left)
+            m = move(s, hit, certain)
+            step[0][r], step[1][r], step[2][r], step[3][r] = t, hit, certain, m
+            standing[r] = s.after(m, t in plan.ends[r])
+            if not m.commits or m is Move.FRONTIER or standing[r].left <= 0:
+                del standing[r]
+        for part, value in zip((token, routed, sure, moves), step):
+            part.append(value)
+    return Drafted(list(previous), token, routed, sure, moves)

@@ -10,7 +10,9 @@ row cut back to the earliest such position). Both are pure: the same functions d
 server's and the cost model's replay of recorded routing, and a ``StepPlan`` or ``Outcome`` can be printed,
 compared and replayed. The rows' host state they read is the ledger's (``ledger.py``).
 
-Who goes on and who waits is each proposing row's move (``moves.move``: one rule for every step).
+Who goes on and who waits is each proposing row's move (``moves.move``: one rule for every step). ``plan_block``
+plans a draft block of steps the LLM does not run in, once, before it (``moves.BlockPlan``); the device makes each
+drafted step's moves and ``plan_moves`` makes each step's plan from them, as ``plan_step`` does from the host's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .moves import Move, Standing, move
+from .moves import BlockPlan, Move, Standing, move
 from .policy import WaitPolicy
 
 
@@ -110,6 +112,15 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
                     resolving, reads, (), slm_reads, tuple(step - since.get(r, step) for r in llm_writers))
 
 
+def plan_moves(rows: Sequence, step: int, proposed: Sequence[int], ended: set[int],
+               moves: Mapping[int, Move]) -> StepPlan:
+    """A step the LLM does not run in, from each proposing row's move (``moves.move``; a draft block's steps from
+    the moves the device made: ``turn.decode_block``). Rows in ``ended`` commit nothing."""
+    made = _made(moves, ended)
+    waiting = [r for r, row in enumerate(rows) if row is not None and r not in ended and row.waiting_since is not None]
+    return _without_llm(rows, step, proposed, ended, made, waiting + made.waits)
+
+
 class _Made(NamedTuple):
     """The proposing rows by the move each made (in slot order)."""
 
@@ -161,6 +172,38 @@ def _in_lockstep(rows: Sequence, moves: dict[int, Move]) -> dict[int, Move]:
     if frontier == readers:
         return moves
     return {r: Move.SPECULATES if m is Move.FRONTIER else m for r, m in moves.items()}
+
+
+def plan_block(ledger, policy: WaitPolicy) -> BlockPlan | None:
+    """The next ``policy.block`` steps of ``ledger``'s rows (a ``ledger.Ledger``) as one draft block, planned once:
+    where each proposing row stands at its start (its depth by the load now, kept for the block's steps) and its end
+    tokens; None where a step comes instead: blocks are off, no row proposes, or the LLM may run within the block
+    (``_llm_due``: the LLM does not run inside a block)."""
+    rows = ledger.proposing()
+    if policy.block < 2 or not rows or _llm_due(ledger, policy):
+        return None
+    drafting, running = set(rows), len(ledger.occupied())
+    standing = tuple(Standing.of(row, depth(row, policy, running)) if r in drafting else None
+                     for r, row in enumerate(ledger.rows))
+    ends = tuple(row.ends if r in drafting else frozenset() for r, row in enumerate(ledger.rows))
+    return BlockPlan(policy.block, standing, ends, policy.speculate_below, policy.draft_confidence)
+
+
+def _llm_due(ledger, policy: WaitPolicy) -> bool:
+    """Whether the LLM may run within the next ``policy.block`` steps: rows wait or hold pending positions enough
+    for it, or the oldest is old enough by then; without speculation, one routed row is enough."""
+    rows, step = ledger.rows, ledger.step_no
+    since = [row.waiting_since for row in rows if row is not None and row.waiting_since is not None]
+    held = [row.pending[0].step for row in rows if row is not None and row.pending]
+    # (every row holding pending positions counts, those at threshold 0 too, though the plan counts them once their
+    # tail is full: such a row fills it within a block and then waits, and a block would hold the LLM back; the
+    # replay at threshold 0 counting them as the plan does: 2.04 against 2.32x the LLM alone at 8 users)
+    holders = sum(1 for row in rows if row is not None and (row.waiting_since is not None or row.pending))
+    oldest = max((step - s for s in since + held), default=0) + policy.block - 1
+    running = len(ledger.occupied())
+    if not policy.speculate and (policy.immediate or policy.wanted(running) <= 1):  # one routed row runs the LLM:
+        return True  # a block would draft on after it waits, for nothing
+    return policy.runs(holders, running, oldest, stalled=False)
 
 
 @dataclass(frozen=True)
