@@ -138,10 +138,11 @@ class _Made(NamedTuple):
 def _made(moves: Mapping[int, Move], ended: set[int]) -> _Made:
     """``moves`` grouped by move, the rows in ``ended`` left out (they commit nothing)."""
     made = _Made([], [], [], [])
+    by = {Move.WRITES: made.writes, Move.SPECULATES: made.speculates, Move.WAITS: made.waits,
+          Move.FRONTIER: made.frontier}
     for r, m in moves.items():
         if r not in ended:
-            (made.writes if m is Move.WRITES else made.speculates if m is Move.SPECULATES
-             else made.waits if m is Move.WAITS else made.frontier).append(r)
+            by[m].append(r)
     return made
 
 
