@@ -116,6 +116,23 @@ def test_the_step_shows_both_decisions_and_the_ledger_is_its_one_writer():
             assert not progress.search(text), (path, progress.search(text))
 
 
+def test_who_goes_on_and_who_waits_is_written_once_on_the_host_and_once_on_the_device():
+    """``moves.move`` is the rule: ``plan_step`` decides every step's moves with it, and the host's form of a draft
+    block (``draft_on_host``, the replay's) too; ``drafts.device_move`` is its device form, the one place
+    ``draft_fn`` decides a move (tests/test_moves.py holds the two equal). A block is planned once and each drafted
+    step's plan is made from the moves the device made, never planned again to check them."""
+    assert "move" in _calls(_function(CORE / "plan.py", "plan_step"))
+    assert "move" in _calls(_function(CORE / "moves.py", "draft_on_host"))
+    assert "device_move" in _calls(_function(CORE / "fast" / "drafts.py", "draft_fn"))
+    assert "draft_on_host" in _calls(_function(ROOT / "benchmarks" / "serving" / "replay.py", "drafted_block"))
+    block = _calls(_function(CORE / "turn.py", "decode_block"))
+    assert {"plan_block", "plan_moves", "apply"} <= set(block) and "plan_step" not in block, block
+    clause = re.compile(r"pending\)?\s*(\+\s*1\s*)?(<|>=|>|<=)\s")  # a pending count held against a bound
+    homes = {p.relative_to(ROOT).as_posix() for p in [*(ROOT / "r2r_hf").rglob("*.py"), *(ROOT / "benchmarks").rglob(
+        "*.py")] if clause.search(p.read_text())}
+    assert homes == {"r2r_hf/core/moves.py", "r2r_hf/core/fast/drafts.py"}, homes
+
+
 def test_the_device_side_of_a_rollback_is_one_function_called_from_one_place():
     cutters = [p for p in (ROOT / "r2r_hf").rglob("*.py") if "layout.cut(" in p.read_text()]
     assert [p.name for p in cutters] == ["speculation.py"], cutters

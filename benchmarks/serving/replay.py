@@ -31,9 +31,10 @@ from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
 from r2r_hf.core.layouts.packed import tokens_bucket
 from r2r_hf.core.layouts.slot_book import PIECE, SlotBook
 from r2r_hf.core.ledger import Ledger, RowState
-from r2r_hf.core.plan import Outcome, StepPlan, depth
+from r2r_hf.core.moves import BlockPlan, Drafted, draft_on_host
+from r2r_hf.core.plan import Outcome, StepPlan
 from r2r_hf.core.policy import WaitPolicy
-from r2r_hf.core.step import Drafted, LLMRead, Synced
+from r2r_hf.core.step import LLMRead, Synced
 from r2r_hf.core.turn import turn
 
 
@@ -194,11 +195,10 @@ class ReplayBatch:
         self.counters.host_syncs += 1
         return resolution(self.ledger.rows, plan, self.clock)
 
-    def draft(self, policy: WaitPolicy) -> Drafted | None:
+    def draft(self, plan: BlockPlan) -> Drafted:
         """As the running batch's draft block (every row taken as greedy: a recording has no sampling)."""
-        drafted = drafted_block(self.ledger, self.book, policy, self.last)
-        if drafted is not None:
-            self.clock.block(drafted)
+        drafted = drafted_block(self.ledger, self.book, plan, self.last)
+        self.clock.block(drafted)
         return drafted
 
     def delivers(self, tokens: list[int]) -> None:  # as the running batch's (0: a token, -1: none)
@@ -229,39 +229,22 @@ def resolution(rows: list, plan: StepPlan, clock: Clock) -> LLMRead:
                              for r in plan.resolving})
 
 
-def drafted_block(ledger: Ledger, book: SlotBook, policy: WaitPolicy, previous: list[int]) -> Drafted | None:
-    """What a draft block (``core/fast/drafts.py``) drafts over recorded routing: its rule per step (a row goes on
-    where it did not route, or routed and may hold one more pending position, its ``plan.depth``; the router is never
-    sure: the recording has no scores; a row that routes everywhere and fills its depth commits its last pending
-    token unread), each slot's length in ``book`` moved on by its committed tokens."""
-    rows, slots, running = set(ledger.proposing()), len(ledger.rows), len(ledger.occupied())
-    if not rows:
-        return None
-    state = {r: [len(row.pending), row.max_new, len(row.owner.routed) - row.max_new] for r, row in enumerate(ledger.rows)
-             if r in rows}
-    most = {r: depth(ledger.rows[r], policy, running) for r in rows}  # (fixed for the block, as on the device)
-    token, routed, committed, active, read = [], [], [], [], []
-    for _ in range(policy.block):
-        step = [[0] * slots, [False] * slots, [False] * slots, [r in rows for r in range(slots)], [False] * slots]
-        for r in list(rows):
-            pending, left, index = state[r]
-            row = ledger.rows[r]
-            hit = row.owner.routed[index]
-            step[1][r] = hit
-            if hit and pending >= most[r]:
-                rows.discard(r)
-                continue
-            step[2][r] = True
-            state[r] = [pending + hit, left - 1, index + 1]
-            book.length[r] += 1
-            frontier = hit and row.routes and pending + 1 >= most[r] and left > 1
-            step[4][r] = not frontier
-            book.seen["slm"][r] += not frontier
-            if left - 1 <= 0 or frontier:
-                rows.discard(r)
-        for part, value in zip((token, routed, committed, active, read), step):
-            part.append(value)
-    return Drafted(list(previous), token, routed, [[False] * slots for _ in token], committed, active, read)
+def drafted_block(ledger: Ledger, book: SlotBook, plan: BlockPlan, previous: list[int]) -> Drafted:
+    """What a draft block (``core/fast/drafts.py``) drafts over recorded routing: the device's block on the host
+    (``core.moves.draft_on_host``), each row proposing its recorded routing at its next token (the router is never
+    sure: the recording has no scores; the tokens are not recorded), each slot's length in ``book`` moved on by the
+    tokens it committed and the SLM's read of them (``SlotLayout.drafted``)."""
+    start = {r: len(ledger.rows[r].owner.routed) - ledger.rows[r].max_new for r in plan.rows}
+
+    def recorded(r: int, written: int) -> tuple[int, bool, bool]:  # (token, routed, sure)
+        return 0, ledger.rows[r].owner.routed[start[r] + written], False
+
+    drafted = draft_on_host(plan, previous, recorded)
+    for committed, read in zip(drafted.committed, drafted.read):
+        for r in plan.rows:
+            book.length[r] += committed[r]
+            book.seen["slm"][r] += read[r]
+    return drafted
 
 
 class Arrivals:

@@ -21,19 +21,20 @@ import torch
 from .budget import Budget
 from .choice import CallChoice, Chooser, RowChoice, RowRule
 from .counters import Counters
-from .fast.drafts import ENDS, block_inputs, run_block
+from .fast.drafts import ENDS
 from .fast.router_copy import stateless
 from .layouts import Layout
 from .layouts.rectangle import Committed, RectangleLayout
 from .layouts.slot_layout import SlotLayout
 from .ledger import Joiner, Ledger, RowState
+from .moves import BlockPlan, Drafted
 from .pair import RoutedPair
-from .plan import Outcome, StepPlan, depth
+from .plan import Outcome, StepPlan
 from .policy import WaitPolicy
 from .routing import Routing, fixed_routing
 from .speculation import resolve, roll_back, waits
 from .staging import in_order, staged
-from .step import Drafted, LLMRead, Proposal, Synced
+from .step import LLMRead, Proposal, Synced
 
 
 class RunningBatch:
@@ -285,22 +286,21 @@ class RunningBatch:
                                  self.ledger.oldest_tail_step(plan.step))
         return committed, self.choice.state(list(writers)) if self.keeps_streams else {}
 
-    def draft(self, policy: WaitPolicy) -> Drafted | None:
-        """``policy.block`` steps of every proposing row drafted on the device, read back once (``fast/drafts.py``);
-        None where a block cannot stand for them (a row samples, has processors, a budget or over ``drafts.ENDS`` end
-        tokens; the reads do not fold the router, or no blocks of this size are captured). The ledger is not touched
-        (``turn.decode_block``)."""
+    def draft(self, plan: BlockPlan) -> Drafted | None:
+        """``plan``'s block drafted on the device, read back once (``fast/drafts.py``; the ledger is not touched);
+        None where a block cannot stand for its rows' steps (a row samples, has processors, a budget or over
+        ``drafts.ENDS`` end tokens; the reads do not fold the router, or no blocks of this size are captured)."""
         drafts = self.layout.drafts
-        rows, live = self.ledger.proposing(), self.ledger.rows
-        if (drafts is None or drafts.k != policy.block or not rows or not self.unscored.isdisjoint(rows)
-                or not self.choice.argmax(rows) or not self._spends_none(rows) or any(len(live[r].ends) > ENDS
-                                                                                    for r in rows)):
+        rows = list(plan.rows)
+        if (drafts is None or drafts.k != plan.steps or not self.unscored.isdisjoint(rows)
+                or not self.choice.argmax(rows) or not self._spends_none(rows) or max(map(len, plan.ends)) > ENDS):
             return None
-        depths = [depth(row, policy, len(self.ledger.occupied())) if row else 0 for row in live]
         # rows that may speculate inside the block: their SLM state kept first (a rollback returns there)
-        self.layout.keep("slm", [r for r in rows if depths[r] and not live[r].pending])
-        drafted, (self.slm_logits, self.slm_hidden, self.slm_scores) = run_block(
-            self.layout, block_inputs(self, rows, depths, policy), policy.block, self.last_token)
+        self.layout.keep("slm", [r for r in rows if plan.standing[r].depth and not plan.standing[r].pending])
+        # (copies: thresholds and last tokens change in place, and a captured step copies a tensor it saw last once)
+        drafted, (self.slm_logits, self.slm_hidden, self.slm_scores) = self.layout.draft(
+            plan, logits=self.slm_logits, hidden=self.slm_hidden, scores=self.slm_scores,
+            thresholds=self.thresholds.clone(), previous=self.last_token.clone())
         self.counters.host_syncs += 1
         return drafted
 

@@ -154,13 +154,6 @@ class WaitPolicy:
 IMMEDIATE = WaitPolicy()
 
 
-class Drafting(WaitPolicy):
-    """A policy under which the LLM never runs: a draft block's steps (``turn.decode_block``)."""
-
-    def runs(self, waiting: int, running: int, oldest_wait: int, stalled: bool) -> bool:
-        return False
-
-
 def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
     """The server's policy when its flags name none, by where the models run (chosen from measurements).
 

@@ -116,25 +116,3 @@ class LLMRead:
             return self.tokens
         at = staged([self.rows.index(r) for r in rows], self.tokens.device)
         return self.tokens.index_select(0, at)
-
-
-@dataclass(frozen=True)
-class Drafted:
-    """What a draft block read back in its one synchronisation (``fast/drafts.py``): per drafted step, per slot, the
-    SLM's argmax proposal, whether it routed, whether the router was sure, whether it was committed, whether the
-    slot proposed and whether the SLM read the committed token (not a frontier row's: ``StepPlan.frontier``); and the
-    token each slot committed at the step before the block (-1: none)."""
-
-    previous: list[int]
-    token: list[list[int]]
-    routed: list[list[bool]]
-    sure: list[list[bool]]
-    committed: list[list[bool]]
-    active: list[list[bool]]
-    read: list[list[bool]]
-
-    def arrived(self, i: int) -> list[int]:
-        """The tokens that reach the host at drafted step ``i`` (those committed at the step before it)."""
-        if i == 0:
-            return self.previous
-        return [t if c else -1 for t, c in zip(self.token[i - 1], self.committed[i - 1])]

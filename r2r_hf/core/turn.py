@@ -28,8 +28,8 @@ import torch
 
 from .counters import Counters
 from .ledger import Applied, Ledger
-from .plan import Outcome, StepPlan, plan_step, settle
-from .policy import Drafting, WaitPolicy
+from .plan import Outcome, StepPlan, plan_block, plan_moves, plan_step, settle
+from .policy import WaitPolicy
 from .staging import staged
 from .step import LLMRead, Proposal, Synced
 
@@ -151,62 +151,37 @@ def _delivered(counters: Counters, taken: dict[int, int], synced: Synced) -> set
 
 def decode_block(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepResult | None:
     """``policy.block`` steps drafted on the device in one block (``fast/drafts.py``, one host synchronisation),
-    then each planned and applied as ``decode_step`` plans and applies it, the LLM not running (its turn comes at
-    the next step); rows whose answer ends inside the block leave at once. The last step's result (its ``ended``:
-    every row that ended in the block), or None where this turn cannot draft (``RunningBatch.draft`` says where;
-    nor where the LLM is due, or the stop rule reads the device)."""
+    planned once (``plan.plan_block``), then each applied as ``decode_step`` applies a step, its plan made from the
+    moves the device made (``plan.plan_moves``), the LLM not running (its turn comes at the next step); rows whose
+    answer ends inside the block leave at once. The last step's result (its ``ended``: every row that ended in the
+    block), or None where this turn cannot draft (``plan_block`` and ``RunningBatch.draft`` say where; nor where the
+    stop rule reads the device)."""
     ledger = batch.ledger
-    if policy.block < 2 or stops.reads() or not hasattr(batch, "draft") or _due(ledger, policy):
-        return None
-    drafting = Drafting(*dataclasses.astuple(policy))
-    if policy.depths and policy.speculate:  # depth by load: the load at the block's start for all its steps
-        drafting = dataclasses.replace(drafting, depths=(policy.depth(len(ledger.occupied()), True),))
-    drafted = batch.draft(drafting)
+    block = None if stops.reads() or not hasattr(batch, "draft") else plan_block(ledger, policy)
+    drafted = None if block is None else batch.draft(block)
     if drafted is None:
         return None
     ended_all, result, done = set(), None, 0
-    for i in range(len(drafted.token)):
-        rows = ledger.proposing()
+    for i, made in enumerate(drafted.moves):
+        moves = {r: m for r, m in made.items() if ledger.rows[r] is not None}  # (rows that ended in the block left)
+        rows = list(moves)
         if not rows:
             break
-        if {r for r in rows if drafted.active[i][r]} != set(rows):
-            raise RuntimeError(f"a draft block's step {i} proposed for other rows than the ledger's ({rows})")
         routed, sure = [drafted.routed[i][r] for r in rows], [drafted.sure[i][r] for r in rows]
         synced = Synced(routed, ledger.arrive(drafted.arrived(i)), set(), [], sure)
         ended = _delivered(batch.counters, stops.ended(synced), synced)
-        plan = plan_step(ledger.rows, ledger.step_no, rows, routed, ended, drafting, False, sure)
-        committed = {r for r in rows if drafted.committed[i][r]} - ended
-        unread = {r for r in committed if not drafted.read[i][r]}
-        if set(plan.slm_writers) != committed or set(plan.frontier) != unread or plan.llm_writers:
-            raise RuntimeError(f"a draft block's step {i} committed other rows than its plan ({plan})")
+        plan = plan_moves(ledger.rows, ledger.step_no, rows, ended, moves)
         outcome = settle(ledger.rows, plan, {}, False)
         applied = ledger.apply(plan, outcome)
         batch.counters.step(plan, outcome)
         batch.leave(list(plan.ended))
         ended_all |= set(plan.ended)
-        result, done = StepResult(plan, outcome, synced, None, _drafted_proposal(rows, routed), LLMRead(), applied), i + 1
+        proposal = _drafted_proposal(rows, routed)
+        result, done = StepResult(plan, outcome, synced, None, proposal, LLMRead(), applied), i + 1
     # what the last step the host applied committed reaches it at the next step (not what the device drafted after
     # it for rows that ended: they left)
     batch.delivers([t if ledger.rows[r] is not None else -1 for r, t in enumerate(drafted.arrived(done))])
     return dataclasses.replace(result, plan=dataclasses.replace(result.plan, ended=tuple(sorted(ended_all))))
-
-
-def _due(ledger, policy: WaitPolicy) -> bool:
-    """Whether the LLM may run within the next ``policy.block`` steps (rows wait or hold pending positions enough
-    for it, or the oldest is old enough by then; without speculation, one routed row is enough), or no row
-    proposes: then a step, not a block."""
-    rows, step = ledger.rows, ledger.step_no
-    since = [row.waiting_since for row in rows if row is not None and row.waiting_since is not None]
-    held = [row.pending[0].step for row in rows if row is not None and row.pending]
-    # (every row holding pending positions counts, those at threshold 0 too, though the plan counts them once their
-    # tail is full: such a row fills it within a block and then waits, and a block would hold the LLM back; the
-    # replay at threshold 0 counting them as the plan does: 2.04 against 2.32x the LLM alone at 8 users)
-    holders = sum(1 for row in rows if row is not None and (row.waiting_since is not None or row.pending))
-    oldest = max((step - s for s in since + held), default=0) + policy.block - 1
-    proposing, running = ledger.proposing(), len(ledger.occupied())
-    if not policy.speculate and (policy.immediate or policy.wanted(running) <= 1):  # one routed row runs the LLM:
-        return True  # a block would draft on after it waits, for nothing
-    return not proposing or policy.runs(holders, running, oldest, stalled=False)
 
 
 def _drafted_proposal(rows: list[int], routed: list[bool]) -> Proposal:

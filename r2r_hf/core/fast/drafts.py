@@ -5,12 +5,14 @@ then queues the next step, so the device idles for the host's decisions at every
 proposes the SLM's argmax with the router folded into the SLM's read (greedy rows without processors or a budget),
 nothing a step decides needs the host until the LLM runs: a routed row waits for it, or, speculating, goes on with
 the SLM's token while it may hold more pending positions (its depth), the router is not sure and no token of its tail
-the host has seen ends its answer (``plan.plan_step``'s rule); a row that routes everywhere (threshold 0) and fills
-its depth commits its last pending token unread, its next token being the LLM's (``StepPlan.frontier``). A draft
-block applies that rule on the device for k steps — propose (the argmax), route (the folded scores), commit (a row
-that waits stops drafting; one whose length limit is reached stops), the SLM's read of every slot's new token — and
-the host reads the k steps' tokens and flags back in one synchronisation, then plans and applies each step as it
-would have (``turn.decode_block``), the LLM not running inside a block.
+the host has seen ends its answer; a row that routes everywhere (threshold 0) and fills its depth commits its last
+pending token unread, its next token being the LLM's (each row's move: ``moves.move``). A draft block, planned once
+on the host (``moves.BlockPlan``), applies that rule on the device for k steps — propose (the argmax), route (the
+folded scores), each row's move (``device_move``: a row that waits stops drafting; one whose length limit is reached
+stops), the SLM's read of every slot's new token — and the host reads the k steps' tokens and moves back in one
+synchronisation, then applies each step's moves as it applies a step's (``turn.decode_block``), the LLM not running
+inside a block. ``device_move`` is ``moves.move``'s device form: ``tests/test_moves.py`` holds the two equal on one
+table of cases, and a whole block to ``moves.draft_on_host``.
 
 What the device cannot know it does not need to: a row whose answer a stop rule ends inside the block (an EOS, a stop
 string) goes on drafting there; the host ends it at the step it ends and its slot is freed, the tokens drafted past
@@ -23,13 +25,24 @@ from collections.abc import Callable
 
 import torch
 
+from ..moves import BlockPlan, Drafted, Move, Standing
 from ..staging import staged
-from ..step import Drafted
 from .fused import attended
 from .graphs import Step
 
 
 ENDS = 8  # end tokens a drafted row may have at most (more: the batch does not draft; ``RunningBatch.draft``)
+
+
+def device_move(routed: torch.Tensor, sure: torch.Tensor, pending: torch.Tensor, depth: torch.Tensor,
+                left: torch.Tensor, everywhere: torch.Tensor, ended: torch.Tensor,
+                active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moves.move`` on the device, for every slot at once (``Standing``'s fields [S]; ``active``: the slot
+    proposes): where each row commits a token (it writes, speculates or takes its frontier), and where that token is
+    its frontier's (``Move.of`` reads the move back)."""
+    commit = active & (~routed | ((pending < depth) & ~sure & ~ended))
+    frontier = commit & routed & everywhere & (pending + 1 >= depth) & (left > 1)
+    return commit, frontier
 
 
 def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens: torch.Tensor) -> Step:
@@ -49,12 +62,11 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
             token = logits[:, :vocab].argmax(-1)
             routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
             sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: it waits
-            commit = active & (~routed | ((pending < depth) & ~sure & ~ended))
+            commit, frontier = device_move(routed, sure, pending, depth, remaining, everywhere, ended, active)
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
-            pending = pending + (commit & routed).long()
+            pending = pending + (commit & routed).long()  # where each row stands after its move (``Standing.after``)
             remaining = remaining - commit.long()
-            frontier = commit & routed & everywhere & (pending >= depth) & (remaining > 0)  # the LLM's next
             reads = commit & ~frontier
             for name, value in zip(steps, (token, routed, sure, commit, active, reads)):
                 steps[name].append(value)
@@ -81,9 +93,22 @@ class CapturedDrafts:
         self.reads, self.capture, self.k, self.vocab, self.trash, self.tokens = reads, capture, k, vocab, trash, tokens
         self.steps: dict[int, Step] = {}
 
-    def run(self, filled: int, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One block over slots whose tokens, the block's included, fill at most ``filled`` columns (its attention
-        span: ``fused.attended``); captured on first use."""
+    def run(self, plan: BlockPlan, lengths: list[int], **outputs: torch.Tensor) -> tuple[Drafted, tuple]:
+        """``plan``'s block over slots of ``lengths`` tokens (its attention span: the columns they fill with the
+        block's, ``fused.attended``) from each slot's SLM outputs, threshold and last token (``outputs``: ``inputs``),
+        read back once: what it drafted, and each slot's SLM outputs after it (device values)."""
+        given = inputs(plan, lengths, **outputs)
+        out = self._step(max(lengths) + plan.steps + 1, given)
+        return read_back(given["previous"], out[:6]), out[6:]
+
+    def warm(self, spans: tuple[int, ...], example: dict[str, torch.Tensor]) -> int:
+        """Capture a block per span (``spans``), largest first, with inputs that write nothing."""
+        for span in reversed(spans):
+            self._step(span, {**example, "active": torch.zeros_like(example["active"])})
+        return len(self.steps)
+
+    def _step(self, filled: int, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``draft_fn``'s outputs, its step captured per span on first use."""
         span = attended(filled, self.trash)
         if span not in self.steps:
             fn = draft_fn(self.reads(span), self.k, self.vocab, self.trash, self.tokens)
@@ -91,51 +116,47 @@ class CapturedDrafts:
             self.steps[span] = self.capture(fn, idle)
         return self.steps[span](**inputs)
 
-    def warm(self, spans: tuple[int, ...], example: dict[str, torch.Tensor]) -> int:
-        """Capture a block per span (``spans``), largest first, with inputs that write nothing."""
-        for span in reversed(spans):
-            self.run(span, **{**example, "active": torch.zeros_like(example["active"])})
-        return len(self.steps)
+
+def idle_inputs(layout) -> dict[str, torch.Tensor]:
+    """A draft block's inputs that draft nothing (no slot proposes), shaped as the batch gives them (capture)."""
+    head, slots = layout.pair.slm.get_output_embeddings().weight, layout.slots
+    nothing = BlockPlan(0, (None,) * slots, (frozenset(),) * slots)
+    return inputs(nothing, [0] * slots, logits=head.new_zeros(slots, head.shape[0]),
+                  hidden=head.new_zeros(slots, head.shape[1]), scores=torch.zeros(slots, device=head.device),
+                  thresholds=torch.zeros(slots, device=head.device),
+                  previous=torch.full((slots,), -1, dtype=torch.long, device=head.device))
 
 
-def block_inputs(batch, rows: list[int], depths: list[int], policy) -> dict[str, torch.Tensor]:
-    """The block's inputs from a ``RunningBatch``: each slot's SLM outputs and threshold, and its drafting state from
-    the host (staged copies): pending positions held, whether it proposes (``rows``), tokens it may still commit, its
-    length, its depth (``depths``), whether it routes everywhere, whether its tail ends its answer
-    (``RowState.ended_in_tail``) and its end tokens (-2: none); the policy's bounds (``speculate_below``,
-    ``draft_confidence``) and the tokens committed at the step before (-1: none)."""
-    live, chosen, device = batch.ledger.rows, set(rows), batch.device
-    host = [[len(row.pending) if row else 0 for row in live], [int(r in chosen) for r in range(len(live))],
-            [row.max_new if row else 0 for row in live], list(batch.layout.book.length), list(depths),
-            [int(bool(row and row.routes)) for row in live], [int(bool(row and row.ended_in_tail())) for row in live]]
-    ends = [sorted(row.ends)[:ENDS] if row else [] for row in live]
+def inputs(plan: BlockPlan, lengths: list[int], **outputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``outputs`` (each slot's SLM outputs, threshold, last token) with ``plan`` as ``draft_fn`` reads it (staged
+    copies, [S] each): each drafting row's standing (0 where a slot does not draft), whether it proposes, each slot's
+    length (``lengths``) and end tokens (-2: none; ``ENDS`` at most); the policy's bounds."""
+    standing = [s or _NOTHING for s in plan.standing]
+    host = [[s.pending for s in standing], [int(s is not None) for s in plan.standing], [s.left for s in standing],
+            list(lengths), [s.depth for s in standing], [int(s.everywhere) for s in standing],
+            [int(s.ended) for s in standing]]
+    ends = [sorted(e)[:ENDS] for e in plan.ends]
     host += list(map(list, zip(*[e + [-2] * (ENDS - len(e)) for e in ends])))
+    device = outputs["previous"].device
     pending, active, remaining, length, depth, everywhere, ended, *ends_t = staged(host, device).unbind(0)
-    below, confidence = staged([policy.speculate_below, policy.draft_confidence], device, torch.float32).unbind(0)
-    # (thresholds and the last tokens are written in place as rows join and leave: a captured step copies an input
-    # it saw last time as the same tensor only once)
-    return {"logits": batch.slm_logits, "hidden": batch.slm_hidden, "scores": batch.slm_scores,
-            "thresholds": batch.thresholds.clone(), "previous": batch.last_token.clone(), "pending": pending,
-            "active": active.bool(), "remaining": remaining, "lengths": length, "depth": depth,
-            "everywhere": everywhere.bool(), "ended": ended.bool(), "ends": torch.stack(ends_t, 1), "below": below,
-            "confidence": confidence}
-
-
-def run_block(layout, inputs: dict[str, torch.Tensor], k: int,
-              previous: torch.Tensor) -> tuple[Drafted, tuple[torch.Tensor, ...]]:
-    """A block of ``k`` steps on ``layout`` (``SlotLayout.draft``) read back in one synchronisation: what it drafted
-    and each slot's SLM outputs after it."""
-    out = layout.draft(inputs, k)
-    drafted = read_back(previous, out[:6])
-    layout.drafted(drafted.committed, drafted.read)
-    return drafted, out[6:]
+    below, confidence = staged([plan.below, plan.confidence], device, torch.float32).unbind(0)
+    return {**outputs, "pending": pending, "active": active.bool(), "remaining": remaining, "lengths": length,
+            "depth": depth, "everywhere": everywhere.bool(), "ended": ended.bool(), "ends": torch.stack(ends_t, 1),
+            "below": below, "confidence": confidence}
 
 
 def read_back(previous: torch.Tensor, drafted: tuple[torch.Tensor, ...]) -> Drafted:
     """The block's one host synchronisation: the tokens committed before it (``previous`` [S]) and its proposals,
-    routing, sure, committed, proposing and read flags [k, S]."""
+    routing, sure, committed, proposing and read flags [k, S]; each proposing row's move (``Move.of``)."""
     flat = torch.cat([previous.to(drafted[0].device), *(part.flatten().long() for part in drafted)]).tolist()
     slots, steps = len(previous), drafted[0].shape[0]
     parts = [[flat[slots + (j * steps + i) * slots: slots + (j * steps + i + 1) * slots] for i in range(steps)]
              for j in range(len(drafted))]
-    return Drafted(flat[:slots], parts[0], *([[bool(v) for v in step] for step in part] for part in parts[1:]))
+    token, (routed, sure, committed, active, read) = parts[0], ([[bool(v) for v in step] for step in part]
+                                                               for part in parts[1:])
+    moves = [{r: Move.of(c[r], h[r], s[r]) for r in range(slots) if a[r]}
+             for c, h, s, a in zip(committed, routed, read, active)]
+    return Drafted(flat[:slots], token, routed, sure, moves)
+
+
+_NOTHING = Standing(0, 0, 0, False, False)  # what the device reads for a slot that does not draft

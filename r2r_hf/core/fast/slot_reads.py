@@ -18,7 +18,6 @@ captured is the model's ``CaptureStore``'s (CUDA graphs; the CPU emulation in te
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 
@@ -30,7 +29,7 @@ from ..features import slm_proposals
 from ..layouts.model_calls import layer_kinds, route_scores
 from .fused import attended
 from .fused_reads import Regions, capture_fused, regions_for, slot_read
-from .drafts import ENDS, CapturedDrafts
+from .drafts import CapturedDrafts, idle_inputs
 from .graphs import Step
 from .packed_reads import PackedSteps
 from ..layouts.reads import PaddedReads, SlotPath
@@ -290,7 +289,7 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
         llm, steps = _warm_llm(llm, layout, capture, speculate)
         report["steps"] += steps
         if drafts is not None:
-            report["steps"] += drafts.warm(span_buckets(layout.capacity), _idle_block(layout))
+            report["steps"] += drafts.warm(span_buckets(layout.capacity), idle_inputs(layout))
         head = p.slm.get_output_embeddings().weight
         if capturable:
             report["steps"] += router.warm(head.shape[0], p.slm.config.hidden_size, head.device, head.dtype)
@@ -310,18 +309,6 @@ def _llm_steps(llm, layout, capture, regions: Regions | None, speculate: int):
         return PaddedSteps(llm, layout.llm_cache, capture, hidden=False, gather=True)
     kept = {False: layout.slots, True: layout.slots * (speculate + 1)}
     return PackedSteps(llm, layout.llm_cache, regions, kept, capture)
-
-
-def _idle_block(layout) -> dict[str, torch.Tensor]:
-    """A draft block's inputs that draft nothing (no slot proposes), shaped as the batch gives them."""
-    head, slots = layout.pair.slm.get_output_embeddings().weight, layout.slots
-    zeros = torch.zeros(slots, dtype=torch.long, device=head.device)
-    return {"logits": head.new_zeros(slots, head.shape[0]), "hidden": head.new_zeros(slots, head.shape[1]),
-            "scores": torch.zeros(slots, device=head.device), "thresholds": torch.zeros(slots, device=head.device),
-            "below": torch.tensor(math.inf, device=head.device), "confidence": torch.tensor(0.0, device=head.device),
-            "pending": zeros, "active": zeros.bool(), "remaining": zeros, "lengths": zeros, "depth": zeros,
-            "everywhere": zeros.bool(), "ended": zeros.bool(), "previous": zeros - 1,
-            "ends": torch.full((slots, ENDS), -2, dtype=torch.long, device=head.device)}
 
 
 def _warm_llm(steps, layout, capture, speculate: int):

@@ -12,6 +12,7 @@ import torch
 
 from ..counters import Counters
 from ..features import input_device
+from ..moves import BlockPlan
 from ..pair import RoutedPair
 from ..staging import staged
 from .model_calls import route_scores
@@ -154,11 +155,14 @@ class SlotLayout:
         self.path.llm.prefill(self, rows, limit)
         return self.path.slm.read(self, "slm", rows, limit)
 
-    def draft(self, inputs: dict[str, torch.Tensor], steps: int) -> tuple[torch.Tensor, ...]:
-        """A draft block (``fast/drafts.py``) of every slot from ``inputs`` (each slot's SLM outputs and drafting
-        state): its per-step proposals and flags and each slot's SLM outputs after it (device values; nothing
-        waits). The block writes the drafted tokens and the SLM's cache; ``drafted`` counts them once read back."""
-        return self.path.drafts.run(max(self.book.length) + steps + 1, **inputs)
+    def draft(self, plan: BlockPlan, **outputs: torch.Tensor) -> tuple:
+        """``plan``'s draft block (``fast/drafts.py``) of every slot from each slot's SLM outputs, threshold and last
+        token (``outputs``), read back once: what it drafted (``moves.Drafted``) and each slot's SLM outputs after
+        it (device values). The block writes the drafted tokens and the SLM's cache; the book counts them
+        (``drafted``)."""
+        drafted, outputs = self.path.drafts.run(plan, self.book.length, **outputs)
+        self.drafted(drafted.committed, drafted.read)
+        return drafted, outputs
 
     def drafted(self, committed: list[list[bool]], read: list[list[bool]]) -> None:
         """The book after a draft block, from its read-back flags [k][S]: each slot's committed tokens and those the

@@ -1,0 +1,175 @@
+"""A row's move at a step the LLM does not run in: the one rule of who goes on and who waits, on plain values.
+
+At every step each proposing row makes one ``Move``: it writes the SLM's token (it did not route), speculates (it
+routed and goes on with the SLM's token, pending), waits for the LLM, or takes its frontier (it speculates with its
+last pending token, which the SLM does not read: its next token is the LLM's). ``move`` decides it from where the row
+stands (``Standing``) and what its proposal found (routed; the router or the SLM sure). ``plan.plan_step`` decides
+every step's moves with it; a draft block (``fast/drafts.py``) decides each drafted step's on the device with its
+device form (``drafts.device_move``), and the host applies what the block read back (``Drafted``), so the device's
+moves are the plan's. ``tests/test_moves.py`` runs one table of cases through both forms.
+
+A draft block is planned once on the host (``BlockPlan``: ``plan.plan_block``), drafted on the device from it, and
+read back once (``Drafted``). ``draft_on_host`` drafts the same block over plain values: the cost model's replay
+drafts with it, and the tests hold the device's block to it. Nothing here touches a tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Move(enum.Enum):
+    """What a proposing row does at a step the LLM does not run in (``move``).
+
+    Each has ``commits`` (it commits a token this step) and ``pending`` (that token is pending: it routed and went on).
+    """
+
+    WRITES = ("writes", True, False)  # it did not route: it commits the SLM's token
+    SPECULATES = ("speculates", True, True)  # it routed and commits the SLM's token, pending
+    WAITS = ("waits", False, False)  # it routed and commits nothing: it waits for the LLM
+    FRONTIER = ("frontier", True, True)  # it speculates with its last pending token, unread: it waits for its
+    # frontier token
+
+    def __init__(self, word: str, commits: bool, pending: bool) -> None:
+        self.commits, self.pending = commits, pending  # (plain attributes: the plan reads them for every row)
+
+    @classmethod
+    def of(cls, committed: bool, routed: bool, read: bool) -> Move:
+        """The move of a proposing row from a draft block's flags (``drafts.device_move``'s form): whether it
+        committed, routed, and the SLM read its token."""
+        if not committed:
+            return cls.WAITS
+        if not routed:
+            return cls.WRITES
+        return cls.SPECULATES if read else cls.FRONTIER
+
+
+class Standing(NamedTuple):
+    """Where a proposing row stands before a step: what ``move`` reads besides its proposal.
+
+    Args:
+        pending: pending positions it holds.
+        depth: pending positions it may hold (``plan.depth``).
+        left: tokens it may still commit (``ledger.RowState.max_new``).
+        everywhere: it routes every position (``RowState.routes``): its next token after a full tail is the LLM's.
+        ended: a token of its tail that reached the host ends its answer (``RowState.ended_in_tail``).
+    """
+
+    pending: int
+    depth: int
+    left: int
+    everywhere: bool
+    ended: bool
+
+    @classmethod
+    def of(cls, row, depth: int) -> Standing:
+        """A ``ledger.RowState``'s standing, ``depth`` its pending positions at most."""
+        return cls(len(row.pending), depth, row.max_new, bool(row.routes), row.ended_in_tail())
+
+    def after(self, move: Move, ends: bool) -> Standing:
+        """Where it stands after a step of a draft block in which it made ``move``, the token it committed ending its
+        answer where ``ends`` (a tail holding it goes no further: the host sees it at the next step)."""
+        pending = self.pending + move.pending
+        ended = self.ended or (move.commits and pending > 0 and ends)
+        return self._replace(pending=pending, left=self.left - move.commits, ended=ended)
+
+
+def move(standing: Standing | None, routed: bool, sure: bool) -> Move:
+    """The row's move (see the module docstring): a row that did not route writes (its ``standing`` is not read:
+    None will do); a routed row speculates while it may hold one more pending position, the router or the SLM is not
+    sure (``sure``: ``speculation.waits``) and no token of its tail ends its answer, else it waits; a speculating row
+    that routes everywhere and fills its depth with a token left after this one takes its frontier. Its device form:
+    ``fast/drafts.device_move``."""
+    s = standing
+    if not routed:
+        return Move.WRITES
+    if s.pending >= s.depth or sure or s.ended:
+        return Move.WAITS
+    if s.everywhere and s.pending + 1 >= s.depth and s.left > 1:
+        return Move.FRONTIER
+    return Move.SPECULATES
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """A draft block as the host plans it, once, before it (``plan.plan_block``): the device drafts from it.
+
+    Args:
+        steps: steps it drafts (``WaitPolicy.block``).
+        standing: per slot, where each drafting row stands at its start (its depth kept for the block's steps: the
+            depth by the load at its start); None: the slot does not draft.
+        ends: per slot, the tokens that end its answer (``RowState.ends``).
+        below, confidence: the policy's bounds on where a routed row is sure (``WaitPolicy.speculate_below``,
+            ``draft_confidence``).
+    """
+
+    steps: int
+    standing: tuple[Standing | None, ...]
+    ends: tuple[frozenset[int], ...]
+    below: float = math.inf
+    confidence: float = 0.0
+
+    @property
+    def rows(self) -> tuple[int, ...]:
+        """The rows that draft (those that propose at its start)."""
+        return tuple(r for r, s in enumerate(self.standing) if s is not None)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """What a draft block read back in its one synchronisation (``fast/drafts.read_back``), or drafted on the host
+    (``draft_on_host``): per drafted step, per slot, the SLM's argmax proposal, whether it routed and whether the
+    router was sure; each proposing row's move; and the token each slot committed at the step before the block
+    (-1: none)."""
+
+    previous: list[int]
+    token: list[list[int]]
+    routed: list[list[bool]]
+    sure: list[list[bool]]
+    moves: list[dict[int, Move]]
+
+    @property
+    def committed(self) -> list[list[bool]]:
+        """Per drafted step, per slot: whether it committed a token."""
+        return [[r in step and step[r].commits for r in range(len(self.previous))] for step in self.moves]
+
+    @property
+    def read(self) -> list[list[bool]]:
+        """Per drafted step, per slot: whether the SLM read the token it committed (not a frontier's)."""
+        return [[r in step and step[r].commits and step[r] is not Move.FRONTIER for r in range(len(self.previous))]
+                for step in self.moves]
+
+    def arrived(self, i: int) -> list[int]:
+        """The tokens that reach the host at drafted step ``i`` (those committed at the step before it)."""
+        if i == 0:
+            return self.previous
+        step = self.moves[i - 1]
+        return [t if r in step and step[r].commits else -1 for r, t in enumerate(self.token[i - 1])]
+
+
+def draft_on_host(plan: BlockPlan, previous: Sequence[int],
+                  propose: Callable[[int, int], tuple[int, bool, bool]]) -> Drafted:
+    """``plan``'s block drafted on the host as the device drafts it (``fast/drafts.draft_fn``), ``propose(row,
+    tokens it committed in the block)`` -> (token, routed, sure) standing for the SLM's argmax and the router: each
+    step every drafting row makes its ``move`` and stands ``after`` it; a row drafts on while the SLM reads its
+    token and it has tokens left. ``previous``: each slot's token committed before the block (-1: none)."""
+    slots = len(plan.standing)
+    standing = {r: s._replace(ended=s.ended or (s.pending > 0 and previous[r] in plan.ends[r]))
+                for r, s in enumerate(plan.standing) if s is not None}
+    token, routed, sure, moves = [], [], [], []
+    for _ in range(plan.steps):
+        step = ([0] * slots, [False] * slots, [False] * slots, {})
+        for r, s in list(standing.items()):
+            t, hit, certain = propose(r, plan.standing[r].left - s.left)
+            m = move(s, hit, certain)
+            step[0][r], step[1][r], step[2][r], step[3][r] = t, hit, certain, m
+            standing[r] = s.after(m, t in plan.ends[r])
+            if not m.commits or m is Move.FRONTIER or standing[r].left <= 0:
+                del standing[r]
+        for part, value in zip((token, routed, sure, moves), step):
+            part.append(value)
+    return Drafted(list(previous), token, routed, sure, moves)
