@@ -149,7 +149,7 @@ def test_a_server_of_65_slots_captures_its_packed_reads_at_start_up(model, tok):
     with torch.inference_mode():
         report = capture_slots(run.batch.layout, lambda fn, example: EmulatedGraphStep(fn, example, pool), warm=True,
                                fuse="plain")
-    widths = {width for width, *_ in run.batch.layout.captured["llm"].steps}
+    widths = {width for width, *_ in run.batch.layout.path.llm.steps.steps}
     assert report["packed"] and max(widths) == pack(list(range(65)), [0] * 65, [64] * 65, [], kept=65).width == 6144
 
 
@@ -161,7 +161,7 @@ def test_a_server_of_256_slots_reads_them_all_in_one_packed_read(model, tok, pol
     tokens in one packed read, and the answers (a sample of them, alone, on each kind of prompt and threshold) are ``generate``'s alone."""
     tau = _threshold(model, tok, 0.6)
     run = _packed(Driver(model, tok, slots=256, policy=policy, capacity=96), policy.speculate)
-    reads, widths = run.batch.layout.captured["llm"], []
+    reads, widths = run.batch.layout.path.llm.steps, []
     read = reads.read
     reads.read = lambda tokens, plan: (widths.append((len(plan.rows), plan.real, plan.width)), read(tokens, plan))[1]
 

@@ -18,6 +18,7 @@ captured is the model's ``CaptureStore``'s (CUDA graphs; the CPU emulation in te
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -111,9 +112,12 @@ class PaddedSteps:
              gathered: bool = False) -> Step:
         """The captured read of ``rows`` x ``width`` attending ``span`` columns (with ``every``: every position's
         logits, HF's forward: the fused head keeps the last only; ``gathered``: of the slots its input names, not
-        the first ``rows``); captured on first use."""
+        the first ``rows``); captured on first use, over inputs that write nothing (a capture runs the step, and a
+        recurrent state would advance twice: ``layouts/slot_state.py``)."""
         key = (rows, width, span, every, gathered)
         if key not in self.steps:
+            example = {**example, "real": torch.zeros_like(example["real"]),
+                       "column": torch.full_like(example["column"], self.cache.trash)}
             then = self.fold if self.fold is not None and not every else (lambda read: read)
             if self.regions is not None and not every:
                 step = capture_fused(self.capture, lambda: self.function(rows, span), example,

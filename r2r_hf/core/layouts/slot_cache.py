@@ -34,7 +34,7 @@ import torch
 from ...compat import cache_argument
 from ..features import HiddenStateCapture
 from ..staging import in_order, staged
-from .model_calls import layer_kinds, long_rope_switch
+from .model_calls import layer_kinds
 from .slot_state import CONV, RECURRENT, SlotStates
 
 # Layer types whose attention is local, and the config entry that sizes it (HF's masks read the same entries).
@@ -53,11 +53,13 @@ class SlotCache:
         layers: the model's decoder layers.
         slots: rows.
         capacity: columns per row (positions 0 .. capacity - 1); ``grow`` makes more.
+        recurrent: the model has recurrent layers (its states are kept per slot, checkpointed for rollbacks).
     """
 
     is_compileable = False  # not HF's static cache: generate never sees it
 
-    def __init__(self, layers: int, slots: int, capacity: int) -> None:
+    def __init__(self, layers: int, slots: int, capacity: int, recurrent: bool = False) -> None:
+        self.recurrent = recurrent
         self.slots, self.capacity = slots, capacity
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers

@@ -37,8 +37,9 @@ class SlotLayout:
         self.pair, self.counters = pair, counters
         self.device = input_device(pair.slm)
         self.tokens = torch.zeros(slots, capacity, dtype=torch.long, device=self.device)
-        self.slm_cache = SlotCache(pair.slm.config.num_hidden_layers, slots, capacity)
-        self.llm_cache = SlotCache(pair.llm.config.num_hidden_layers, slots, capacity)
+        able = pair.abilities
+        self.slm_cache = SlotCache(pair.slm.config.num_hidden_layers, slots, capacity, "recurrent" in able.slm.kinds)
+        self.llm_cache = SlotCache(pair.llm.config.num_hidden_layers, slots, capacity, "recurrent" in able.llm.kinds)
         self.book = SlotBook(slots)  # each row's length and how far each model has read it
         route = lambda logits, hidden, token: route_scores(pair.slm, pair.router, pair.num_topk, logits, hidden,  # noqa
                                                            token)
@@ -108,7 +109,7 @@ class SlotLayout:
         model with recurrent layers that read past them goes back to its checkpoint and reads again from there."""
         for role in self.book.cut(row, index):
             cache = self.slm_cache if role == "slm" else self.llm_cache
-            if cache.states.buffers:
+            if cache.recurrent:
                 self.book.restore(role, row)
                 cache.states.restore(row)
 
@@ -116,7 +117,7 @@ class SlotLayout:
         """Checkpoint ``role``'s recurrent states of ``rows`` where it has read them to (before it reads a token a
         rollback may cut: ``slot_state.py``); nothing for a model without recurrent layers."""
         cache = self.slm_cache if role == "slm" else self.llm_cache
-        if cache.states.buffers and rows:
+        if cache.recurrent and rows:
             cache.states.keep(rows)
             self.book.keep(role, rows)
 

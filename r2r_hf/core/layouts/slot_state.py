@@ -101,8 +101,9 @@ class SlotStates:
             buffer[row].zero_()
 
     def keep(self, rows: list[int]) -> None:
-        """Checkpoint the states of ``rows`` as they stand (``restore`` puts them back)."""
-        if not rows or not self.buffers:
+        """Checkpoint the states of ``rows`` as they stand (``restore`` puts them back; before the model's first write
+        every state is zero, and so is its checkpoint)."""
+        if not rows:
             return
         for key, buffer in self.buffers.items():
             if key not in self.saved:
@@ -111,9 +112,12 @@ class SlotStates:
             self.saved[key].index_copy_(0, at, buffer.index_select(0, at))
 
     def restore(self, row: int) -> None:
-        """Slot ``row``'s states back to its checkpoint."""
+        """Slot ``row``'s states back to its checkpoint (zero where it was kept before the model's first write)."""
         for key, buffer in self.buffers.items():
-            buffer[row].copy_(self.saved[key][row])
+            if key in self.saved:
+                buffer[row].copy_(self.saved[key][row])
+            else:
+                buffer[row].zero_()
 
     # ------------------------------------------------------------ sizes
     def grow(self, slots: int) -> int:
