@@ -110,7 +110,7 @@ def test_a_grid_missing_a_section_is_refused_by_name():
 
 
 def test_the_committed_predictions_are_the_first_runs_costs_for_the_second_runs_plan():
-    # docs/performance.md ("The second device run") tables these: they must be what the first run's costs give for
+    # benchmarks/results/gpu_check.md ("Predicted") tables these: they must be what the first run's costs give for
     # every number the device's plan measures (a plan or cost-model change without them fails here).
     import json
     from dataclasses import asdict

@@ -158,7 +158,7 @@ def test_the_readme_layout_has_one_line_per_package():
 
 def test_every_relative_link_of_the_readme_and_docs_names_a_file_there():
     broken = []
-    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(ROOT.glob("benchmarks/results/*.md"))]:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             if "://" not in target and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")

@@ -21,7 +21,7 @@
 #   4. cuda_tests.log     tests/test_capture.py on CUDA, fusing off, without the compile cases, without -x: only where
 #                         60 s of the 510 are left
 # GPU_CHECK_FAIL_PHASE=NAME (tests only) raises in that phase: every other phase must still write its numbers.
-# Then: copy gpu_check.json to benchmarks/results/ and run python -m benchmarks.tables gpu for docs/performance.md.
+# Then: copy gpu_check.json to benchmarks/results/ and run python -m benchmarks.tables gpu for gpu_check.md there.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 DRY=0

@@ -2,7 +2,7 @@
 
 Random weights disagree everywhere: at a pending position the LLM's token is almost never the SLM's, so a
 speculating run on them rolls back at every resolution, the worst case. A real pair agrees at 87.6 % of routed
-positions (``../shared`` notes; ``benchmarks/serving/cost_model.AGREEMENT``). To time the paths a real pair walks
+positions (``benchmarks/serving/cost_model.AGREEMENT``). To time the paths a real pair walks
 (resolutions that confirm several pending positions, rollbacks at some, the thrown tokens), the oracle replaces the
 LLM's verdict at each pending position by a seeded draw that agrees with probability ``agreement``:
 

@@ -19,7 +19,7 @@ token, 2 x concurrency requests, 16 slots) is set beside what the serving phase 
 defaults are predicted with the same costs (the LLM agreeing at 87.6 % of routed positions, the real pair's rate),
 for the server the device ran (``speculative``) and for today's, whose LLM reads gather their rows where that
 makes a smaller rows bucket (``gathering``: ``fast/slot_reads.PaddedSteps``, since the first device run).
-Results: ``benchmarks/results/gpu_calibrated.json``; docs/performance.md, "The first device run".
+Results: ``benchmarks/results/gpu_calibrated.json``; benchmarks/results/gpu_first_run.md.
 
 **A second path, from one run's grid only** (``grid_costs``, ``grid_check``; ``--grid JSON``): the second device
 run (issue 51) times every kind of forward the server replays on the engine's own captured steps (the check's

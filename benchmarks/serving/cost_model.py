@@ -16,7 +16,7 @@ with the SLM there (recorded, or drawn with the measured share ``AGREEMENT``); `
 predicts their table.
 
 Costs: on this CPU the fits of ``benchmarks/serving/forward_costs.py`` (``t = a + b k + c k g`` for k rows of g tokens);
-on an H200 the estimated component costs of docs/performance.md (``H200_CAPTURED`` below; the costs an H200
+on an H200 the estimated component costs (``H200_CAPTURED`` below; the costs an H200
 measured, and the replay checked against its served runs, are ``benchmarks/serving/calibrated.py``'s). The validation
 compares the replay of each measured serve_load run with its measured tokens/s.
 """
@@ -93,14 +93,14 @@ def _interpolated(grid: dict, rows: int, tokens: int) -> float:
     return max(t0 + (t1 - t0) * (rows - k0) / (k1 - k0), 0.0)
 
 
-# H200, bf16, R1-Distill 1.5B + 32B shapes, captured/compiled steps (docs/performance.md, serving.md): an SLM
+# H200, bf16, R1-Distill 1.5B + 32B shapes, captured/compiled steps (benchmarks/results/serving_cost_model.md): an SLM
 # step ~2.5 ms and a 32B forward ~19 ms, both flat in rows below the FLOP:byte ridge; past it a token costs
 # ~6 us (1.5B) / ~0.13 ms (32B) of compute at ~500 TFLOP/s. The router ~0.2 ms. Estimates: the first H200 run
 # measured the fused 32B at 18.0-20.4 ms for one token at 1-16 rows and the SLM at 2.2 ms (``calibrated.py``).
 H200_CAPTURED = Costs(slm=(2.5e-3, 0.0, 6e-6), llm=(19e-3, 0.0, 1.3e-4), router=(2e-4, 0.0), step=1e-4,
                       name="H200, captured steps (cost model)")
 # The same GPU running HF's eager forward (what the server runs there before issue 31 captures it): launch-bound,
-# an eager 1.5B step measured at 18.5 ms and a 32B forward at 45-55 ms on an H200 (docs/performance.md).
+# an eager 1.5B step measured at 18.5 ms and a 32B forward at 45-55 ms on an H200 (benchmarks/results/gpu_first_run.md).
 H200_EAGER = Costs(slm=(18.5e-3, 0.0, 6e-6), llm=(50e-3, 0.0, 1.3e-4), router=(1e-3, 0.0), step=2e-4,
                    name="H200, eager steps (measured step costs)")
 
@@ -136,7 +136,8 @@ def _quantile(values: list[float], q: float) -> float:
 
 # ----------------------------------------------------------------- inputs
 # The share of routed positions at which the LLM's token equals the SLM's proposal, measured on the shipped pair
-# (Qwen2.5-Coder 0.5B + 1.5B and its router, greedy, 10 HumanEval answers: 113 of 129; ../shared/reference).
+# (Qwen2.5-Coder 0.5B + 1.5B and its router, greedy, 10 HumanEval answers: 113 of 129;
+# benchmarks/results/speculation.md).
 AGREEMENT = 0.876
 
 

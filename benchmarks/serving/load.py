@@ -15,7 +15,7 @@ most 16 steps, the GPU default), ``m1`` (the LLM runs in the step an answer rout
 between an answer's stream chunks), and the counters of ``/metrics`` (model forwards per token, rows per LLM
 forward, steps a routed answer waited). Each server writes a trace (``R2R_SERVE_TRACE``) that
 ``benchmarks/serving/cost_model.py`` replays with forward costs. Results go to benchmarks/results/serve_load.json,
-rewritten after each run; ``--table`` prints the markdown table of docs/performance.md.
+rewritten after each run; ``--table`` prints the markdown table of benchmarks/results/serving_cpu.md.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def counters(url: str) -> dict[str, float]:
 
 
 def per_run(before: dict, after: dict) -> dict:
-    """The run's counters (the warm-up's subtracted) as the ratios docs/performance.md reports."""
+    """The run's counters (the warm-up's subtracted) as the ratios benchmarks/results/serving_cpu.md reports."""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     tokens = d.get("r2r_generated_tokens_total", 0) or 1
     calls = d.get("r2r_llm_calls_total", 0)

@@ -32,8 +32,8 @@ from r2r_hf.core.policy import IMMEDIATE, WaitPolicy, call_policy, default_polic
 from .cost_model import H200_CAPTURED, POLICY_GRID, Costs, answers_of, cpu_costs, llm_alone, simulate, synthetic
 
 SLOTS = 16
-# The fused captured step (docs/performance.md, "Fused captured steps"): SLM step + router ~1.2 ms, and the host
-# loop's 0.5 ms per step the speculative.md estimate assumes; the 32B forward as captured.
+# The fused captured step (benchmarks/results/captured_steps.md): SLM step + router ~1.2 ms, and the host
+# loop's 0.5 ms per step benchmarks/results/speculation.md assumes; the 32B forward as captured.
 H200_FUSED = replace(H200_CAPTURED, slm=(1.0e-3, 0.0, 6e-6), step=5e-4, name="H200, fused steps (est.), host 0.5 ms")
 VLLM_LOSSLESS = {1: 2.22, 8: 1.95, 16: 1.84}  # vLLM V1, Qwen3-32B + 1.7B draft, k = 4, MT-Bench, one H100
 DEPTHS = (1, 2, 4, 8)

@@ -208,7 +208,7 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitP
     resolves at once, which would be m = 1) holds a pending position or waits, once the oldest pending position is
     ``SERVE_SPECULATE_WAIT`` steps old, or when no row can go on without it (a row that holds ``speculate`` pending
     positions and routes again waits meanwhile). Chosen with the cost model (``benchmarks/serving/speculative.py``,
-    H200 estimates, docs/performance.md): at 8 and 16 users, p = 0.05-0.2, 3 % below the best of its grid in each
+    H200 estimates, benchmarks/results/): at 8 and 16 users, p = 0.05-0.2, 3 % below the best of its grid in each
     case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
     LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99. On a
     GPU the rows at threshold 0 hold pending positions by load (``LOSSLESS_DEPTHS``, at most ``speculate``); they
@@ -221,7 +221,8 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitP
 
 SERVE_SPECULATE_WAIT = 16
 # A generate call that speculates resolves its rows' pending positions once the oldest is this many steps old (or a
-# row holds ``speculate`` of them and routes again, or none can go on). Chosen with the cost model: docs/performance.md.
+# row holds ``speculate`` of them and routes again, or none can go on). Chosen with the cost model:
+# benchmarks/results/speculation.md.
 SPECULATE_WAIT = 32
 _said: set[str] = set()
 

@@ -2,7 +2,7 @@
 or corrects it and cuts the row back. Answers are R2R's, token for token.
 
 Where the router routes, the LLM's token is usually the SLM's own proposal (87.6 % of routed positions on the
-shipped pair: ``../shared`` notes, docs/performance.md). A row that may speculate (``WaitPolicy.speculate``) keeps
+shipped pair: benchmarks/results/speculation.md). A row that may speculate (``WaitPolicy.speculate``) keeps
 the SLM's token at a routed position, *pending*, and goes on. When the LLM runs (``plan.plan_step``), it reads each
 resolving row up to its last pending position in one forward and gives its logits at every pending position.
 There, per row and in order, the LLM's token is chosen as R2R would have chosen it — through the row's processors

@@ -1,6 +1,6 @@
 """The router as the captured path runs it: in the models' dtype, and folded into the SLM's read.
 
-Two choices, each behind its guard, each measured (docs/performance.md, "The router on the captured path"):
+Two choices, each behind its guard, each measured (benchmarks/results/captured_steps.md, docs/fast_path.md):
 
 * **dtype.** With ``CaptureStore.router_dtype = "model"`` the captured steps score with a copy of the router in
   the SLM's dtype (bf16 on a GPU): half the weight reads of the fp32 router (the paper's 1024 x 6 router at the
