@@ -115,8 +115,10 @@ def test_the_step_shows_both_decisions_and_the_ledger_is_its_one_writer():
     for path in [*(ROOT / "r2r_hf").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]:
         text = path.read_text()
         assert "settled is None" not in text, path
-        if path.name != "ledger.py":  # a row's progress is written by ``Ledger.apply`` (and its helpers) only
+        if path.name != "ledger.py":  # a row's progress is written by ``Ledger.apply`` (and its helpers) only; rows
+            # join, get ready and leave through ``admit``, ``ready`` and ``release``
             assert not progress.search(text), (path, progress.search(text))
+            assert not re.search(r"ledger\.rows(\[[^\]]+\])?\s*=[^=]|\.prefilling\s*=[^=]", text), path
 
 
 def test_who_goes_on_and_who_waits_is_written_once_on_the_host_and_once_on_the_device():

@@ -199,12 +199,13 @@ def test_min_tokens_past_the_default_max_tokens_is_refused_by_both_names(served)
 def test_speculate_on_a_server_that_does_not_speculate_says_why_and_what_to_do():
     """Issue 59, item 4: it said "send a whole number from 0 (off) to 0"; where --speculate was given but the pair
     cannot speculate, starting with --speculate is no remedy."""
-    from r2r_hf.serve.answers import APIError, speculation_depth
-    from r2r_hf.serve.protocol import CompletionRequest
+    from r2r_hf.core.policy import WaitPolicy
+    from r2r_hf.serve.errors import APIError
+    from r2r_hf.serve.policy import request_depth
 
     def refusal(asked: int, depth: int, flag: int) -> str:
         with pytest.raises(APIError) as err:
-            speculation_depth(CompletionRequest(model="tiny", prompt="water", speculate=asked), depth, flag)
+            request_depth(asked, WaitPolicy((2,), 4, speculate=depth), flag)
         assert err.value.param == "speculate"
         return err.value.message
 
@@ -213,7 +214,7 @@ def test_speculate_on_a_server_that_does_not_speculate_says_why_and_what_to_do()
     assert refusal(3, 0, 0).endswith("(it was started without --speculate); send 0 or leave speculate out, or start it "
                                      "with --speculate 3 or more.")
     assert refusal(-1, 0, 0).endswith("send 0 or leave speculate out.") and "from 0 (off) to 4" in refusal(5, 4, 4)
-    assert speculation_depth(CompletionRequest(model="tiny", prompt="water", speculate=0), 0, 0) == 0
+    assert request_depth(0, WaitPolicy(), 0) == 0
 
 
 def test_fields_that_change_nothing_here_are_taken(served):

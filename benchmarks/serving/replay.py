@@ -159,12 +159,13 @@ class ReplayBatch:
     def join(self, answer: Answer) -> None:
         slot = self.ledger.rows.index(None)
         self.book.place(slot, answer.prompt)
-        self.ledger.rows[slot] = RowState(owner=answer, max_new=len(answer.routed), prefilling=True,
-                                          routes=answer.routes)
+        self.ledger.admit(slot, RowState(owner=answer, max_new=len(answer.routed), prefilling=True,
+                                         routes=answer.routes))
 
     def leave(self, rows: list[int]) -> None:
+        self.ledger.release(rows)
         for r in rows:
-            self.ledger.rows[r], self.last[r] = None, -1
+            self.last[r] = -1
             self.book.free(r)
 
     def prefill(self, limit: int | None) -> None:
@@ -172,8 +173,7 @@ class ReplayBatch:
         rows = self.ledger.prefilling()
         self.clock.prompt(rows, limit)
         self.clock.read("slm", rows, limit)
-        for r in rows:
-            self.ledger.rows[r].prefilling = self.book.unread("slm", r) > 0
+        self.ledger.ready([r for r in rows if not self.book.unread("slm", r)])
 
     def propose(self, policy: WaitPolicy) -> SimpleNamespace:
         """The recorded routing of each proposing row's next token (a stream's states are not modelled)."""

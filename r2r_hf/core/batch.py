@@ -78,7 +78,8 @@ class RunningBatch:
         budget = None if routing.llm_budget is None else Budget.start(routing.llm_budget, rows, new_tokens, device)
         batch = cls(routing.pair, layout, choice, counters, rows, device, budget, routing.sampler.do_sample)
         routes = fixed_routing(routing.threshold, routing.llm_budget, scored)
-        batch.ledger.rows = [RowState(max_new=new_tokens, routes=routes, ends=ends) for _ in range(rows)]
+        for r in range(rows):
+            batch.ledger.admit(r, RowState(max_new=new_tokens, routes=routes, ends=ends))
         batch.thresholds.fill_(routing.threshold)
         batch.store_slm(list(range(rows)), *layout.slm_read(list(range(rows))))
         return batch
@@ -110,8 +111,8 @@ class RunningBatch:
         for slot, joiner in zip(free, joiners):
             layout.place(slot, joiner.prompt)
             routes = fixed_routing(joiner.threshold, joiner.llm_budget)  # (nothing reads a served row's scores)
-            rows[slot] = RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes, ends=joiner.ends,
-                                  depth=joiner.depth)
+            self.ledger.admit(slot, RowState(owner=joiner.owner, max_new=joiner.max_new, routes=routes,
+                                             ends=joiner.ends, depth=joiner.depth, prefilling=prefill is not None))
             self.choice.set(slot, joiner.rule)
             self.thresholds[slot] = joiner.threshold
             self.budget.place(slot, math.inf if joiner.llm_budget is None else joiner.llm_budget, joiner.max_new)
@@ -120,9 +121,6 @@ class RunningBatch:
         self.counters.joins += len(joiners)
         if prefill is None:
             self._ready(free, *layout.slm_read(free))
-        else:
-            for slot in free:
-                rows[slot].prefilling = True
         return free
 
     def prefill(self, limit: int) -> list[int]:
@@ -139,8 +137,7 @@ class RunningBatch:
                scores: torch.Tensor | None = None) -> None:
         """Rows whose prompt the SLM has read: their first proposal comes from these outputs (``store_slm``)."""
         self.store_slm(rows, logits, hidden, scores)
-        for r in rows:
-            self.ledger.rows[r].prefilling = False
+        self.ledger.ready(rows)
 
     def store_slm(self, rows: list[int], logits: torch.Tensor, hidden: torch.Tensor,
                   scores: torch.Tensor | None = None) -> None:
@@ -165,8 +162,8 @@ class RunningBatch:
 
     def leave(self, rows: list[int]) -> None:
         """Free the slots of ``rows`` (nothing is copied: a later row writes over them)."""
+        self.ledger.release(rows)
         for r in rows:
-            self.ledger.rows[r] = None
             self.layout.free(r)
             self.choice.set(r, None)
             self.running[r] = False

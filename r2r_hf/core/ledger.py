@@ -192,6 +192,23 @@ class Ledger:
         """The earliest step a rollback can reach back to (``default`` where no row holds a tail)."""
         return min((row.tail[0].step for row in self.rows if row is not None and row.tail), default=default)
 
+    # ------------------------------------------------------------ rows in and out
+    def admit(self, slot: int, row: RowState) -> None:
+        """``row`` takes free slot ``slot`` (its prompt being read where ``row.prefilling``)."""
+        if self.rows[slot] is not None:
+            raise ValueError(f"slot {slot} holds a row: a row joins a free slot")
+        self.rows[slot] = row
+
+    def ready(self, rows: list[int]) -> None:
+        """The prompts of ``rows`` are read: they propose from the next step."""
+        for r in rows:
+            self.rows[r].prefilling = False
+
+    def release(self, rows: list[int]) -> None:
+        """The slots of ``rows`` are free (their answers ended, or their clients went away)."""
+        for r in rows:
+            self.rows[r] = None
+
     # ------------------------------------------------------------ what moves them
     def arrive(self, previous: list[int]) -> list[list[tuple[int, bool, bool]]]:
         """The tokens committed at the previous step reach the host (``previous``: one per slot, -1: none); each

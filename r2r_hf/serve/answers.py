@@ -16,6 +16,7 @@ from typing import Any
 
 from ..core.sampling import MAX_SEED
 from ..model.row_settings import resolve_row, sampling_options
+from .policy import request_depth
 from .protocol import APIError, ChatRequest, CompletionRequest
 from .rows import Choice
 
@@ -23,21 +24,6 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # The request fields a resolver complaint may be about, in the order they are looked for in its message.
 FIELDS = ("threshold", "llm_budget", "seed", "temperature", "top_p", "top_k", "max_tokens", "repetition_penalty",
           "min_p", "min_tokens", "stop_token_ids")
-
-
-def speculation_depth(body: CompletionRequest | ChatRequest, server: int, flag: int) -> int | None:
-    """The answer's own speculation depth (None: the server's ``server``): 0 turns it off, at most ``server`` (the
-    server's policy: 0 where it was started without ``--speculate``, ``flag``, or its pair cannot speculate)."""
-    asked = body.speculate
-    if asked is None or 0 <= asked <= server:
-        return asked
-    if server == 0:
-        why = "its models cannot be cut back after a rejected position" if flag else "it was started without --speculate"
-        remedy = f", or start it with --speculate {asked} or more" if asked > 0 and not flag else ""
-        raise APIError(400, f"speculate={asked} cannot be honoured: this server does not speculate ({why}); send 0 or "
-                            f"leave speculate out{remedy}.", param="speculate")
-    raise APIError(400, f"speculate={asked} is out of range: this server speculates up to {server} pending positions "
-                        f"per answer; send a whole number from 0 (off) to {server}.", param="speculate")
 
 
 def sampling_fields(body: CompletionRequest | ChatRequest, default_eos, vocab: int) -> dict[str, Any]:
@@ -100,7 +86,7 @@ def choices(service, body: CompletionRequest | ChatRequest, prompt: list[int]) -
         value = getattr(body, name)
         if value is not None or default is not None:
             options[name] = value if value is not None else default
-    depth = speculation_depth(body, service.engine.policy.speculate, service.settings.speculate)
+    depth = request_depth(body.speculate, service.engine.policy, service.settings.speculate)
     out = []
     for i in range(body.n):
         seed = None if body.seed is None else body.seed + i

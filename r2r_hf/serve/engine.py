@@ -33,13 +33,13 @@ import torch
 from ..core.batch import Joiner, RunningBatch
 from ..core.counters import Counters
 from ..core.features import input_device
-from ..core.policy import serving_policy
-from ..core.routing import Routing, speculation_for
+from ..core.routing import Routing
 from ..core.sampling import Sampler
 from ..core.turn import turn
 from .capture import capture_batch, capture_plan
 from .errors import APIError
 from .metrics import ServeMetrics
+from .policy import served_policy
 from .rows import Choice, Delivery, Row
 from .settings import ServeSettings
 from .trace import Trace
@@ -62,14 +62,7 @@ class Engine:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.pair = model.routed_pair().for_call()  # one router state for the server's one running batch
         self.device = input_device(model.slm)
-        below = settings.speculate_below  # the flag, else what the router was saved with (as generate reads it)
-        below = getattr(model.generation_config, "speculate_below", None) if below is None else below
-        self.policy = speculation_for(serving_policy(self.device.type, settings.max_batch_size, settings.llm_min_rows,
-                                                     settings.llm_max_wait, settings.speculate, below,
-                                                     settings.draft_block, settings.draft_confidence), self.pair,
-                                     slots=self.pair.abilities.slots is None)
-        if self.policy.speculate:  # (the pair may not speculate whatever the flag says: ``speculation_for``)
-            logger.info("speculating: %s.", self.policy.said())
+        self.policy = served_policy(settings, model, self.pair, self.device.type)  # (``policy.py``)
         self.counters = Counters()
         self.metrics = ServeMetrics(self)
         self.trace = Trace.from_env(self.counters)  # benchmarks only (R2R_SERVE_TRACE)
