@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import transformers
 from packaging.version import Version
+from transformers import cache_utils
 
 OLDEST = "5.17.0"
 NEWEST_TESTED = "5.24.0"
@@ -50,11 +51,17 @@ def cache_of(kwargs: dict):
     return kwargs.get(CACHE_ARGUMENT, kwargs.get("past_key_values"))
 
 
+# HF's recurrent and convolution cache layers (5.17 may lack the class: then every layer attends)
+LINEAR = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
+
+
 def crop_cache(cache, tokens: int) -> None:
     """Drop the last ``tokens`` tokens of an HF cache in place (a rollback). Dynamic layers crop by a negative count
-    on every supported release (a windowed or convolution layer only where it records its past: ``make_cache``); a
-    static layer keeps its memory and moves back its device length (5.17's has no ``crop``), so captured calls over it
-    stay valid, and a windowed static layer its host count too (R2R's static caches have none: ``static_cache``)."""
+    on every supported release (a windowed layer only where it records its past: ``make_cache``); a static layer
+    keeps its memory and moves back its device length (5.17's has no ``crop``), so captured calls over it stay valid,
+    and a windowed static layer its host count too (R2R's static caches have none: ``static_cache``). A recurrent or
+    convolution layer's state is not cropped: it goes back to a checkpoint (``hold_states``, ``restore_states``); a
+    layer that also attends drops its keys and values."""
     if tokens <= 0:
         return
     for layer in cache.layers:
@@ -63,5 +70,38 @@ def crop_cache(cache, tokens: int) -> None:
             length.sub_(tokens)
             if isinstance(getattr(layer, "cumulative_length_int", None), int):
                 layer.cumulative_length_int -= tokens
-        else:
+        elif not isinstance(layer, LINEAR):
             layer.crop(-tokens)
+        elif isinstance(layer, cache_utils.DynamicLayer):  # (its attention half; 5.24's mixed layers)
+            next(base for base in type(layer).__mro__ if issubclass(base, cache_utils.DynamicLayer)
+                 and not issubclass(base, LINEAR)).crop(layer, -tokens)
+
+
+def hold_states(cache) -> list:
+    """A copy of every recurrent and convolution layer's states in an HF cache (a rollback's checkpoint), with
+    whether the layer had read anything (a layer that had not starts from zero again)."""
+    held = []
+    for layer in cache.layers:
+        if not isinstance(layer, LINEAR):
+            held.append(None)
+            continue
+        held.append({"previous": dict(layer.has_previous_state),
+                     **{kind: {i: None if s is None else s.clone() for i, s in getattr(layer, kind).items()}
+                        for kind in ("conv_states", "recurrent_states")}})
+    return held
+
+
+def restore_states(cache, held: list) -> None:
+    """Every recurrent and convolution layer of ``cache`` back to ``held`` (``hold_states``), in place (a static
+    cache's states keep their memory)."""
+    for layer, states in zip(cache.layers, held):
+        if states is None:
+            continue
+        for kind in ("conv_states", "recurrent_states"):
+            for i, saved in states[kind].items():
+                current = getattr(layer, kind)[i]
+                if saved is None and current is not None:
+                    current.zero_()
+                elif saved is not None:
+                    current.copy_(saved)
+        layer.has_previous_state.update(states["previous"])

@@ -180,3 +180,20 @@ def test_a_cut_past_a_recurrent_state_without_its_checkpoint_is_refused():
     assert book.cut(0, 2) == ["slm"]
     with pytest.raises(RuntimeError, match="without a checkpoint"):
         book.restore("slm", 0)
+
+
+@pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
+def test_generate_speculating_on_a_hybrid_pair_equals_generate(hybrid, tok, cache):
+    """``generate``'s rectangle on HF's caches cuts every row back together: its recurrent layers go back to a
+    checkpoint kept before any row's first pending token (``compat.hold_states``) and read again from there."""
+    enc = tok(PROMPTS[:3], return_tensors="pt", padding=True)
+    tau = _threshold(hybrid, tok)
+    options = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=2, threshold=tau,
+                   return_dict_in_generate=True, cache_implementation=cache)
+    base = hybrid.generate(**enc, **options)
+    fast = hybrid.generate(**enc, **options, speculate=4, llm_max_wait=16)
+    assert torch.equal(fast.sequences, base.sequences)
+    assert fast.counters["speculative_rejected"] > 0 and fast.counters["thrown"] > 0, "rollbacks happened"
+    lossless = hybrid.generate(**enc, **dict(options, threshold=0.0), speculate=8, llm_max_wait=64)
+    want = hybrid.llm.generate(**enc, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=2)
+    assert torch.equal(lossless.sequences, want) and lossless.counters["agreement_at_routed"] is not None

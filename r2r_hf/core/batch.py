@@ -71,7 +71,9 @@ class RunningBatch:
         returns the router's scores (``routing.fixed_routing``); ``ends``: the tokens that end an answer."""
         counters = counters or Counters()
         seq = Committed.from_prompt(input_ids, attention_mask, position_ids, routing.calls.capacity)
-        layout = RectangleLayout(routing.calls, seq, counters, pad)
+        able = routing.pair.abilities
+        recurrent = frozenset(role for role in ("slm", "llm") if "recurrent" in getattr(able, role).kinds)
+        layout = RectangleLayout(routing.calls, seq, counters, pad, recurrent)
         choice = CallChoice(routing.processors, routing.sampler, routing.vocab_size,
                             lambda index=None: layout.row_ids(0, index))
         rows, device = input_ids.shape[0], input_ids.device
@@ -274,8 +276,11 @@ class RunningBatch:
         if writers:  # (a rectangle commits the pad for its finished rows)
             committed = self.layout.append(list(writers), committed, self.running)
         self.last_token = committed
-        # a row's first pending token: its SLM state kept before the SLM reads it (a rollback returns there)
-        self.layout.keep("slm", [r for r in plan.speculating if not self.ledger.rows[r].pending])
+        # a row's first pending token: its SLM state kept before the SLM reads it (a rollback returns there; rows in
+        # lockstep are cut back together: their checkpoint stands before the first pending token of any row)
+        first = [r for r in plan.speculating if not self.ledger.rows[r].pending]
+        if first and not (self.lockstep and self.ledger.speculating()):
+            self.layout.keep("slm", first)
         if outcome.slm_reads:
             self.store_slm(list(outcome.slm_reads), *self.layout.slm_read(list(outcome.slm_reads)))
         if self.budget is not None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import StaticLayer
 
-from ..compat import cache_argument, crop_cache
+from ..compat import cache_argument, crop_cache, hold_states, restore_states
 from .features import input_device, lm_forward, output_device
 from .fast import fused
 from .fast.fused_reads import PLAIN, slot_read
@@ -218,8 +218,9 @@ def _fused_piece(model, cache: SlotCache, tokens: torch.Tensor, start: int, coun
 # ------------------------------------------------------------------ rollback
 def rollback_problem(model: torch.nn.Module) -> str | None:
     """Why a rollback (speculation) cannot cut ``model``'s cache back exactly, checked on its own weights: 4 tokens
-    read, then 2 more, cut back by 2 and 2 others read; the logits must be those of one plain forward over the 6
-    tokens kept, and no layer may hold a recurrent state."""
+    read (a recurrent or convolution state kept there, as ``generate``'s rollbacks keep it: ``compat.hold_states``),
+    then 2 more, cut back by 2 and 2 others read; the logits must be those of one plain forward over the 6 tokens
+    kept."""
     if long_rope_switch(model) is not None:
         return ("its long-context rotary factors follow the sequence's length, so a cut back across its original "
                 "context would keep keys read with the other factors")
@@ -230,14 +231,14 @@ def rollback_problem(model: torch.nn.Module) -> str | None:
     with torch.inference_mode():
         try:
             lm_forward(model, ids[:, :4], None, positions[:, :4], cache)
+            held = hold_states(cache)
             lm_forward(model, ids[:, 4:6], None, positions[:, 4:6], cache)
             crop_cache(cache, 2)
+            restore_states(cache, held)
             got = lm_forward(model, ids[:, 6:], None, positions[:, 4:6], cache)[0, -1].float()
         except Exception as err:  # noqa: BLE001 - any failure means: it cannot be cut back
             return f"its cache cannot be cut back to an earlier token (transformers raises {type(err).__name__})"
         want = lm_forward(model, torch.cat([ids[:, :4], ids[:, 6:]], 1), None, positions, None)[0, -1].float()
-    if any(any(getattr(layer, "is_recurrent_states_initialized", {}).values()) for layer in cache.layers):
-        return "its recurrent (state-space) layers keep a state that cannot be cut back to an earlier token"
     tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
     if not bool((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1e-6)):
         return "its state does not follow its cache when the cache is cut back (a state kept on its modules)"

@@ -301,8 +301,11 @@ class CapturedCalls:
             return self.eager.llm_predict(seq, start, end, keep)
         return self.state.predict(seq, start, end, keep)
 
-    def crop(self, slm_tokens: int, llm_tokens: int) -> None:
-        self.eager.crop(slm_tokens, llm_tokens)  # the static layers' device lengths move back: graphs stay valid
+    def keep(self, role: str) -> None:
+        self.eager.keep(role)
+
+    def crop(self, slm_tokens: int, llm_tokens: int, restore: tuple[str, ...] = ()) -> None:
+        self.eager.crop(slm_tokens, llm_tokens, restore)  # the static layers' device lengths move back: graphs stay valid
 
     def close(self) -> None:
         release, self._release = self._release, None

@@ -13,13 +13,11 @@ import torch
 from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
-from ...compat import crop_cache
+from ...compat import LINEAR, crop_cache, hold_states, restore_states
 from ..features import HiddenStateCapture, lm_forward, read_features, score
 from ..notes import notes
 from .rectangle import Committed
 
-# HF's recurrent and convolution cache layers (5.17 may lack the class: then every layer attends)
-LINEAR = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
 
 
 def make_cache(model: torch.nn.Module, implementation: str | None, length: int, rollback: bool = False) -> Cache:
@@ -31,10 +29,11 @@ def make_cache(model: torch.nn.Module, implementation: str | None, length: int, 
 
 
 def keeping_past(cache: Cache) -> Cache:
-    """``cache``, its windowed and convolution layers keeping what they would drop until a cut (``crop``) tells them
-    how far back to keep it (HF's own rollback mode for assisted decoding)."""
+    """``cache``, its windowed layers keeping what they would drop until a cut (``crop``) tells them how far back to
+    keep it (HF's own rollback mode for assisted decoding). Its recurrent and convolution layers go back to a
+    checkpoint instead (``EagerCalls.keep``): exact on every release, and no per-token history of their states."""
     for layer in cache.layers:
-        if hasattr(layer, "activate_past_recording"):
+        if hasattr(layer, "activate_past_recording") and not isinstance(layer, LINEAR):
             layer.activate_past_recording()
     return cache
 
@@ -111,6 +110,7 @@ class EagerCalls:
         if caches is None:
             caches = tuple(make_cache(m, cache_implementation, capacity, rollback) for m in (slm, llm))
         self.slm_cache, self.llm_cache = caches
+        self.held: dict[str, list] = {}  # each model's checkpoint of its recurrent states (``keep``)
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = seq.length
@@ -138,10 +138,17 @@ class EagerCalls:
         return lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
                           seq.positions[:, start:end], self.llm_cache, logits_to_keep=at)
 
-    def crop(self, slm_tokens: int, llm_tokens: int) -> None:
-        """Each model's cache drops its last tokens (a rollback)."""
-        crop_cache(self.slm_cache, slm_tokens)
-        crop_cache(self.llm_cache, llm_tokens)
+    def keep(self, role: str) -> None:
+        """Checkpoint ``role``'s recurrent and convolution states (``crop`` can put them back)."""
+        self.held[role] = hold_states(self.slm_cache if role == "slm" else self.llm_cache)
+
+    def crop(self, slm_tokens: int, llm_tokens: int, restore: tuple[str, ...] = ()) -> None:
+        """Each model's cache drops its last tokens (a rollback); the models in ``restore`` have their recurrent
+        states put back to their checkpoint (``keep``: taken where the crop leaves them)."""
+        for role, cache, tokens in (("slm", self.slm_cache, slm_tokens), ("llm", self.llm_cache, llm_tokens)):
+            crop_cache(cache, tokens)
+            if role in restore:
+                restore_states(cache, self.held[role])
 
     def close(self) -> None:
         pass

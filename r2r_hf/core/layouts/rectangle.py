@@ -92,7 +92,9 @@ class ModelCalls(Protocol):
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor: ...
 
-    def crop(self, slm_tokens: int, llm_tokens: int) -> None: ...
+    def keep(self, role: str) -> None: ...
+
+    def crop(self, slm_tokens: int, llm_tokens: int, restore: tuple[str, ...] = ()) -> None: ...
 
     def close(self) -> None: ...
 
@@ -106,17 +108,18 @@ class RectangleLayout:
         seq: the committed buffers, holding the prompt.
         counters: where forwards are counted.
         pad: the token a finished row commits (HF pads finished rows), or None.
+        recurrent: the models ("slm", "llm") with recurrent or convolution layers, whose state a rollback puts back to
+            a checkpoint (``keep``) and reads again from there.
     """
 
     lockstep = True
     drafts = None  # (a rectangle's steps are not drafted in blocks: ``RunningBatch.draft``)
     static = False  # (its caches are HF's, sized per call)
 
-    def keep(self, role: str, rows: list[int]) -> None:
-        """(HF's caches are cut back by their own crop: nothing to checkpoint)"""
-
-    def __init__(self, calls: ModelCalls, seq: Committed, counters: Counters, pad: torch.Tensor | None = None) -> None:
-        self.calls, self.seq, self.counters, self.pad = calls, seq, counters, pad
+    def __init__(self, calls: ModelCalls, seq: Committed, counters: Counters, pad: torch.Tensor | None = None,
+                 recurrent: frozenset[str] = frozenset()) -> None:
+        self.calls, self.seq, self.counters, self.pad, self.recurrent = calls, seq, counters, pad, recurrent
+        self.kept: dict[str, int] = {}  # the column each recurrent model's checkpoint stands at
         self.slm_seen = 0  # columns the SLM has read
         self.llm_seen = 0  # columns the LLM has read (one lag: it reads every row to the end)
         self.rows = seq.ids.shape[0]
@@ -156,12 +159,34 @@ class RectangleLayout:
     def tokens_at(self, row: int, indices: list[int]) -> torch.Tensor:
         return self.seq.ids[row, staged([self.prompt + i for i in indices], self.seq.ids.device)]
 
+    def keep(self, role: str, rows: list[int]) -> None:
+        """Checkpoint ``role``'s recurrent states where it has read to (every row: they are cut back together, so the
+        caller keeps before the first pending token of any row: ``RunningBatch.commit``)."""
+        if rows and role in self.recurrent:
+            self.calls.keep(role)
+            self.kept[role] = self.slm_seen if role == "slm" else self.llm_seen
+
     def cut(self, row: int, index: int) -> None:
-        """Every row back to its first ``index`` answer tokens (one length for the batch: ``row`` is any of them)."""
+        """Every row back to its first ``index`` answer tokens (one length for the batch: ``row`` is any of them); a
+        recurrent model that read past them goes back to its checkpoint and reads again from there."""
         end = self.prompt + index
-        if end < self.seq.length:
-            self.calls.crop(max(self.slm_seen - end, 0), max(self.llm_seen - end, 0))
-            self.seq.length, self.slm_seen, self.llm_seen = end, min(self.slm_seen, end), min(self.llm_seen, end)
+        if end >= self.seq.length:
+            return
+        seen = {"slm": self.slm_seen, "llm": self.llm_seen}
+        back = {role: self._checkpoint(role, end) if role in self.recurrent else end
+                for role, at in seen.items() if at > end}
+        self.calls.crop(seen["slm"] - back.get("slm", seen["slm"]), seen["llm"] - back.get("llm", seen["llm"]),
+                        tuple(role for role in back if role in self.recurrent))
+        self.seq.length, self.slm_seen, self.llm_seen = end, back.get("slm", self.slm_seen), back.get("llm",
+                                                                                                      self.llm_seen)
+
+    def _checkpoint(self, role: str, end: int) -> int:
+        """Where ``role``'s checkpoint stands: at or before ``end``, else the rollback cannot be exact (raised)."""
+        column = self.kept.get(role)
+        if column is None or column > end:
+            raise RuntimeError(f"the {role.upper()}'s recurrent state was cut back to column {end} without a "
+                               f"checkpoint at or before it ({column})")
+        return column
 
     def predict(self, needs: dict[int, list[int]]) -> dict[int, tuple[list[int], torch.Tensor]]:
         """The LLM reads every row through the token before the last needed answer index; for every row, the indices
