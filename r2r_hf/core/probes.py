@@ -89,8 +89,9 @@ def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, di
 # ------------------------------------------------------------------ capture
 def capture_problem(model: torch.nn.Module) -> str | None:
     """Why ``model``'s reads cannot be captured with fixed shapes (the server's slots: ``fast/slot_reads.py``): capture
-    needs one device, dense weights, attention that builds its mask from device tensors and rotary embeddings that do
-    not change with the sequence length."""
+    needs one device, dense weights, attention that builds its mask from device tensors, rotary embeddings that do
+    not change with the sequence length, and keys shaped as its config declares (``static_shape_problem``: Falcon's
+    multi-query attention, whose forward also reads host data inside a step)."""
     if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
         return "it is spread over several devices"
     if getattr(model, "hf_quantizer", None) is not None:
@@ -103,7 +104,7 @@ def capture_problem(model: torch.nn.Module) -> str | None:
     rope = rope_type(model.config)
     if "dynamic" in rope or rope == "longrope":  # HF recomputes these frequencies from the length, on the host
         return f"its rotary embedding ({rope!r}) changes with the sequence length"
-    return None
+    return static_shape_problem(model)
 
 
 def static_problem(model: torch.nn.Module) -> str | None:
@@ -113,7 +114,7 @@ def static_problem(model: torch.nn.Module) -> str | None:
     others = {type(layer).__name__ for layer in static_cache(model.config, 1).layers if type(layer) is not StaticLayer}
     if others:
         return f"its static cache has layers other than attention: {_kinds(others)}"
-    return static_shape_problem(model)
+    return None
 
 
 def _kinds(names: set[str]) -> str:
