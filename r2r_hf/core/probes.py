@@ -143,6 +143,8 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
     """Why a static cache allocated up front from ``model``'s config (as the captured path allocates it) would not fit
     its attention's keys (Falcon's multi-query attention keeps one key head where its config counts every head), read
     from one forward over a cache that sizes itself."""
+    if "attention" not in layer_kinds(model):
+        return None  # (no keys to shape)
     declared = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
     if declared is None:
         return None
@@ -152,8 +154,9 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
               **cache_argument(cache))
     for i, layer in enumerate(cache.layers):
         heads, dim = (value[i] if isinstance(value, (list, tuple)) else value for value in declared)
-        if layer.is_initialized and tuple(layer.keys.shape[1::2]) != (heads, dim):
-            return (f"its attention keeps {layer.keys.shape[1]} key heads of {layer.keys.shape[-1]} where its config "
+        keys = getattr(layer, "keys", None) if getattr(layer, "is_initialized", False) else None  # (attention only)
+        if keys is not None and tuple(keys.shape[1::2]) != (heads, dim):
+            return (f"its attention keeps {keys.shape[1]} key heads of {keys.shape[-1]} where its config "
                     f"declares {heads} of {dim} (multi-query attention), so a static cache cannot be allocated for it "
                     "before the capture")
     return None

@@ -75,17 +75,20 @@ class SlotCache:
         """The spare column padding is written to (past every position)."""
         return self.capacity
 
-    def plan(self, rows: list[int] | None, columns: torch.Tensor, used: int, index: torch.Tensor | None = None) -> None:
+    def plan(self, rows: list[int] | None, columns: torch.Tensor, used: int, index: torch.Tensor | None = None,
+             every_row_reads: bool = False) -> None:
         """The next forward reads ``rows``; its new tokens go to ``columns`` [k, g]; it attends ``used`` columns.
 
         ``index``: ``rows`` as a device tensor already (a captured read plans before capture: no copy inside it);
-        ``rows`` None: the rows are ``index``, whichever they are (a captured read that gathers its rows).
+        ``rows`` None: the rows are ``index``, whichever they are (a captured read that gathers its rows);
+        ``every_row_reads``: each row reads a real token (their recurrent states are then read in place where the
+        rows are contiguous: ``slot_state.py``).
         """
         contiguous = rows is not None and rows == list(range(rows[0], rows[0] + len(rows)))
         self.span = slice(rows[0], rows[0] + len(rows)) if contiguous else None
         self.rows = index if index is not None else staged(rows, columns.device)
         self.columns, self.used = columns, used
-        self.states.plan(self.rows, None)
+        self.states.plan(self.rows, None, self.span if every_row_reads else None)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the forward's new keys and values [k, heads, g, dim]; return its rows' [k, heads, used, dim]."""
@@ -271,7 +274,7 @@ def read_piece(model: torch.nn.Module, cache: SlotCache, tokens: torch.Tensor, r
     (with ``every``: the logits [k, g, V] after each token of the right-aligned piece, and None)."""
     inputs, index = piece(tokens, rows, starts, counts, max(counts), cache.trash)
     used = max(s + n for s, n in zip(starts, counts))
-    cache.plan(rows, inputs["column"], used, index)
+    cache.plan(rows, inputs["column"], used, index, every_row_reads=min(counts) > 0)
     if every:
         out = forward_piece(model, cache, **inputs, used=used, hidden=False, every=True)[0], None
     elif not hidden:

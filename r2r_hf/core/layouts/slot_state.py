@@ -15,9 +15,10 @@ head), both updated by every token it reads. There is no per-token history to sl
   cut (``SlotLayout.cut``). A checkpoint taken earlier than needed costs a longer re-read, never a wrong state.
 
 HF's recurrent layers ask their cache for a layer's state (``get_conv_state``, ``get_recurrent_state``), may update it
-in place (a one-token step), and hand back new states (``update_conv_state``, ``update_recurrent_state``). A forward's
-rows get a gathered copy of their states; ``finish`` (after the forward, inside a captured read too: device ops only)
-writes back the copies of the rows that read a real token.
+in place (a one-token step), and hand back new states (``update_conv_state``, ``update_recurrent_state``). Where a
+forward's rows are a contiguous range of slots that all read a real token (an eager read: the host knows), they get
+their states in place (views: nothing copied); otherwise a gathered copy, and ``finish`` (after the forward, inside a
+captured read too: device ops only) writes back the copies of the rows that read a real token.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ class SlotStates:
         self.handed: dict[tuple[int, str, int], torch.Tensor] = {}  # this forward's rows' states
         self.rows: torch.Tensor | None = None  # [k] the forward's slots
         self.real: torch.Tensor | None = None  # [k] bool: the forward's rows that read a real token
+        self.span: slice | None = None  # the rows as a range of slots that all read a real token: states in place
 
-    def plan(self, rows: torch.Tensor, real: torch.Tensor) -> None:
-        """The next forward reads ``rows`` [k] (a device index); ``real`` [k]: those that read a real token."""
-        self.rows, self.real = rows, real
+    def plan(self, rows: torch.Tensor, real: torch.Tensor | None, span: slice | None = None) -> None:
+        """The next forward reads ``rows`` [k] (a device index); ``real`` [k]: those that read a real token (set by
+        ``finish``'s caller where not known yet); ``span``: the rows as a range of slots that all read one."""
+        self.rows, self.real, self.span = rows, real, span
         self.handed = {}
 
     # ------------------------------------------------------------ HF's cache interface, per layer
@@ -56,10 +59,12 @@ class SlotStates:
         """The forward's rows' state (a copy: written back by ``finish``), or None before the model's first write
         (the layer then starts from zeros, as it does for a prompt)."""
         key = (layer, kind, state)
+        buffer = self.buffers.get(key)
+        if buffer is None:
+            return None
+        if self.span is not None:
+            return buffer[self.span]
         if key not in self.handed:
-            buffer = self.buffers.get(key)
-            if buffer is None:
-                return None
             self.handed[key] = buffer.index_select(0, self.rows.to(buffer.device))
         return self.handed[key]
 
@@ -73,7 +78,7 @@ class SlotStates:
             self.buffers[key] = new.new_zeros(self.slots, *new.shape[1:-1], size)
         before = self.get(layer, CONV, state)
         full = torch.cat([before.to(new.dtype), new], dim=-1)
-        self.handed[key] = full[..., -self.kernels[(layer, state)]:]
+        self._put(key, full[..., -self.kernels[(layer, state)]:])
         return full
 
     def update_recurrent(self, new: torch.Tensor, layer: int, state: int) -> torch.Tensor:
@@ -81,8 +86,17 @@ class SlotStates:
         key = (layer, RECURRENT, state)
         if key not in self.buffers:
             self.buffers[key] = new.new_zeros(self.slots, *new.shape[1:])
-        self.handed[key] = new
+        self._put(key, new)
         return new
+
+    def _put(self, key: tuple[int, str, int], value: torch.Tensor) -> None:
+        """The forward's rows' new state: in place where they are a range of slots, else handed to ``finish``."""
+        if self.span is None:
+            self.handed[key] = value
+        else:
+            held = self.buffers[key][self.span]
+            if held.data_ptr() != value.data_ptr():
+                held.copy_(value)
 
     def finish(self) -> None:
         """Write the forward's states back, for the rows that read a real token only (device ops: a captured read
