@@ -123,8 +123,8 @@ def _kinds(names: set[str]) -> str:
     state)."""
     said = []
     if any("LinearAttention" in n for n in names):
-        said.append("recurrent (state-space or linear-attention) layers, whose state a static cache does not hold "
-                    "per position")
+        said.append("recurrent (state-space, linear-attention or convolution) layers, which generate's captured "
+                    "pieces would advance over their padding (the server's captured slots read them unpadded)")
     if "DummyLayer" in names:
         said.append("KV-shared layers that read another layer's keys and values")
     rest = sorted(n for n in names if "LinearAttention" not in n and n != "DummyLayer")
