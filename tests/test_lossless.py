@@ -246,7 +246,7 @@ def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_
     import logging
 
     depths = [0, 2, None, 4]
-    with caplog.at_level(logging.INFO, logger="r2r_hf.serve.engine"), \
+    with caplog.at_level(logging.INFO, logger="r2r_hf.serve.policy"), \
             serving(related, tok, max_batch_size=4, llm_min_rows=(5,), llm_max_wait=16, speculate=4) as (url, _):
         def ask(i):
             body = dict(model="tiny", prompt=PROMPTS[i], max_tokens=12, temperature=0, threshold=0.0)
