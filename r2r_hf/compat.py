@@ -8,30 +8,54 @@ release is installed; where releases differ, a shim below says which releases ne
 
 The range is what CI tests (the newest and the oldest release, each in its own venv from the
 wheel). Its upper bound is the next minor release: an untested minor may move a private hook, and
-a loud refusal at install time beats routing silently wrong.
+a loud refusal at install time beats routing silently wrong. Where a user forces another release
+past pip, R2R says so once, as it loads a pair (``warn_if_untested``).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import transformers
 from packaging.version import Version
+from transformers import cache_utils
 
 OLDEST = "5.17.0"
-NEWEST_TESTED = "5.24.0"
-BELOW = "5.25"  # the first release not yet tested (pyproject.toml declares the same range)
+NEWEST_TESTED = "5.25.0"
+BELOW = "5.26"  # the first release not yet tested (pyproject.toml declares the same range)
+
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 def transformers_version() -> Version:
     return Version(transformers.__version__)
 
 
+def untested_sentence(found: Version) -> str | None:
+    """What R2R says of a transformers release outside the tested range, or None inside it."""
+    if Version(OLDEST) <= found < Version(BELOW):
+        return None
+    return (f"transformers {found} is outside the releases r2r_hf is tested with ({OLDEST} to {NEWEST_TESTED}): it "
+            "may route wrongly where a private hook moved; install a tested one: "
+            f"pip install 'transformers>={OLDEST},<{BELOW}'.")
+
+
+def warn_if_untested() -> None:
+    """Warn once per process where the installed transformers is outside the tested range (pip keeps users inside
+    it; a forced install gets this sentence as a pair loads, never a silent difference)."""
+    sentence = untested_sentence(transformers_version())
+    if sentence is not None and sentence not in _warned:
+        _warned.add(sentence)
+        logger.warning(sentence)
+
+
 def check_transformers() -> None:
     """Raise when the installed transformers is outside the supported range (one sentence)."""
-    found = transformers_version()
-    if not Version(OLDEST) <= found < Version(BELOW):
-        raise ImportError(f"r2r_hf supports transformers {OLDEST} to {NEWEST_TESTED} (below {BELOW}); this environment "
-                          f"has {found}. Install a supported release: pip install 'transformers>={OLDEST},<{BELOW}'.")
+    sentence = untested_sentence(transformers_version())
+    if sentence is not None:
+        raise ImportError(sentence)
 
 
 # ------------------------------------------------------------------ shims, each with the releases that need it
