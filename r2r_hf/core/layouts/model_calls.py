@@ -47,6 +47,9 @@ def static_cache(config, length: int) -> StaticCache:
         windowed = isinstance(layer, StaticLayer) and getattr(layer, "is_sliding", False)
         if windowed and not isinstance(layer, LINEAR):  # (a hybrid layer keeps its recurrent half: not captured)
             cache.layers[i] = StaticLayer(max_cache_len=length)
+            # Still windowed to HF's mask code, which sizes a window's mask from the first layer it finds windowed
+            # (or else the first layer: a recurrent one in RecurrentGemma, whose count 5.25 reads as the queries').
+            cache.layers[i].is_sliding = True
     return cache
 
 
