@@ -69,23 +69,90 @@ def cache_argument(cache) -> dict:
     return {CACHE_ARGUMENT: cache}
 
 
+# HF's recurrent and convolution cache layers (a state-space, linear-attention or convolution state per row)
+LINEAR = cache_utils.LinearAttentionCacheLayerMixin
+
+
+def cache_is_empty(cache) -> bool:
+    """Whether no layer of ``cache`` has read a token yet: a recurrent or convolution layer until its first read, an
+    attention layer while it holds no key. (``Cache.get_seq_length`` raises on a cache of recurrent layers only in
+    5.24, counts them in 5.25 and reads the first attention layer before.)"""
+    for layer in cache.layers:
+        if isinstance(layer, LINEAR) and any(layer.has_previous_state.values()):
+            return False
+        if isinstance(layer, cache_utils.CacheLayerMixin) and int(layer.get_seq_length()) > 0:
+            return False
+    return True
+
+
 def cache_of(kwargs: dict):
     """The KV cache in a model forward's keyword arguments, under either name (a hook sees what generate passed)."""
     return kwargs.get(CACHE_ARGUMENT, kwargs.get("past_key_values"))
 
 
+# 5.25 keeps, where asked, each recurrent layer's states of its last tokens, so that a cut back can restore one
+# (``activate_past_recording(recurrent_states_to_keep=n)``); 5.24 and before keep none and take no argument.
+RECURRENT_HISTORY = transformers_version() >= Version("5.25.0.dev0")
+
+
+def record_past(cache, tokens: int) -> None:
+    """Make ``cache``'s layers keep what a cut back of up to ``tokens`` tokens needs (HF's rollback mode for assisted
+    decoding): a windowed or convolution layer what it would drop, a recurrent layer its last states (where the
+    release keeps them: ``RECURRENT_HISTORY``)."""
+    for layer in cache.layers:
+        if not hasattr(layer, "activate_past_recording"):
+            continue
+        if RECURRENT_HISTORY and isinstance(layer, LINEAR):
+            # One more than the cut: a read of more tokens than it keeps records the state before the read in place
+            # of the one before its kept states.
+            layer.activate_past_recording(recurrent_states_to_keep=tokens + 1)
+            # (5.25 gives every state of a layer one shared list, ``dict.fromkeys(range(n), [])``: one each.)
+            layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
+        else:
+            layer.activate_past_recording()
+
+
+def bound_past(cache, tokens: int) -> None:
+    """Drop what ``cache``'s recurrent and convolution layers recorded beyond the last ``tokens`` tokens (HF keeps it
+    until a cut, one state per token read: a long answer without a rollback would hold them all)."""
+    for layer in cache.layers:
+        if not (isinstance(layer, LINEAR) and layer.record_past):
+            continue
+        for i in range(layer.number_of_states):
+            if layer.is_conv_states_initialized[i]:
+                layer.conv_states[i] = layer.conv_states[i][..., -(layer.conv_kernel_size[i] + tokens):]
+        history = getattr(layer, "recurrent_states_history", {})
+        for i, states in history.items():
+            history[i] = states[-tokens:]
+
+
 def crop_cache(cache, tokens: int) -> None:
     """Drop the last ``tokens`` tokens of an HF cache in place (a rollback). Dynamic layers crop by a negative count
-    on every supported release (a windowed or convolution layer only where it records its past: ``make_cache``); a
-    static layer keeps its memory and moves back its device length (5.17's has no ``crop``), so captured calls over it
-    stay valid, and a windowed static layer its host count too (R2R's static caches have none: ``static_cache``)."""
+    on every supported release (a windowed, convolution or recurrent layer only where it records its past:
+    ``record_past``); a static layer keeps its memory and moves back its device length (5.17's has no ``crop``), so
+    captured calls over it stay valid, and a windowed static layer its host count too (R2R's static caches have none:
+    ``static_cache``); a layer that is both (a hybrid's static layer) cuts back its recurrent half as well."""
     if tokens <= 0:
         return
     for layer in cache.layers:
+        if isinstance(layer, LINEAR):
+            check_recorded(layer, tokens)
         length = getattr(layer, "cumulative_length", None)
         if isinstance(length, torch.Tensor):
             length.sub_(tokens)
             if isinstance(getattr(layer, "cumulative_length_int", None), int):
                 layer.cumulative_length_int -= tokens
+            if isinstance(layer, LINEAR):
+                LINEAR.crop(layer, -tokens)
         else:
             layer.crop(-tokens)
+
+
+def check_recorded(layer, tokens: int) -> None:
+    """Raise (never cut back wrongly) where a recurrent layer did not record the states of its last ``tokens``."""
+    history = getattr(layer, "recurrent_states_history", {})
+    short = [i for i in range(layer.number_of_states)
+             if layer.is_recurrent_states_initialized[i] and len(history.get(i, ())) < tokens]
+    if short:
+        raise RuntimeError(f"a recurrent cache layer kept the states of fewer than the {tokens} tokens a rollback cuts "
+                           "back (record_past was given a shorter horizon than the speculation's).")

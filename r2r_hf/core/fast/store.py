@@ -138,7 +138,7 @@ class CaptureStore:
 
 
 def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: int, needed: int,
-                 store: CaptureStore | None, fold: bool = False, rollback: bool = False) -> ModelCalls:
+                 store: CaptureStore | None, fold: bool = False, rollback: int = 0) -> ModelCalls:
     """The engine one call runs on, decided as HF decides to compile.
 
     Eager unless ``cache_implementation="static"`` and not ``disable_compile``; then captured
@@ -153,7 +153,8 @@ def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: i
         needed: the call's longest sequence (prompt + max_new_tokens).
         store: the model's ``CaptureStore``, or None to run eagerly.
         fold: the call proposes the SLM's raw argmax (``router_copy.proposal_is_argmax``).
-        rollback: the call speculates (its caches are cut back: ``model_calls.make_cache``).
+        rollback: the most tokens the call's rollbacks cut its caches back by (0: it does not speculate:
+            ``model_calls.make_cache``).
     """
     kind, compile_config = generation_config.cache_implementation, generation_config.compile_config
     eager = kind != "static" or generation_config.disable_compile or store is None

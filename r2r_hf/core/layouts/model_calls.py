@@ -2,39 +2,31 @@
 
 ``fast/static_reads.CapturedCalls`` replays the same calls captured, and ``fast/store.choose_calls`` decides which
 a generate call gets. What differs by family is read off the model here, once: how its layers read the mask
-(``read_mask``), where a long-RoPE model reads everything again (``read_start``), whether its cache can be cut back
-for speculation (``rollback_problem``). docs/model_families.md shows what each family gets on each path.
+(``read_mask``), where a long-RoPE model reads everything again (``read_start``), whether a read of several tokens
+continues what its cache holds (``continuation_problem``), whether its cache can be cut back for speculation
+(``rollback_problem``). docs/model_families.md shows what each family gets on each path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
-from ...compat import cache_argument, crop_cache
+from ...compat import LINEAR, RECURRENT_HISTORY, bound_past, cache_argument, cache_is_empty, crop_cache, record_past
 from ..features import HiddenStateCapture, input_device, lm_forward, read_features, score
-from ..notes import notes
+from ..notes import notes, say_for
 from .rectangle import Committed
 
-# HF's recurrent and convolution cache layers (5.17 may lack the class: then every layer attends)
-LINEAR = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
 
-
-def make_cache(model: torch.nn.Module, implementation: str | None, length: int, rollback: bool = False) -> Cache:
+def make_cache(model: torch.nn.Module, implementation: str | None, length: int, rollback: int = 0) -> Cache:
     """A fresh KV cache for one model: ``static_cache`` for ``"static"``, else HF's dynamic cache; where the call may
-    ``rollback`` (speculation cuts the caches back), ``keeping_past``: a layer that dropped what fell out of its
-    window could not be cut back past it."""
+    cut its caches back by up to ``rollback`` tokens (speculation), keeping what that needs (``compat.record_past``:
+    a layer that dropped what fell out of its window, or overwrote its state, could not be cut back past it)."""
     cache = static_cache(model.config, length) if implementation == "static" else DynamicCache(config=model.config)
-    return keeping_past(cache) if rollback else cache
-
-
-def keeping_past(cache: Cache) -> Cache:
-    """``cache``, its windowed and convolution layers keeping what they would drop until a cut (``crop``) tells them
-    how far back to keep it (HF's own rollback mode for assisted decoding)."""
-    for layer in cache.layers:
-        if hasattr(layer, "activate_past_recording"):
-            layer.activate_past_recording()
+    if rollback:
+        record_past(cache, rollback)
     return cache
 
 
@@ -83,12 +75,16 @@ def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, 
     position biases from the mask, as BLOOM's ALiBi, needs it that wide, and a captured read passes the same); over
     the read's own columns where no layer attends (a state-space model's mixer zeroes its padded inputs: HF passes
     it the prompt's mask, then none)."""
-    kinds = layer_kinds(model)
-    if "attention" not in kinds:
-        mask = seq.mask_upto(end)
-        return None if mask is None else mask[:, start:end]
-    wide = isinstance(cache, StaticCache) and "recurrent" not in kinds
-    return seq.mask_upto(seq.mask.shape[1] if wide else end)
+    wide = isinstance(cache, StaticCache) and "attention" in layer_kinds(model) and "recurrent" not in layer_kinds(model)
+    return piece_mask(model, seq.mask_upto(seq.mask.shape[1] if wide else end), start, end)
+
+
+def piece_mask(model: torch.nn.Module, mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    """What a read of columns ``start:end`` passes of ``mask`` (every column up to ``end`` at least, or None): all of
+    it where a layer attends, the read's own columns where none does."""
+    if mask is None or "attention" in layer_kinds(model):
+        return mask
+    return mask[:, start:end]
 
 
 def read_start(model: torch.nn.Module, cache: Cache, start: int, end: int) -> int:
@@ -114,6 +110,53 @@ def layer_kinds(model: torch.nn.Module) -> frozenset[str]:
     return known["layer_kinds"]
 
 
+def cached_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, cache: Cache | None, keep,
+                   mask_at: Callable[[int, int], torch.Tensor | None]) -> torch.Tensor:
+    """``lm_forward`` of ``ids`` [B, T] into ``cache``, its logits at ``keep`` (the last n, 0: all, or the indices of a
+    tensor); one forward per token where ``model`` cannot continue its cache's state over several tokens
+    (``continuation_problem``) and the cache holds some. ``mask_at(i, j)``: the mask of a read of tokens ``i:j``."""
+    width = ids.shape[1]
+    if width == 1 or cache is None or continuation_problem(model) is None or cache_is_empty(cache):
+        return lm_forward(model, ids, mask_at(0, width), positions, cache, keep)
+    say_for(model, f"R2R reads {type(model).__name__} ({model.config.model_type!r}) one token at a time past its prompt: "
+             f"{continuation_problem(model)}.")
+    logits = torch.cat([lm_forward(model, ids[:, i : i + 1], mask_at(i, i + 1), positions[:, i : i + 1], cache)
+                        for i in range(width)], 1)
+    return logits[:, keep] if isinstance(keep, torch.Tensor) else logits[:, -keep:] if keep else logits
+
+
+def continuation_problem(model: torch.nn.Module) -> str | None:
+    """Why a read of several tokens into a cache that holds earlier ones would not give ``model``'s logits, or None.
+
+    transformers' Mamba and FalconMamba scans start a read of several tokens from a zero state, and RecurrentGemma's
+    convolution from zero inputs, whatever the cache holds (one token at a time, and a first read, are right). Checked
+    once per model on its own weights: 3 tokens, then 5, against one forward over the 8.
+    """
+    known = notes(model)
+    if "continuation_problem" not in known:
+        known["continuation_problem"] = None
+        if "recurrent" in layer_kinds(model):
+            device = input_device(model)
+            ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
+            positions = torch.arange(8, device=device)[None]
+            cache = DynamicCache(config=model.config)
+            with torch.inference_mode():
+                lm_forward(model, ids[:, :3], None, positions[:, :3], cache)
+                got = lm_forward(model, ids[:, 3:], None, positions[:, 3:], cache, 0)[0].float()
+                want = lm_forward(model, ids, None, positions, None, 0)[0, 3:].float()
+            if not close(got, want, model, 2e-5):  # (a read in pieces sums as one forward does, to fp32 rounding)
+                known["continuation_problem"] = ("its forward over several tokens does not continue the state its "
+                                                 "cache holds (transformers computes part of such a read as if no "
+                                                 "token came before it)")
+    return known["continuation_problem"]
+
+
+def close(got: torch.Tensor, want: torch.Tensor, model: torch.nn.Module, fp32: float = 1e-3) -> bool:
+    """Two reads' logits agree within ``fp32`` in float32, bf16's rounding else (relative to the largest logit)."""
+    tolerance = fp32 if model.dtype == torch.float32 else 5e-2
+    return bool((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1e-6))
+
+
 def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, hidden, token) -> torch.Tensor:
     """Router scores [B] for the SLM's proposals ``token`` given its logits [B, V] and hidden state [B, H]."""
     return score(router, read_features(slm, logits, hidden, token, k))
@@ -128,22 +171,30 @@ class EagerCalls:
         cache_implementation: ``"static"`` or anything else for a dynamic cache.
         capacity: the call's longest sequence (static caches are this long).
         caches: (SLM cache, LLM cache) to read into instead of fresh ones (the captured engine's).
-        rollback: the call may cut its caches back (speculation: ``make_cache``).
+        rollback: the most tokens the call may cut its caches back by (speculation: ``make_cache``; 0: none).
     """
 
     def __init__(self, slm, llm, router, num_topk: int, cache_implementation: str | None, capacity: int,
-                 caches: tuple[Cache, Cache] | None = None, rollback: bool = False) -> None:
+                 caches: tuple[Cache, Cache] | None = None, rollback: int = 0) -> None:
         self.slm, self.llm, self.router, self.num_topk, self.capacity = slm, llm, router, num_topk, capacity
+        self.rollback = int(rollback)
         if caches is None:
-            caches = tuple(make_cache(m, cache_implementation, capacity, rollback) for m in (slm, llm))
+            caches = tuple(make_cache(m, cache_implementation, capacity, self.rollback) for m in (slm, llm))
         self.slm_cache, self.llm_cache = caches
+
+    def _read(self, model, cache: Cache, seq: Committed, start: int, end: int, keep) -> torch.Tensor:
+        """``model`` reads columns ``start:end`` into ``cache``; its logits at ``keep`` (``cached_forward``)."""
+        logits = cached_forward(model, seq.ids[:, start:end], seq.positions[:, start:end], cache, keep,
+                                lambda i, j: read_mask(model, cache, seq, start + i, start + j))
+        if self.rollback:
+            bound_past(cache, self.rollback)
+        return logits
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = seq.length
         start = read_start(self.slm, self.slm_cache, start, end)
         with HiddenStateCapture(self.slm) as capture:
-            logits = lm_forward(self.slm, seq.ids[:, start:end], read_mask(self.slm, self.slm_cache, seq, start, end),
-                                seq.positions[:, start:end], self.slm_cache)
+            logits = self._read(self.slm, self.slm_cache, seq, start, end, 1)
             return logits[:, -1], capture.hidden[:, -1]
 
     def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
@@ -152,17 +203,14 @@ class EagerCalls:
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor:
         end = seq.length
         start = read_start(self.llm, self.llm_cache, start, end)
-        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
-                            seq.positions[:, start:end], self.llm_cache)
-        return logits[:, -1]
+        return self._read(self.llm, self.llm_cache, seq, start, end, 1)[:, -1]
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
         """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep`` (computed there
         only: HF's ``logits_to_keep`` takes the positions)."""
         start = read_start(self.llm, self.llm_cache, start, end)
         at = torch.tensor([c - start for c in keep], device=seq.ids.device)
-        return lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
-                          seq.positions[:, start:end], self.llm_cache, logits_to_keep=at)
+        return self._read(self.llm, self.llm_cache, seq, start, end, at)
 
     def crop(self, slm_tokens: int, llm_tokens: int) -> None:
         """Each model's cache drops its last tokens (a rollback)."""
@@ -204,19 +252,30 @@ def _rollback_probe(model: torch.nn.Module) -> str | None:
     device = input_device(model)
     ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
     positions = torch.arange(6, device=device)[None]
-    cache = make_cache(model, None, 8, rollback=True)
+    cache = make_cache(model, None, 8, rollback=2)
+    def read(piece: slice, at: slice) -> torch.Tensor:  # (as R2R reads: one token at a time where it must)
+        return cached_forward(model, ids[:, piece], positions[:, at], cache, 1, lambda i, j: None)[0, -1].float()
+
     with torch.inference_mode():
         try:
-            lm_forward(model, ids[:, :4], None, positions[:, :4], cache)
-            lm_forward(model, ids[:, 4:6], None, positions[:, 4:6], cache)
+            read(slice(0, 4), slice(0, 4))
+            read(slice(4, 6), slice(4, 6))
+            linear = [layer for layer in cache.layers if isinstance(layer, LINEAR)]
+            if linear and not any(any(layer.has_previous_state.values()) for layer in linear):
+                return "it keeps its recurrent state on its modules, not in its cache, so a cut back cannot reach it"
+            recurrent = any(any(getattr(layer, "is_recurrent_states_initialized", {}).values())
+                            for layer in cache.layers)
+            if recurrent and not RECURRENT_HISTORY:
+                return ("its recurrent (state-space) layers keep a state that this transformers release cannot cut "
+                        "back to an earlier token (5.25 can)")
             crop_cache(cache, 2)
-            got = lm_forward(model, ids[:, 6:], None, positions[:, 4:6], cache)[0, -1].float()
+            got = read(slice(6, 8), slice(4, 6))
         except Exception as err:  # noqa: BLE001 - any failure means: it cannot be cut back
             return f"its cache cannot be cut back to an earlier token (transformers raises {type(err).__name__})"
         want = lm_forward(model, torch.cat([ids[:, :4], ids[:, 6:]], 1), None, positions, None)[0, -1].float()
-    if any(any(getattr(layer, "is_recurrent_states_initialized", {}).values()) for layer in cache.layers):
-        return "its recurrent (state-space) layers keep a state that cannot be cut back to an earlier token"
-    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
-    if not bool((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1e-6)):
+    if not close(got, want, model):
+        if recurrent:
+            return ("transformers' cut back of its recurrent (state-space) state does not restore the state of the "
+                    "earlier token")
         return "its state does not follow its cache when the cache is cut back (a state kept on its modules)"
     return None
