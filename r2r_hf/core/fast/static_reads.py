@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers.cache_utils import StaticCache, StaticLayer
 
-from ...compat import cache_argument
+from ...compat import LINEAR, cache_argument
 from ..layouts.model_calls import EagerCalls, route_scores
 from ..layouts.model_calls import static_cache as full_static_cache
-from ..layouts.model_calls import static_shape_problem
+from ..layouts.model_calls import host_work_problem, static_shape_problem
 from ..features import input_device, output_device, slm_proposals
 from .fused import attended
 from .fused_reads import capture_fused, regions_for, static_read
@@ -63,10 +63,9 @@ def pieces(tokens: int) -> list[tuple[int, int]]:
 def capturable(model: torch.nn.Module) -> str | None:
     """Why ``model``'s forward cannot be captured with fixed shapes, or None when it can.
 
-    Capture needs one device, dense weights, attention that builds its mask from device tensors,
-    rotary embeddings that do not change with the sequence length, and a static cache whose
-    layers are all attention, keeping their length in a device tensor (R2R's static caches hold every column of a
-    windowed layer too: ``model_calls.static_cache``), sized as the config declares.
+    Capture needs one device, dense weights, attention that builds its mask from device tensors, rotary embeddings
+    that do not change with the sequence length, a forward without host work, and a static cache of attention layers
+    only, keeping their length in a device tensor (``model_calls.static_cache``), sized as the config declares.
     """
     if len(set(getattr(model, "hf_device_map", {}).values())) > 1:
         return "it is spread over several devices"
@@ -80,9 +79,12 @@ def capturable(model: torch.nn.Module) -> str | None:
     rope = rope_type(model.config)
     if "dynamic" in rope or rope == "longrope":  # HF recomputes these frequencies from the length, on the host
         return f"its rotary embedding ({rope!r}) changes with the sequence length"
-    if not all(type(layer) is StaticLayer for layer in full_static_cache(model.config, 1).layers):
+    kinds = {type(layer) for layer in full_static_cache(model.config, 1).layers}
+    if any(issubclass(kind, LINEAR) for kind in kinds):
         return "its static cache has layers other than attention (a recurrent state)"
-    return static_shape_problem(model)
+    if kinds != {StaticLayer}:  # (Gemma 3n and 4: placeholders for the layers that reuse another's keys)
+        return "its static cache holds placeholders for layers that reuse another layer's keys and values"
+    return static_shape_problem(model) or host_work_problem(model)
 
 
 def rope_type(config) -> str:
