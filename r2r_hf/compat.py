@@ -14,6 +14,8 @@ past pip, R2R says so once, as it loads a pair (``warn_if_untested``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 
 import torch
@@ -60,13 +62,28 @@ def check_transformers() -> None:
 
 # ------------------------------------------------------------------ shims, each with the releases that need it
 # 5.24 renamed the KV cache argument of every model forward from ``past_key_values`` to ``cache`` (the old name
-# is still accepted until 5.40, with a FutureWarning per call site). 5.17-5.23 know only ``past_key_values``.
+# is still accepted until 5.40, with a FutureWarning per call site). 5.17-5.23 know only ``past_key_values``, and
+# their Mamba, Mamba-2 and FalconMamba only ``cache_params``: a cache passed under another name went into
+# ``**kwargs`` unread, and every read started from a fresh state (never-route differed from ``slm.generate``).
 CACHE_ARGUMENT = "cache" if transformers_version() >= Version("5.24.0.dev0") else "past_key_values"
 
 
-def cache_argument(cache) -> dict:
-    """``{name: cache}`` for a model forward, under the name this release's models take (see ``CACHE_ARGUMENT``)."""
-    return {CACHE_ARGUMENT: cache}
+def cache_argument(cache, model=None) -> dict:
+    """``{name: cache}`` for a model forward, under the name this release's models take (see ``CACHE_ARGUMENT``), or
+    the name ``model``'s own forward declares where it declares no other."""
+    return {CACHE_ARGUMENT if model is None else cache_name(type(model)): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def cache_name(model_class: type) -> str:
+    """The name under which ``model_class``'s forward takes its cache (``CACHE_ARGUMENT`` where it names none)."""
+    forward = getattr(model_class, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters if forward is not None else {}
+    except (TypeError, ValueError):  # (a compiled call or a builtin: the release's name)
+        params = {}
+    return next((name for name in (CACHE_ARGUMENT, "past_key_values", "cache_params") if name in params),
+                CACHE_ARGUMENT)
 
 
 # HF's recurrent and convolution cache layers (a state-space, linear-attention or convolution state per row)
@@ -86,8 +103,9 @@ def cache_is_empty(cache) -> bool:
 
 
 def cache_of(kwargs: dict):
-    """The KV cache in a model forward's keyword arguments, under either name (a hook sees what generate passed)."""
-    return kwargs.get(CACHE_ARGUMENT, kwargs.get("past_key_values"))
+    """The KV cache in a model forward's keyword arguments, under any of its names (a hook sees what generate
+    passed: ``cache_argument``)."""
+    return next((kwargs[name] for name in (CACHE_ARGUMENT, "past_key_values", "cache_params") if name in kwargs), None)
 
 
 # 5.25 keeps, where asked, each recurrent layer's states of its last tokens, so that a cut back can restore one

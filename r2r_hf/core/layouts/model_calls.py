@@ -57,7 +57,7 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
             cache = static_cache(model.config, 2)
             with torch.inference_mode():
                 model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)), use_cache=True,
-                      **cache_argument(cache))
+                      **cache_argument(cache, model))
             for i, layer in enumerate(cache.layers):
                 heads, dim = (value[i] if isinstance(value, (list, tuple)) else value for value in declared)
                 if layer.is_initialized and tuple(layer.keys.shape[1::2]) != (heads, dim):
@@ -82,7 +82,7 @@ def host_work_problem(model: torch.nn.Module) -> str | None:
         ids, mask = torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, 4, dtype=torch.long, device=device)
         def step(at: int) -> None:
             model(input_ids=ids, attention_mask=mask, position_ids=torch.full_like(ids, at), use_cache=True,
-                  logits_to_keep=torch.zeros(1, dtype=torch.long, device=device), **cache_argument(cache))
+                  logits_to_keep=torch.zeros(1, dtype=torch.long, device=device), **cache_argument(cache, model))
 
         with torch.inference_mode():
             step(0)
