@@ -154,9 +154,14 @@ def cell_static(p: Pair) -> None:
 
 
 def cell_static_speculation(p: Pair) -> None:
-    """The static cache, speculating = the dynamic cache without speculation."""
+    """The static cache, speculating = the dynamic cache without speculation: the padded batch, and each prompt
+    alone (no padding: HF's masks take other paths)."""
     static = greedy(cache_implementation="static", **SPECULATE)
     same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "static, speculating")
+    for r in range(len(PROMPTS)):
+        alone = row(p.batch, r)
+        same(p.model.generate(**alone, **static, threshold=p.threshold),
+             p.model.generate(**alone, **greedy(), threshold=p.threshold), f"static, speculating, prompt {r} alone")
     refused_speculation(p.slm, p.llm)
 
 

@@ -30,11 +30,23 @@ def make_cache(model: torch.nn.Module, implementation: str | None, length: int, 
     return cache
 
 
+class SizedStaticCache(StaticCache):
+    """HF's static cache, its attention layers holding more columns than the tokens read, as HF's mask code must know
+    to mask them: it asks ``is_compileable``, which a convolution layer recording its past for a rollback (LFM2's,
+    speculating) turns false, and then lets a one-token query attend to every column, unwritten ones too (the cut
+    back answers differed from the same call without speculation). Its layers are static: R2R compiles none of
+    these recording caches (a recurrent layer keeps R2R's calls eager)."""
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
 def static_cache(config, length: int) -> StaticCache:
     """HF's static cache of ``length`` columns, its windowed (and chunked) layers holding every column too: the
     windows live in the masks HF builds from the config, a rollback moves a device length back (a windowed static
     layer rolls its columns and counts on the host: it can neither be cut back past its window nor captured)."""
-    cache = StaticCache(config=config, max_cache_len=length)
+    cache = SizedStaticCache(config=config, max_cache_len=length)
     for i, layer in enumerate(cache.layers):
         windowed = isinstance(layer, StaticLayer) and getattr(layer, "is_sliding", False)
         if windowed and not isinstance(layer, LINEAR):  # (a hybrid layer keeps its recurrent half: not captured)
