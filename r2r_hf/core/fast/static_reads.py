@@ -131,10 +131,8 @@ def router_fn(slm: torch.nn.Module, router: torch.nn.Module, k: int) -> Step:
 
 @contextlib.contextmanager
 def kept_lengths(*caches: StaticCache) -> Iterator[None]:
-    """Restore the caches' lengths afterwards: capturing runs the step (warm-up) without committing it.
-
-    What the warm-up wrote lies past the committed tokens, where the next real step writes again.
-    """
+    """Restore the caches' lengths afterwards: capturing runs the step (warm-up) without committing it. What the
+    warm-up wrote lies past the committed tokens, where the next real step writes again."""
     saved = [[layer.cumulative_length.clone() for layer in cache.layers] for cache in caches]
     try:
         yield
@@ -151,11 +149,11 @@ def read_memory(*modules: torch.nn.Module) -> tuple[int, ...]:
     return tuple(t.data_ptr() for m in modules for t in (*m.parameters(), *m.buffers()))
 
 
-def static_cache(model: torch.nn.Module, batch: int, length: int) -> StaticCache:
-    """A static cache allocated up front, so no capture ever allocates it."""
+def static_cache(model: torch.nn.Module, batch: int, length: int, captured: bool = True) -> StaticCache:
+    """A static cache, allocated up front where ``model`` is ``captured`` so that no capture ever allocates it (an
+    uncaptured LLM, a Mamba-2, may have no attention shape; the private hook: tests/test_hf_internals.py)."""
     cache = full_static_cache(model.config, length)
-    shape = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
-    if shape is not None:
+    if (shape := model._get_static_cache_init_shape() if captured else None) is not None:
         cache.early_initialization(batch, *shape, dtype=model.dtype, device=output_device(model))
     return cache
 
@@ -187,7 +185,8 @@ class CapturedState:
         self.scorer = Scorer(router, slm.dtype, router_dtype)
         self.batch, self.capacity, self.capture_llm, self.key = batch, capacity, capture_llm, key
         self.capture = capture
-        self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
+        self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity,
+                                                                                          capture_llm)
         self.reads: dict[tuple, Step] = {}  # (role, bucket, span, folded, logits kept: 0 the last) -> captured read
         self.fused = {role: regions_for(model, fuse) for role, model in (("slm", slm), ("llm", llm))}
         self.router_step: Step | None = None
