@@ -123,7 +123,8 @@ def serve_over_http(p: Pair, *flags: str) -> None:
 
 
 def _complete(url: str, prompt: str, threshold: float) -> str:
-    body = json.dumps({"model": "r2r", "prompt": prompt, "max_tokens": NEW, "temperature": 0,
+    # (the server names its model after the router's folder)
+    body = json.dumps({"model": "router", "prompt": prompt, "max_tokens": NEW, "temperature": 0,
                        "threshold": threshold}).encode()
     request = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as response:

@@ -107,9 +107,9 @@ def render(results: dict[str, dict[str, Outcome]], release: str) -> str:
 
 
 def page_release(text: str | None = None) -> str:
-    """The transformers release the committed page was generated on."""
+    """The transformers release the committed page was generated on ("" where it names none)."""
     text = PAGE.read_text(encoding="utf-8") if text is None else text
-    return next(line for line in text.splitlines() if line.startswith(RELEASE))[len(RELEASE):].rstrip(".")
+    return next((line[len(RELEASE):].rstrip(".") for line in text.splitlines() if line.startswith(RELEASE)), "")
 
 
 def documented(text: str | None = None) -> dict[str, dict[str, str]]:
