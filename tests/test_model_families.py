@@ -80,6 +80,26 @@ def test_the_server_as_a_process_answers_concurrent_requests_over_http_as_genera
         serve_over_http(p)
 
 
+@pytest.mark.compile
+@pytest.mark.families_full
+@pytest.mark.parametrize("pair", ["qwen3", "qwen2+llama"])  # (fusable families, the LLM wider or of another family)
+def test_fused_regions_compiled_by_inductor_answer_as_eager_generate(pair):
+    """The captured cells run the fused regions plain; here inductor compiles them (tens of seconds a model)."""
+    from r2r_hf.core.fast import fused_reads
+    from r2r_hf.testing.graphs import emulated_store
+    from r2r_hf.testing.pairs import greedy, same
+
+    p = _pair(pair)
+    p.model.capture_store = emulated_store(fuse=True)
+    with torch.inference_mode():
+        fast = p.model.generate(**p.batch, **greedy(cache_implementation="static"), threshold=p.threshold)
+    same(fast, p.mixed, "fused, compiled")
+    assert all(regions is not None for regions in p.model.capture_store.state.fused.values()), "both models fused"
+    for model in (p.slm, p.llm):
+        layer = fused_reads.compiled_regions(model).functions["static_layer"]
+        assert torch._dynamo.eval_frame._debug_get_cache_entry_list(layer.__code__), "the region was compiled"
+
+
 def test_the_docs_page_is_the_matrix_of_every_pair():
     assert list(DOC) == list(PAIRS), "docs/model_families.md lists other pairs: run python -m r2r_hf.testing.table"
     for pair, cells in DOC.items():
