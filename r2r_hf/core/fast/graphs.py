@@ -6,7 +6,8 @@ its outputs into the same memory every time (and graphs sharing a pool may overw
 so nothing a caller keeps may point into that memory.
 
 What is captured, over which caches and when, is ``static_reads.py``'s and ``slot_reads.py``'s business; this module only
-knows how. ``GraphStep`` is the interface a ``CaptureStore`` is given (the CPU emulation in
+knows how, and which ops a capture cannot take (``sync_problem``; ``host_work_problem``: a model whose forward does
+such work at every step). ``GraphStep`` is the interface a ``CaptureStore`` is given (the CPU emulation in
 ``r2r_hf.testing.graphs`` implements it too).
 """
 
@@ -20,6 +21,11 @@ from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ...compat import cache_argument
+from ..features import input_device
+from ..layouts.model_calls import static_cache
+from ..notes import notes
 
 Step = Callable[..., tuple[torch.Tensor, ...]]
 
@@ -86,6 +92,29 @@ def host_work(fn: Callable[[], Any]) -> str | None:
     with _HostWork() as mode:
         fn()
     return mode.problem
+
+
+def host_work_problem(model: torch.nn.Module) -> str | None:
+    """Why a captured step of ``model`` would fail on host work inside its forward (Falcon's new architecture indexes
+    its fused heads with a Python list: a tensor made from host data at every step), or None; read once per model
+    from a one-token read over a static cache, as a captured step reads (``sync_problem`` says which ops a capture
+    cannot take)."""
+    known = notes(model)
+    if "host_work_problem" not in known:
+        cache, device = static_cache(model.config, 4), input_device(model)
+        ids, mask = (torch.zeros(1, 1, dtype=torch.long, device=device),
+                     torch.ones(1, 4, dtype=torch.long, device=device))
+
+        def step(at: int) -> None:
+            model(input_ids=ids, attention_mask=mask, position_ids=torch.full_like(ids, at), use_cache=True,
+                  logits_to_keep=torch.zeros(1, dtype=torch.long, device=device), **cache_argument(cache, model))
+
+        with torch.inference_mode():
+            step(0)
+            problem = host_work(lambda: step(1))
+        known["host_work_problem"] = None if problem is None else (
+            f"its forward works on the host at every step ({problem}), which a captured step cannot replay")
+    return known["host_work_problem"]
 
 
 class GraphStep(Protocol):

@@ -31,11 +31,11 @@ from transformers.cache_utils import StaticCache, StaticLayer
 from ...compat import LINEAR, cache_argument
 from ..layouts.model_calls import EagerCalls, route_scores
 from ..layouts.model_calls import static_cache as full_static_cache
-from ..layouts.model_calls import host_work_problem, static_shape_problem
+from ..layouts.model_calls import static_shape_problem
 from ..features import input_device, output_device, slm_proposals
 from .fused import attended
 from .fused_reads import capture_fused, regions_for, static_read
-from .graphs import CompiledStep, Step, compile_options
+from .graphs import CompiledStep, Step, compile_options, host_work_problem
 from .router_copy import Scorer, folded, stateless
 from ..layouts.rectangle import Committed
 

@@ -81,29 +81,6 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
     return known["static_shape_problem"]
 
 
-def host_work_problem(model: torch.nn.Module) -> str | None:
-    """Why a captured step of ``model`` would fail on host work inside its forward (Falcon's new architecture indexes
-    its fused heads with a Python list: a tensor made from host data at every step), or None; read once per model
-    from a one-token read over a static cache, as a captured step reads (``fast.graphs.sync_problem`` says which ops
-    a capture cannot take)."""
-    from ..fast.graphs import host_work
-
-    known = notes(model)
-    if "host_work_problem" not in known:
-        cache, device = static_cache(model.config, 4), input_device(model)
-        ids, mask = torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, 4, dtype=torch.long, device=device)
-        def step(at: int) -> None:
-            model(input_ids=ids, attention_mask=mask, position_ids=torch.full_like(ids, at), use_cache=True,
-                  logits_to_keep=torch.zeros(1, dtype=torch.long, device=device), **cache_argument(cache, model))
-
-        with torch.inference_mode():
-            step(0)
-            problem = host_work(lambda: step(1))
-        known["host_work_problem"] = None if problem is None else (
-            f"its forward works on the host at every step ({problem}), which a captured step cannot replay")
-    return known["host_work_problem"]
-
-
 def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:
     """The attention mask of a read of columns ``start:end`` into ``cache``, as the model's layers read it: over
     every column up to ``end``; as wide as a static cache's keys where every layer attends (a model that builds
