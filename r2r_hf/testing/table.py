@@ -87,9 +87,10 @@ def abilities(outcomes: dict[str, Outcome]) -> list[str]:
 
 
 def kind_of(pair: str) -> str:
-    slm, llm = (FAMILIES[f] for f in PAIRS[pair])
-    since = "".join(f" ({f.since}+)" for f in dict.fromkeys((slm, llm)) if f.since)
-    return (slm.kind if slm is llm else f"{slm.kind} + {llm.kind}") + since
+    """A pair's kind, and the release its families need where newer than the oldest supported."""
+    families = [FAMILIES[f] for f in dict.fromkeys(PAIRS[pair])]
+    since = "".join(f" ({f.since}+)" for f in families if f.since)
+    return " + ".join(f.kind for f in families) + since
 
 
 def row(pair: str, outcomes: dict[str, Outcome]) -> str:
