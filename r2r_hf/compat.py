@@ -90,16 +90,21 @@ def cache_name(model_class: type) -> str:
 LINEAR = cache_utils.LinearAttentionCacheLayerMixin
 
 
+def layer_written(layer) -> bool | None:
+    """Whether a cache layer holds what a read wrote: a recurrent or convolution layer after its first read, an
+    attention layer while it holds keys; None for a layer that holds nothing of its own (KV sharing's placeholder).
+    (``Cache.get_seq_length`` raises on a cache of recurrent layers only in 5.24, counts them in 5.25 and reads the
+    first attention layer before.)"""
+    if isinstance(layer, LINEAR) and any(layer.has_previous_state.values()):
+        return True
+    if isinstance(layer, cache_utils.CacheLayerMixin):
+        return bool(getattr(layer, "is_initialized", False)) and int(layer.get_seq_length()) > 0
+    return False if isinstance(layer, LINEAR) else None
+
+
 def cache_is_empty(cache) -> bool:
-    """Whether no layer of ``cache`` has read a token yet: a recurrent or convolution layer until its first read, an
-    attention layer while it holds no key. (``Cache.get_seq_length`` raises on a cache of recurrent layers only in
-    5.24, counts them in 5.25 and reads the first attention layer before.)"""
-    for layer in cache.layers:
-        if isinstance(layer, LINEAR) and any(layer.has_previous_state.values()):
-            return False
-        if isinstance(layer, cache_utils.CacheLayerMixin) and int(layer.get_seq_length()) > 0:
-            return False
-    return True
+    """Whether no layer of ``cache`` has read a token yet."""
+    return not any(layer_written(layer) for layer in cache.layers)
 
 
 def cache_of(kwargs: dict):

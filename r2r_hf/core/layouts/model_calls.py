@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
-from ...compat import LINEAR, RECURRENT_HISTORY, bound_past, cache_argument, cache_is_empty, crop_cache, record_past
+from ...compat import LINEAR, RECURRENT_HISTORY, bound_past, cache_argument, cache_is_empty, crop_cache, layer_written
+from ...compat import record_past
 from ..features import HiddenStateCapture, input_device, lm_forward, read_features, score
 from ..notes import notes, say_for
 from .rectangle import Committed
@@ -142,24 +143,22 @@ def continuation_problem(model: torch.nn.Module) -> str | None:
 
     transformers' Mamba and FalconMamba scans start a read of several tokens from a zero state, and RecurrentGemma's
     convolution from zero inputs, whatever the cache holds (one token at a time, and a first read, are right). Checked
-    once per model on its own weights: 3 tokens, then 5, against one forward over the 8.
+    once per model on its own weights, whatever its cache's layers say (5.17's RecurrentGemma cache shows attention
+    layers only): 3 tokens, then 5, against one forward over the 8.
     """
     known = notes(model)
     if "continuation_problem" not in known:
-        known["continuation_problem"] = None
-        if "recurrent" in layer_kinds(model):
-            device = input_device(model)
-            ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
-            positions = torch.arange(8, device=device)[None]
-            cache = DynamicCache(config=model.config)
-            with torch.inference_mode():
-                lm_forward(model, ids[:, :3], None, positions[:, :3], cache)
-                got = lm_forward(model, ids[:, 3:], None, positions[:, 3:], cache, 0)[0].float()
-                want = lm_forward(model, ids, None, positions, None, 0)[0, 3:].float()
-            if not close(got, want, model, 2e-5):  # (a read in pieces sums as one forward does, to fp32 rounding)
-                known["continuation_problem"] = ("its forward over several tokens does not continue the state its "
-                                                 "cache holds (transformers computes part of such a read as if no "
-                                                 "token came before it)")
+        device = input_device(model)
+        ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
+        positions, cache = torch.arange(8, device=device)[None], DynamicCache(config=model.config)
+        with torch.inference_mode():
+            lm_forward(model, ids[:, :3], None, positions[:, :3], cache)
+            got = lm_forward(model, ids[:, 3:], None, positions[:, 3:], cache, 0)[0].float()
+            want = lm_forward(model, ids, None, positions, None, 0)[0, 3:].float()
+        # (a read in pieces sums as one forward does, to fp32 rounding)
+        known["continuation_problem"] = None if close(got, want, model, 2e-5) else (
+            "its forward over several tokens does not continue the state its cache holds (transformers computes part "
+            "of such a read as if no token came before it)")
     return known["continuation_problem"]
 
 
@@ -272,8 +271,7 @@ def _rollback_probe(model: torch.nn.Module) -> str | None:
         try:
             read(slice(0, 4), slice(0, 4))
             read(slice(4, 6), slice(4, 6))
-            linear = [layer for layer in cache.layers if isinstance(layer, LINEAR)]
-            if linear and not any(any(layer.has_previous_state.values()) for layer in linear):
+            if any(layer_written(layer) is False for layer in cache.layers):  # (a layer its forward never wrote)
                 return "it keeps its recurrent state on its modules, not in its cache, so a cut back cannot reach it"
             recurrent = any(any(getattr(layer, "is_recurrent_states_initialized", {}).values())
                             for layer in cache.layers)
