@@ -1,7 +1,7 @@
 """docs/model_families.md: the family matrix's outcomes as a table, generated, and read back by the tests.
 
-``python -m r2r_hf.testing.table`` runs the whole matrix (every pair, every cell) on the installed transformers and
-writes the page, which names that release; ``tests/test_model_families.py`` runs the same cells and, on that release,
+``python -m r2r_hf.testing.table [--jobs N]`` runs the whole matrix (every pair, every cell; N pairs at once) on the
+installed transformers and writes the page, which names that release; ``tests/test_model_families.py`` runs the same cells and, on that release,
 fails where an outcome is not the one the committed page shows, so the page cannot drift from what R2R does.
 """
 
@@ -125,29 +125,41 @@ def documented(text: str | None = None) -> dict[str, dict[str, str]]:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every cell of every pair, write the page; 1 where a cell is wrong or crashed (the page says which)."""
+def pair_outcomes(pair: str) -> dict[str, Outcome]:
+    """Every cell of ``pair`` (in a process of its own where ``main`` runs several: one torch thread each)."""
     import logging
 
     import torch
+
+    from .matrix import Pair, run_cell
+
+    logging.getLogger("r2r_hf").propagate = False  # what R2R says goes into the table, not on the terminal
+    torch.set_num_threads(1)
+    p = Pair(pair)
+    return {name: run_cell(p, name) for name in CELLS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every cell of every pair, write the page; 1 where a cell is wrong or crashed (the page says which)."""
+    from concurrent.futures import ProcessPoolExecutor
+
     import transformers
 
     from .families import missing
-    from .matrix import Pair, run_cell
 
     parser = argparse.ArgumentParser(description="Run the family matrix and write docs/model_families.md.")
     parser.add_argument("--out", type=Path, default=PAGE, help="where to write the page (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, help="pairs run at once, one process each (default: 1)")
     args = parser.parse_args(argv)
-    logging.getLogger("r2r_hf").propagate = False  # what R2R says goes into the table, not on the terminal
-    torch.set_num_threads(1)
-    results = {}
     for pair in PAIRS:
         if missing(pair):
             print(f"{pair}: skipped: {missing(pair)}", file=sys.stderr)
-            continue
-        p = Pair(pair)
-        results[pair] = {name: run_cell(p, name) for name in CELLS}
-        print(row(pair, results[pair]), flush=True)
+    pairs = [pair for pair in PAIRS if not missing(pair)]
+    results = {}
+    with ProcessPoolExecutor(max(args.jobs, 1)) as pool:
+        for pair, outcomes in zip(pairs, pool.map(pair_outcomes, pairs)):
+            results[pair] = outcomes
+            print(row(pair, outcomes), flush=True)
     args.out.write_text(render(results, transformers.__version__), encoding="utf-8")
     bad = [(pair, name) for pair, cells in results.items() for name, o in cells.items()
            if o.status in ("wrong", "crash")]
