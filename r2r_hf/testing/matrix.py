@@ -148,9 +148,14 @@ def cell_unrelated(p: Pair) -> None:
 
 
 def cell_static(p: Pair) -> None:
-    """``cache_implementation="static"`` (eager on a CPU) = the dynamic cache."""
-    same(p.model.generate(**p.batch, **greedy(cache_implementation="static"), threshold=p.threshold), p.mixed,
-         "static cache")
+    """``cache_implementation="static"`` (eager on a CPU) = the dynamic cache: the padded batch and each prompt alone
+    (no padding: HF's masks take other paths)."""
+    static = greedy(cache_implementation="static")
+    same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "static cache")
+    for r in range(len(PROMPTS)):
+        alone = row(p.batch, r)
+        same(p.model.generate(**alone, **static, threshold=p.threshold),
+             p.model.generate(**alone, **greedy(), threshold=p.threshold), f"static cache, prompt {r} alone")
 
 
 def cell_static_speculation(p: Pair) -> None:

@@ -84,12 +84,14 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
 
 def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:
     """The attention mask of a read of columns ``start:end`` into ``cache``, as the model's layers read it: over
-    every column up to ``end``; as wide as a static cache's keys where every layer attends (a model that builds
-    position biases from the mask, as BLOOM's ALiBi, needs it that wide, and a captured read passes the same); over
-    the read's own columns where no layer attends (a state-space model's mixer zeroes its padded inputs: HF passes
-    it the prompt's mask, then none)."""
-    wide = isinstance(cache, StaticCache) and "attention" in layer_kinds(model) and "recurrent" not in layer_kinds(model)
-    return piece_mask(model, seq.mask_upto(seq.mask.shape[1] if wide else end), start, end)
+    every column up to ``end``; as wide as a static cache's keys where every layer attends, padded rows or not (a
+    model that builds position biases from the mask, BLOOM's and Falcon-RW's ALiBi, needs it that wide: without one
+    it sizes them by the tokens read and fails on the static keys; a captured read passes the same); over the read's
+    own columns where no layer attends (a state-space model's mixer zeroes its padded inputs: HF passes it the
+    prompt's mask, then none)."""
+    if isinstance(cache, StaticCache) and layer_kinds(model) == {"attention"}:
+        return seq.mask
+    return piece_mask(model, seq.mask_upto(end), start, end)
 
 
 def piece_mask(model: torch.nn.Module, mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
