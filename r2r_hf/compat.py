@@ -118,6 +118,12 @@ def cache_of(kwargs: dict):
 RECURRENT_HISTORY = transformers_version() >= Version("5.25.0.dev0")
 
 
+# Before 5.23 a windowed layer recording its past hands its attention every key it recorded while HF's mask covers
+# the window's (5.17: a read between two cuts past the window crashed, "size of tensor a (17) must match ... (16)");
+# 5.23 hands it only the window's. (Slicing again is harmless, so the releases between are sliced too.)
+SLICES_RECORDED_WINDOW = transformers_version() >= Version("5.23.0.dev0")
+
+
 def record_past(cache, tokens: int) -> None:
     """Make ``cache``'s layers keep what a cut back of up to ``tokens`` tokens needs (HF's rollback mode for assisted
     decoding): a windowed or convolution layer what it would drop, a recurrent layer its last states (where the
@@ -125,6 +131,8 @@ def record_past(cache, tokens: int) -> None:
     for layer in cache.layers:
         if not hasattr(layer, "activate_past_recording"):
             continue
+        if not SLICES_RECORDED_WINDOW and isinstance(layer, cache_utils.DynamicSlidingWindowLayer):
+            _hand_the_window_only(layer)
         if RECURRENT_HISTORY and isinstance(layer, LINEAR):
             # One more than the cut: a read of more tokens than it keeps records the state before the read in place
             # of the one before its kept states.
@@ -133,6 +141,18 @@ def record_past(cache, tokens: int) -> None:
             layer.recurrent_states_history = {i: [] for i in range(layer.number_of_states)}
         else:
             layer.activate_past_recording()
+
+
+def _hand_the_window_only(layer) -> None:
+    """``layer.update`` returns the keys and values its window sees (the last ``sliding_window - 1`` and the new)."""
+    update = layer.update
+
+    def windowed(key_states, value_states, *args, **kwargs):
+        keys, values = update(key_states, value_states, *args, **kwargs)
+        visible = layer.sliding_window - 1 + key_states.shape[-2]
+        return keys[:, :, -visible:, :], values[:, :, -visible:, :]
+
+    layer.update = windowed
 
 
 def bound_past(cache, tokens: int) -> None:
