@@ -86,6 +86,12 @@ def cache_name(model_class: type) -> str:
                 CACHE_ARGUMENT)
 
 
+# A long-RoPE model's own generate reads the whole sequence again where it first runs past its original context
+# (the keys read with the short factors are dropped). 5.17 drops the cache there but reads only the new token, so its
+# answers past that point are not the model's (a cache-free forward disagrees); 5.23 reads everything again.
+LONG_ROPE_GENERATE_EXACT = transformers_version() >= Version("5.23.0.dev0")
+
+
 # HF's recurrent and convolution cache layers (a state-space, linear-attention or convolution state per row)
 LINEAR = cache_utils.LinearAttentionCacheLayerMixin
 

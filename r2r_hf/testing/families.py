@@ -167,10 +167,17 @@ PAIRS: dict[str, tuple[str, str]] = {**{name: (name, name) for name in FAMILIES}
 
 
 def missing(pair: str) -> str | None:
-    """Why this transformers release cannot build ``pair`` (a family it does not ship), or None."""
+    """Why the matrix cannot run ``pair`` on this transformers release (a family it does not ship, or whose own
+    ``generate``, what R2R is compared with, is wrong on it), or None."""
+    from ..compat import LONG_ROPE_GENERATE_EXACT
+
     for family in dict.fromkeys(PAIRS[pair]):
         spec = FAMILIES[family]
         if not hasattr(transformers, spec.config):
             since = f" (the matrix found it in {spec.since})" if spec.since else ""
             return f"transformers {transformers.__version__} has no {spec.config}{since}"
+        if spec.kind == "longrope" and not LONG_ROPE_GENERATE_EXACT:
+            return (f"transformers {transformers.__version__}'s own generate of a long-RoPE model drops its cache "
+                    "past the original context but reads only the new token (5.23 reads everything again): no "
+                    "reference to compare R2R with")
     return None
