@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ...compat import cache_argument
+from ...compat import cache_argument, layer_written
 from ..features import input_device
 from ..layouts.model_calls import static_cache
 from ..notes import notes
@@ -114,6 +114,9 @@ def host_work_problem(model: torch.nn.Module) -> str | None:
             problem = host_work(lambda: step(1))
         known["host_work_problem"] = None if problem is None else (
             f"its forward works on the host at every step ({problem}), which a captured step cannot replay")
+        if problem is None and any(layer_written(layer) is False for layer in cache.layers):
+            known["host_work_problem"] = ("it keeps part of its state on its modules, not in its cache (5.17's "
+                                          "RecurrentGemma), which a captured step cannot replay")
     return known["host_work_problem"]
 
 

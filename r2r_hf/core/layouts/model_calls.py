@@ -65,7 +65,12 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
     known = notes(model)
     if "static_shape_problem" not in known:
         known["static_shape_problem"] = None
-        declared = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
+        try:
+            declared = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
+        except Exception as err:  # noqa: BLE001 - (5.17 reads a per-layer head_dim of Gemma 4 as one)
+            known["static_shape_problem"] = (f"transformers cannot size its static cache before a forward (it raises "
+                                             f"{type(err).__name__})")
+            return known["static_shape_problem"]
         if declared is not None:
             cache = static_cache(model.config, 2)
             with torch.inference_mode():
