@@ -161,6 +161,16 @@ def _hand_the_window_only(layer) -> None:
     layer.update = windowed
 
 
+def stop_recording(cache) -> None:
+    """Undo ``record_past`` on ``cache``'s recurrent and convolution layers (a static cache lent to a call that
+    speculated, then to one that does not): what they recorded dropped, their states kept in place again."""
+    for layer in cache.layers:
+        if isinstance(layer, LINEAR) and layer.record_past:
+            if any(layer.is_conv_states_initialized.values()):
+                layer.crop(0)  # (HF's cut of nothing: conv states back to the kernel's width, history dropped)
+            layer.record_past = False
+
+
 def bound_past(cache, tokens: int) -> None:
     """Drop what ``cache``'s recurrent and convolution layers recorded beyond the last ``tokens`` tokens (HF keeps it
     until a cut, one state per token read: a long answer without a rollback would hold them all)."""
@@ -191,6 +201,8 @@ def crop_cache(cache, tokens: int) -> None:
             length.sub_(tokens)
             if isinstance(getattr(layer, "cumulative_length_int", None), int):
                 layer.cumulative_length_int -= tokens
+            if isinstance(getattr(layer, "indexer_cumulative_length", None), torch.Tensor):
+                layer.indexer_cumulative_length.sub_(tokens)  # (an indexed layer's index, Qwen4-Exp's: one per token)
             if isinstance(layer, LINEAR):
                 LINEAR.crop(layer, -tokens)
         else:

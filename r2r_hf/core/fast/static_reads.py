@@ -13,10 +13,9 @@ call of the loop can be given a fixed shape, so it is captured once and replayed
   step, or folded into the SLM's read where the proposal is the raw argmax, in the models' dtype or fp32
   (``router_copy.py``).
 
-How a step is captured (a CUDA graph of its eager forward, or ``torch.compile``) is ``graphs.py``;
-which calls run on what is ``CapturedCalls``; the static caches and captured calls of one batch
-size live in a ``CapturedState``, which a model's ``CaptureStore`` keeps between generate calls (as
-HF keeps its static cache) and lends to one call at a time.
+How a step is captured (a CUDA graph of its eager forward, or ``torch.compile``) is ``graphs.py``; which calls run on
+what is ``CapturedCalls``; the static caches and captured calls of one batch size live in a ``CapturedState``, which
+a model's ``CaptureStore`` keeps between generate calls (as HF keeps its static cache) and lends to one call at a time.
 """
 
 from __future__ import annotations
@@ -293,21 +292,22 @@ def compiled(compile_config) -> Callable[[Step, dict], Step]:
 
 
 class CapturedCalls:
-    """The loop's calls for one generate call over a lent ``CapturedState`` (see the module docstring).
-
-    What cannot be captured (a stateful router, an LLM that cannot be captured) runs on the eager
-    engine over the same caches. ``close`` gives the state back to its store.
+    """The loop's calls for one generate call over a lent ``CapturedState`` (see the module docstring). What cannot
+    be captured (a stateful router, an LLM that cannot be captured) runs on the eager engine over the
+    same caches. ``close`` gives the state back to its store.
 
     Args:
         state, release: the lent state, and what gives it back.
         fold: the call's proposal is the SLM's raw argmax (``router_copy.proposal_is_argmax``): each SLM read
             scores it too, and ``route_scores`` of those very logits returns those scores.
+        rollback: the most tokens the call's rollbacks cut the caches back by (the eager engine records that).
     """
 
-    def __init__(self, state: CapturedState, release: Callable[[], None], fold: bool = False) -> None:
+    def __init__(self, state: CapturedState, release: Callable[[], None], fold: bool = False,
+                 rollback: int = 0) -> None:
         self.state, self.capacity, self._release = state, state.capacity, release
         self.eager = EagerCalls(state.slm, state.llm, state.router, state.num_topk, "static", state.capacity,
-                                caches=(state.slm_cache, state.llm_cache))
+                                caches=(state.slm_cache, state.llm_cache), rollback=rollback)
         self.capture_router = getattr(state.router, "capturable", True)
         self.fold = fold and self.capture_router and stateless(state.router)
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, their scores) of the last read
@@ -344,6 +344,7 @@ class CapturedCalls:
 
     def close(self) -> None:
         release, self._release = self._release, None
+        self.eager.close()  # (the lent caches stop recording this call's past)
         if release is not None:
             self.state.weights = read_memory(self.state.slm, self.state.llm, self.state.router)  # (fused reads pack)
             release()

@@ -72,7 +72,7 @@ class CaptureStore:
         return device.type in self.graph_devices
 
     def lend(self, slm, llm, router, num_topk: int, compile_config, batch: int, needed: int, vocab: int | None = None,
-             fold: bool = False) -> CapturedCalls | None:
+             fold: bool = False, rollback: int = 0) -> CapturedCalls | None:
         """Captured steps for one call, held by it until their ``close()``; None when the call runs eagerly.
 
         Args:
@@ -81,6 +81,7 @@ class CaptureStore:
             batch, needed: the call's rows and longest sequence.
             vocab: the ids both models write.
             fold: the call proposes the SLM's raw argmax, so its SLM reads score it too (``router_copy.py``).
+            rollback: the most tokens the call's rollbacks cut the caches back by (``model_calls.make_cache``).
         """
         if self._holder == threading.get_ident():
             self._warn("R2R runs this call eagerly: a generate call of the same thread (a streamer that generates?) "
@@ -96,7 +97,7 @@ class CaptureStore:
         if state is None:
             self._release()
             return None
-        return CapturedCalls(state, self._release, fold=fold)
+        return CapturedCalls(state, self._release, fold=fold, rollback=rollback)
 
     def _release(self) -> None:
         self._holder = None
@@ -162,6 +163,6 @@ def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: i
         eager = True
     p = pair
     steps = None if eager else store.lend(p.slm, p.llm, p.router, p.num_topk, compile_config, batch, needed,
-                                          p.vocab_size, fold)
+                                          p.vocab_size, fold, rollback)
     return steps if steps is not None else EagerCalls(p.slm, p.llm, p.router, p.num_topk, kind, needed,
                                                       rollback=rollback)

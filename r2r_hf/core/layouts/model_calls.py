@@ -15,7 +15,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
 from ...compat import LINEAR, RECURRENT_HISTORY, bound_past, cache_argument, cache_is_empty, crop_cache, layer_written
-from ...compat import record_past
+from ...compat import record_past, stop_recording
 from ..features import HiddenStateCapture, input_device, lm_forward, read_features, score
 from ..notes import notes, say_for
 from .rectangle import Committed
@@ -138,8 +138,8 @@ def cached_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.T
     width = ids.shape[1]
     if width == 1 or cache is None or continuation_problem(model) is None or cache_is_empty(cache):
         return lm_forward(model, ids, mask_at(0, width), positions, cache, keep)
-    say_for(model, f"R2R reads {type(model).__name__} ({model.config.model_type!r}) one token at a time past its prompt: "
-             f"{continuation_problem(model)}.")
+    say_for(model, f"R2R reads {type(model).__name__} ({model.config.model_type!r}) one token at a time past its "
+                   f"prompt: {continuation_problem(model)}.")
     logits = torch.cat([lm_forward(model, ids[:, i : i + 1], mask_at(i, i + 1), positions[:, i : i + 1], cache)
                         for i in range(width)], 1)
     return logits[:, keep] if isinstance(keep, torch.Tensor) else logits[:, -keep:] if keep else logits
@@ -195,9 +195,12 @@ class EagerCalls:
     def __init__(self, slm, llm, router, num_topk: int, cache_implementation: str | None, capacity: int,
                  caches: tuple[Cache, Cache] | None = None, rollback: int = 0) -> None:
         self.slm, self.llm, self.router, self.num_topk, self.capacity = slm, llm, router, num_topk, capacity
-        self.rollback = int(rollback)
+        self.rollback, self.lent = int(rollback), caches is not None
         if caches is None:
             caches = tuple(make_cache(m, cache_implementation, capacity, self.rollback) for m in (slm, llm))
+        elif self.rollback:  # (a captured engine's caches, lent to this call: they record its past while it lasts)
+            for cache in caches:
+                record_past(cache, self.rollback)
         self.slm_cache, self.llm_cache = caches
 
     def _read(self, model, cache: Cache, seq: Committed, start: int, end: int, keep) -> torch.Tensor:
@@ -236,7 +239,9 @@ class EagerCalls:
         crop_cache(self.llm_cache, llm_tokens)
 
     def close(self) -> None:
-        pass
+        if self.lent and self.rollback:
+            for cache in (self.slm_cache, self.llm_cache):
+                stop_recording(cache)
 
 
 # ------------------------------------------------------------------ what differs by family
