@@ -150,17 +150,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the family matrix and write docs/model_families.md.")
     parser.add_argument("--out", type=Path, default=PAGE, help="where to write the page (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=1, help="pairs run at once, one process each (default: 1)")
+    parser.add_argument("--pairs", help="run only these pairs (comma-separated) and rewrite their rows of the page "
+                                        "--out holds (generated on the same release)")
     args = parser.parse_args(argv)
+    if args.pairs and page_release(args.out.read_text(encoding="utf-8")) != transformers.__version__:
+        parser.error(f"{args.out} was generated on another transformers release: run every pair (no --pairs).")
     for pair in PAIRS:
         if missing(pair):
             print(f"{pair}: skipped: {missing(pair)}", file=sys.stderr)
-    pairs = [pair for pair in PAIRS if not missing(pair)]
+    pairs = [pair for pair in (args.pairs.split(",") if args.pairs else PAIRS) if not missing(pair)]
     results = {}
     with ProcessPoolExecutor(max(args.jobs, 1)) as pool:
         for pair, outcomes in zip(pairs, pool.map(pair_outcomes, pairs)):
             results[pair] = outcomes
             print(row(pair, outcomes), flush=True)
-    args.out.write_text(render(results, transformers.__version__), encoding="utf-8")
+    if args.pairs:
+        rows = {f"| {pair} |": row(pair, outcomes) for pair, outcomes in results.items()}
+        lines = [next((new for start, new in rows.items() if line.startswith(start)), line)
+                 for line in args.out.read_text(encoding="utf-8").splitlines()]
+        args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        args.out.write_text(render(results, transformers.__version__), encoding="utf-8")
     bad = [(pair, name) for pair, cells in results.items() for name, o in cells.items()
            if o.status in ("wrong", "crash")]
     for pair, name in bad:
