@@ -146,16 +146,16 @@ def test_a_variant_whose_forward_differs_is_not_fused():
 def test_the_self_check_allows_the_rounding_another_exact_read_shows():
     """A deep bf16 model departs from its own plain forward by rounding alone (the random 32B's captured HF reads by
     8 % on the H200): the fused read is judged against twice what HF's slot read departs by, a wrong one still not."""
-    from r2r_hf.core.probes import continuation_problem, fuse_problem
+    from r2r_hf.core.probes import slot_read_problem, fuse_problem
 
     model = make_tiny_slm()
     off = lambda by: lambda cache, tokens: model(input_ids=tokens[1:], use_cache=False).logits[0, -1] * (1 + by)  # noqa
     found = {}
-    assert continuation_problem(model, off(0.06), "failed", "differs", found) == "differs"
+    assert slot_read_problem(model, off(0.06), "failed", "differs", found) == "differs"
     assert abs(found["max_rel"] - 0.06) < 1e-3 and found["tolerance"] == 1e-3
-    assert continuation_problem(model, off(0.06), "failed", "differs", found, rounding=0.04) is None
+    assert slot_read_problem(model, off(0.06), "failed", "differs", found, rounding=0.04) is None
     assert found["tolerance"] == 0.08
-    assert continuation_problem(model, off(1.0), "failed", "differs", {}, rounding=0.04) == "differs"
+    assert slot_read_problem(model, off(1.0), "failed", "differs", {}, rounding=0.04) == "differs"
     # the fused check takes HF's own slot read's gap as the slot probe measured it (the device check writes both down)
     assert abilities(model).slots is None and abilities(model).fuse is None
     measured = dict(abilities(model).measured)

@@ -27,6 +27,24 @@ def test_the_installed_transformers_is_in_the_supported_range_and_the_declared_o
         "pyproject.toml declares the range r2r_hf/compat.py names"
 
 
+def test_a_release_outside_the_tested_range_is_said_once_as_a_pair_loads(monkeypatch, caplog, slm, llm):
+    """Issue 56: pip keeps users inside the range; one who forces another release is told once, as a pair loads."""
+    import logging
+
+    from r2r_hf import compat
+
+    monkeypatch.setattr(compat, "_warned", set())
+    monkeypatch.setattr(compat, "transformers_version", lambda: Version(compat.BELOW + ".0"))
+    with caplog.at_level(logging.WARNING, logger="r2r_hf"):
+        R2RForCausalLM.from_models(slm, llm)
+        R2RForCausalLM.from_models(slm, llm)
+    said = [r.getMessage() for r in caplog.records if "outside the releases" in r.getMessage()]
+    assert said == [compat.untested_sentence(Version(compat.BELOW + ".0"))], said
+    assert f"{compat.OLDEST} to {compat.NEWEST_TESTED}" in said[0] and said[0].endswith(f"<{compat.BELOW}'.")
+    monkeypatch.setattr(compat, "transformers_version", lambda: Version(compat.NEWEST_TESTED))
+    assert compat.untested_sentence(compat.transformers_version()) is None
+
+
 def test_greedy_and_sampling_dispatch_to_sample():
     assert GENERATION_MODES_MAPPING[GenerationMode.GREEDY_SEARCH] == "_sample"
     assert GENERATION_MODES_MAPPING[GenerationMode.SAMPLE] == "_sample"

@@ -100,3 +100,39 @@ def test_sampling_warpers_shape_routed_rows_and_logits_processors_do_not(model, 
     plain = llm.generate(**single, **NO_SAMPLING, max_new_tokens=12)
     assert torch.equal(routed, plain), "the repetition penalty shaped the SLM's scores only"
     assert not torch.equal(plain, llm.generate(**single, **penalised))
+
+
+# ------------------------------------------------------------------ issue 56
+@pytest.mark.parametrize("family", ["mamba", "mamba2", "falcon_mamba"])
+def test_the_processor_runs_inside_a_pure_state_space_slm_generate(family):
+    """f02: on 5.24 the processor asked the SLM's cache its length, which a cache of recurrent layers only refuses
+    ("`get_seq_length` can only be called on Attention layers"); never- and always-route = each model's generate."""
+    from r2r_hf import R2RForCausalLM
+    from r2r_hf.testing.builds import build_pair
+
+    slm, llm = build_pair(family)
+    model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=[16], router_expansion=1)
+    prompt = torch.tensor([[17, 41, 99, 5, 230]])
+    for threshold, hf in ((float("inf"), slm), (0.0, llm)):
+        with R2RLogitsProcessor(llm=llm, router=model, threshold=threshold) as proc:
+            got = slm.generate(prompt, **GREEDY, logits_processor=[proc])
+        assert torch.equal(got, hf.generate(prompt, **GREEDY)), (family, threshold)
+
+
+def test_the_processor_catches_up_a_state_space_llm_as_a_fresh_read_would():
+    """The LLM's catch-up of several tokens continues its cache: a Mamba LLM reads them one at a time (its own forward
+    over several tokens starts its scan afresh), so a mixed answer is what R2R's own generate writes."""
+    from r2r_hf import R2RForCausalLM
+    from r2r_hf.testing.builds import build_pair
+
+    slm, llm = build_pair("mamba")
+    model = R2RForCausalLM.from_models(slm, llm, router_hidden_dims=[16], router_expansion=1)
+    prompt = torch.tensor([[17, 41, 99, 5, 230]])
+    options = {**GREEDY, "max_new_tokens": 24}
+    probe = model.generate(prompt, **options, threshold=float("inf"), return_dict_in_generate=True)
+    threshold = probe.router_scores[probe.generated_mask].quantile(0.7).item()
+    out = model.generate(prompt, **options, threshold=threshold, return_dict_in_generate=True)
+    assert out.routed.any() and not out.routed.all()
+    with R2RLogitsProcessor(llm=llm, router=model, threshold=threshold) as proc:
+        got = slm.generate(prompt, **options, logits_processor=[proc])
+    assert torch.equal(proc.routed, out.routed) and torch.equal(got, out.sequences)

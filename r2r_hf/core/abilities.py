@@ -15,7 +15,9 @@ path and the server read it instead of probing.
 * ``fuse``      its decoder layers run as R2R's fused regions (``fast/fused.py``); else its captured reads are HF's
                 forward;
 * ``rollback``  its cache can be cut back to an earlier token exactly (speculation: ``speculation.py``); else the
-                pair decodes without speculation (the same answers).
+                pair decodes without speculation (the same answers);
+* ``continues`` its forward over several tokens continues the state its cache holds; else R2R reads it one token at
+                a time past its prompt (transformers' Mamba and FalconMamba scans start such a read from zero).
 
 Each is a ``str | None``: None where the model can, else the reason as a clause about the model ("its attention is
 'flash_attention_2' ..."); ``PairAbilities`` says it as a sentence naming the model.
@@ -30,7 +32,7 @@ import torch
 
 from .layouts.model_calls import layer_kinds
 from .notes import notes
-from .probes import capture_problem, fuse_problem, rollback_problem, slot_problem, static_problem
+from .probes import capture_problem, continues_problem, fuse_problem, rollback_problem, slot_problem, static_problem
 
 # Each ability, as a sentence says a model lacks it.
 ABILITIES = {"slots": "cannot decode in slots", "capture": "cannot be captured",
@@ -56,6 +58,7 @@ class Abilities:
     capture: str | None
     static: str | None
     rollback: str | None
+    continues: str | None
     measured: dict[str, float | None] = field(default_factory=dict, compare=False)
     module: weakref.ref | None = field(default=None, repr=False, compare=False)
 
@@ -76,11 +79,11 @@ def abilities(model: torch.nn.Module) -> Abilities:
     known = notes(model)
     if "abilities" not in known:
         measured: dict[str, float | None] = {}
-        capture = capture_problem(model)
+        capture, continues = capture_problem(model), continues_problem(model)
         known["abilities"] = Abilities(
             model=f"{type(model).__name__} ({model.config.model_type!r})", kinds=layer_kinds(model),
-            slots=slot_problem(model, measured), capture=capture, static=capture or static_problem(model),
-            rollback=rollback_problem(model),
+            slots=slot_problem(model, measured, continues), capture=capture, static=capture or static_problem(model),
+            rollback=rollback_problem(model, continues), continues=continues,
             measured=measured, module=weakref.ref(model))
     return known["abilities"]
 
@@ -103,6 +106,11 @@ class PairAbilities:
             if why is not None:
                 return f"the {role}, {model.model}, {ABILITIES[ability]}: {why}"
         return None
+
+    @property
+    def stepwise(self) -> dict[str, str | None]:
+        """Per model ("slm", "llm"), why it reads one token at a time past its prompt (``continues``), or None."""
+        return {"slm": self.slm.continues, "llm": self.llm.continues}
 
     @property
     def slots(self) -> str | None:

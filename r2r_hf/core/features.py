@@ -141,7 +141,7 @@ def lm_forward(
         input_ids=input_ids.to(device),
         attention_mask=None if attention_mask is None else attention_mask.to(device),
         position_ids=None if position_ids is None else position_ids.to(device),
-        **cache_argument(cache),
+        **cache_argument(cache, model),
         use_cache=cache is not None,
         logits_to_keep=logits_to_keep,
         return_dict=True,

@@ -8,11 +8,13 @@ the module, and goes when the module goes.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
 from torch import nn
 
+logger = logging.getLogger(__name__)
 _NOTES: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -23,3 +25,11 @@ def notes(module: nn.Module) -> dict[str, Any]:
     if found is None:
         found = _NOTES[module] = {}
     return found
+
+
+def say_for(module: nn.Module, message: str) -> None:
+    """Log ``message`` as a warning the first time it is said of ``module`` (a slower path R2R takes for it)."""
+    said = notes(module).setdefault("said", set())
+    if message not in said:
+        said.add(message)
+        logger.warning(message)

@@ -123,6 +123,13 @@ class WaitPolicy:
         """The LLM always runs in the step a row routes (no row ever waits)."""
         return self.max_wait == 0 or max(self.min_rows) == 1
 
+    @property
+    def horizon(self) -> int:
+        """The most tokens a rollback may cut a row's caches back by (0: the row never speculates): back to its oldest
+        pending position, at most ``max_wait`` steps old (or its tail's ``speculate`` positions), past a draft block's
+        steps and the frontier token (``compat.record_past``: what a windowed layer keeps for it)."""
+        return max(self.max_wait, self.speculate) + self.block + 1 if self.speculate else 0
+
     def said(self) -> str:
         """The policy in one line (the server says it at start-up)."""
         if not self.speculate:

@@ -10,11 +10,12 @@ from collections.abc import Callable
 import torch
 from transformers.cache_utils import StaticLayer
 
-from ..compat import cache_argument, crop_cache, hold_states, restore_states
+from ..compat import cache_argument, crop_cache, hold_states, layer_written, restore_states
 from .features import input_device, lm_forward, output_device
 from .fast import fused
 from .fast.fused_reads import PLAIN, slot_read
-from .layouts.model_calls import layer_kinds, long_rope_switch, make_cache, static_cache
+from .fast.graphs import host_work
+from .layouts.model_calls import cached_forward, layer_kinds, long_rope_switch, make_cache, static_cache
 from .layouts.slot_cache import SlotCache, piece_inputs, read_piece
 
 # Attention that takes R2R's prepared 4-D masks (slots; a captured read builds its mask from device tensors). Flash
@@ -27,12 +28,13 @@ def _attention(model: torch.nn.Module) -> str:
 
 
 # ------------------------------------------------------------------ slots
-def slot_problem(model: torch.nn.Module, measured: dict) -> str | None:
+def slot_problem(model: torch.nn.Module, measured: dict, stepwise: str | None = None) -> str | None:
     """Why ``model`` cannot decode in slots: its attention path, long-RoPE factors, or a short sequence read in two
     slots and in pieces — with a rollback on the way: two other tokens read, then cut back (a recurrent state back to
     its checkpoint) — that does not give one plain forward's logits (an architecture that ignores a prepared mask,
     the cache, or keeps a state outside it). ``measured["slot_read_max_rel"]``: that read's gap (the fused check's
-    yardstick)."""
+    yardstick). A model that reads one token at a time past its prompt (``stepwise``: ``continues_problem``) is read
+    so here too."""
     attention = _attention(model)
     if attention not in MASKED_ATTENTION:
         return f"its attention is {attention!r} (slots need {' or '.join(MASKED_ATTENTION)} attention)"
@@ -41,15 +43,19 @@ def slot_problem(model: torch.nn.Module, measured: dict) -> str | None:
                "on the others')"
     found: dict = {}
 
+    def read(cache: SlotCache, tokens: torch.Tensor, start: int, count: int) -> torch.Tensor:
+        steps = [(start + i, 1) for i in range(count)] if stepwise else [(start, count)]
+        return [read_piece(model, cache, tokens, [1], [s], [n])[0] for s, n in steps][-1]
+
     def rest(cache: SlotCache, tokens: torch.Tensor) -> torch.Tensor:
         other = tokens.clone()
         other[1, 4:6] = tokens[0, :2]
         cache.states.keep([1])  # (``slot_state.py``: what a speculative rollback does)
-        read_piece(model, cache, other, [1], [4], [2])
+        read(cache, other, 4, 2)
         cache.states.restore(1)
-        return read_piece(model, cache, tokens, [1], [4], [3])[0]
+        return read(cache, tokens, 4, 3)
 
-    problem = continuation_problem(
+    problem = slot_read_problem(
         model, rest, "its forward does not accept a per-row cache and mask",
         "its logits read in slots differ from a plain forward (the architecture ignores the prepared mask, or keeps a "
         "state outside its cache)", found)
@@ -57,7 +63,7 @@ def slot_problem(model: torch.nn.Module, measured: dict) -> str | None:
     return problem
 
 
-def continuation_problem(model: torch.nn.Module, rest: Callable, failed: str, differs: str,
+def slot_read_problem(model: torch.nn.Module, rest: Callable, failed: str, differs: str,
                          measured: dict | None = None, rounding: float = 0.0) -> str | None:
     """Whether slots read as one plain forward: a 7-token sequence's first 4 tokens are read in slot 1 by HF's
     forward (beside 3 other tokens in slot 0, padded; 4 for a model with recurrent layers, whose rows are never
@@ -114,7 +120,7 @@ def static_problem(model: torch.nn.Module) -> str | None:
     others = {type(layer).__name__ for layer in static_cache(model.config, 1).layers if type(layer) is not StaticLayer}
     if others:
         return f"its static cache has layers other than attention: {_kinds(others)}"
-    return None
+    return host_work_problem(model)
 
 
 def _kinds(names: set[str]) -> str:
@@ -126,7 +132,7 @@ def _kinds(names: set[str]) -> str:
         said.append("recurrent (state-space, linear-attention or convolution) layers, which generate's captured "
                     "pieces would advance over their padding (the server's captured slots read them unpadded)")
     if "DummyLayer" in names:
-        said.append("KV-shared layers that read another layer's keys and values")
+        said.append("placeholders for layers that reuse another layer's keys and values (KV sharing)")
     rest = sorted(n for n in names if "LinearAttention" not in n and n != "DummyLayer")
     return "; ".join(said + ([f"{', '.join(rest)}"] if rest else []))
 
@@ -145,13 +151,16 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
     from one forward over a cache that sizes itself."""
     if "attention" not in layer_kinds(model):
         return None  # (no keys to shape)
-    declared = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
+    try:
+        declared = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
+    except Exception as err:  # noqa: BLE001 - (5.17 reads a per-layer head_dim of Gemma 4 as one)
+        return f"transformers cannot size its static cache before a forward (it raises {type(err).__name__})"
     if declared is None:
         return None
     cache = static_cache(model.config, 2)
     with torch.inference_mode():
         model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=input_device(model)), use_cache=True,
-              **cache_argument(cache))
+              **cache_argument(cache, model))
     for i, layer in enumerate(cache.layers):
         heads, dim = (value[i] if isinstance(value, (list, tuple)) else value for value in declared)
         keys = getattr(layer, "keys", None) if getattr(layer, "is_initialized", False) else None  # (attention only)
@@ -160,6 +169,55 @@ def static_shape_problem(model: torch.nn.Module) -> str | None:
                     f"declares {heads} of {dim} (multi-query attention), so a static cache cannot be allocated for it "
                     "before the capture")
     return None
+
+
+def host_work_problem(model: torch.nn.Module) -> str | None:
+    """Why a captured step of ``model`` would fail on host work inside its forward (Falcon's new architecture indexes
+    its fused heads with a Python list: a tensor made from host data at every step), or a state its cache does not
+    hold (5.17's RecurrentGemma); read from a one-token read over a static cache, as a captured step reads
+    (``fast/graphs.host_work`` says which ops a capture cannot take)."""
+    cache, device = static_cache(model.config, 4), input_device(model)
+    ids, mask = torch.zeros(1, 1, dtype=torch.long, device=device), torch.ones(1, 4, dtype=torch.long, device=device)
+
+    def step(at: int) -> None:
+        model(input_ids=ids, attention_mask=mask, position_ids=torch.full_like(ids, at), use_cache=True,
+              logits_to_keep=torch.zeros(1, dtype=torch.long, device=device), **cache_argument(cache, model))
+
+    with torch.inference_mode():
+        step(0)
+        problem = host_work(lambda: step(1))
+    if problem is not None:
+        return f"its forward works on the host at every step ({problem}), which a captured step cannot replay"
+    if any(layer_written(layer) is False for layer in cache.layers):
+        return "it keeps part of its state on its modules, not in its cache, which a captured step cannot replay"
+    return None
+
+
+# ------------------------------------------------------------------ reads of several tokens
+def continues_problem(model: torch.nn.Module) -> str | None:
+    """Why a read of several tokens into a cache that holds earlier ones would not give ``model``'s logits, or None.
+
+    transformers' Mamba and FalconMamba scans start a read of several tokens from a zero state, and RecurrentGemma's
+    convolution from zero inputs, whatever the cache holds (one token at a time, and a first read, are right).
+    Checked on its own weights, whatever its cache's layers say (5.17's RecurrentGemma cache shows attention layers
+    only): 3 tokens, then 5, against one forward over the 8, to fp32 rounding."""
+    device = input_device(model)
+    ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
+    positions, cache = torch.arange(8, device=device)[None], make_cache(model, None, 8)
+    with torch.inference_mode():
+        lm_forward(model, ids[:, :3], None, positions[:, :3], cache)
+        got = lm_forward(model, ids[:, 3:], None, positions[:, 3:], cache, 0)[0].float()
+        want = lm_forward(model, ids, None, positions, None, 0)[0, 3:].float()
+    if close(got, want, model, 2e-5):  # (a read in pieces sums as one forward does, to fp32 rounding)
+        return None
+    return ("its forward over several tokens does not continue the state its cache holds (transformers computes part "
+            "of such a read as if no token came before it)")
+
+
+def close(got: torch.Tensor, want: torch.Tensor, model: torch.nn.Module, fp32: float = 1e-3) -> bool:
+    """Two reads' logits agree within ``fp32`` in float32, bf16's rounding else (relative to the largest logit)."""
+    tolerance = fp32 if model.dtype == torch.float32 else 5e-2
+    return bool((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1e-6))
 
 
 # ------------------------------------------------------------------ fusing
@@ -175,7 +233,7 @@ def fuse_problem(model: torch.nn.Module, measured: dict, slots: bool) -> str | N
         return problem
     own = measured.get("slot_read_max_rel") if slots else None
     found: dict = {}
-    problem = continuation_problem(model, lambda cache, tokens: _fused_piece(model, cache, tokens, start=4, count=3),
+    problem = slot_read_problem(model, lambda cache, tokens: _fused_piece(model, cache, tokens, start=4, count=3),
                                    "its fused forward failed", "its fused logits differ from its own forward", found,
                                    rounding=own or 0.0)
     measured.update(fuse_max_rel=found.get("max_rel"), fuse_tolerance=found.get("tolerance"))
@@ -220,7 +278,7 @@ def _fused_piece(model, cache: SlotCache, tokens: torch.Tensor, start: int, coun
 
 
 # ------------------------------------------------------------------ rollback
-def rollback_problem(model: torch.nn.Module) -> str | None:
+def rollback_problem(model: torch.nn.Module, stepwise: str | None = None) -> str | None:
     """Why a rollback (speculation) cannot cut ``model``'s cache back exactly, checked on its own weights: 4 tokens
     read (a recurrent or convolution state kept there, as ``generate``'s rollbacks keep it: ``compat.hold_states``),
     then 2 more, cut back by 2 and 2 others read; the logits must be those of one plain forward over the 6 tokens
@@ -231,19 +289,25 @@ def rollback_problem(model: torch.nn.Module) -> str | None:
     device = input_device(model)
     ids = (torch.arange(8, device=device)[None] * 37 + 3) % model.get_input_embeddings().weight.shape[0]
     positions = torch.arange(6, device=device)[None]
-    cache = make_cache(model, None, 8, rollback=True)
+    cache = make_cache(model, None, 8, rollback=2)
+
+    def read(piece: slice, at: slice) -> torch.Tensor:  # (as R2R reads: one token at a time where it must)
+        return cached_forward(model, ids[:, piece], positions[:, at], cache, 1, lambda i, j: None,
+                              stepwise)[0, -1].float()
+
     with torch.inference_mode():
         try:
-            lm_forward(model, ids[:, :4], None, positions[:, :4], cache)
+            read(slice(0, 4), slice(0, 4))
             held = hold_states(cache)
-            lm_forward(model, ids[:, 4:6], None, positions[:, 4:6], cache)
+            read(slice(4, 6), slice(4, 6))
+            if any(layer_written(layer) is False for layer in cache.layers):  # (a layer its forward never wrote)
+                return "it keeps its recurrent state on its modules, not in its cache, so a cut back cannot reach it"
             crop_cache(cache, 2)
             restore_states(cache, held)
-            got = lm_forward(model, ids[:, 6:], None, positions[:, 4:6], cache)[0, -1].float()
+            got = read(slice(6, 8), slice(4, 6))
         except Exception as err:  # noqa: BLE001 - any failure means: it cannot be cut back
             return f"its cache cannot be cut back to an earlier token (transformers raises {type(err).__name__})"
         want = lm_forward(model, torch.cat([ids[:, :4], ids[:, 6:]], 1), None, positions, None)[0, -1].float()
-    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
-    if not bool((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1e-6)):
+    if not close(got, want, model):
         return "its state does not follow its cache when the cache is cut back (a state kept on its modules)"
     return None

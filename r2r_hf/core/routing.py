@@ -106,15 +106,17 @@ class Routing:
         scored = bool(generation_config.return_dict_in_generate)  # (r2r_decode also counts a RoutingAwareStreamer)
         fold = proposal_is_argmax(sampler.do_sample, processors) and fixed_routing(threshold, budget, scored) is None
         policy = speculation_for(call_policy(generation_config, input_ids.shape[0]), pair)
-        calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold, policy.speculate > 0)
+        calls = choose_calls(pair, generation_config, input_ids.shape[0], needed, store, fold, policy.horizon)
         return cls(pair, threshold, processors, sampler, calls, budget, policy)
 
     @classmethod
     def eager(cls, pair: RoutedPair, threshold: float, processors: Processors, sampler: Sampler, length: int,
-              llm_budget: float | None = None, rollback: bool = False) -> Routing:
+              llm_budget: float | None = None, rollback: int = 0) -> Routing:
         """One answer's routing on HF's dynamic caches (the server's answers for models that cannot use slots);
-        ``rollback``: the answer speculates (its caches are cut back)."""
-        calls = EagerCalls(pair.slm, pair.llm, pair.router, pair.num_topk, None, length, rollback=rollback)
+        ``rollback``: the most tokens the answer's rollbacks cut its caches back by (``WaitPolicy.horizon``; 0: it
+        does not speculate)."""
+        calls = EagerCalls(pair.slm, pair.llm, pair.router, pair.num_topk, None, length, rollback=rollback,
+                           stepwise=pair.abilities.stepwise)
         return cls(pair, threshold, processors, sampler, calls, llm_budget)
 
 

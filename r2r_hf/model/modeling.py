@@ -18,6 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedModel
 from transformers.generation.configuration_utils import GenerationMode
 
+from ..compat import warn_if_untested
 from ..config import R2RConfig
 from ..core.abilities import PairAbilities
 from ..core.fast.store import CaptureStore
@@ -111,6 +112,7 @@ class R2RForCausalLM(PreTrainedModel, R2RGenerationMixin):
             if not isinstance(model, PreTrainedModel) or model.get_output_embeddings() is None:
                 raise ValueError(f"{role} must be a transformers causal LM (with an lm_head), got {type(model).__name__}.")
         check_router_fits(self.config, slm)
+        warn_if_untested()
         self._pair = ModelPair(slm, llm, shared_vocab_size(slm, llm))  # a value, not submodules (core/pair.py)
         self.capture_store.clear()
         # The router lives where the SLM's features appear; it stays float32 (it is small).

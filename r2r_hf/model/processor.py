@@ -43,9 +43,10 @@ import torch
 from transformers import LogitsProcessor, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
-from ..compat import cache_of
+from ..compat import cache_is_empty, cache_of
 from ..config import DEFAULT_NUM_TOPK, DEFAULT_THRESHOLD
-from ..core.features import lm_forward, positions_from_mask, read_features, score
+from ..core.features import positions_from_mask, read_features, score
+from ..core.layouts.model_calls import cached_forward, piece_mask
 from ..core.routing import check_threshold
 from ..router import Router
 from .tokens import special_ids
@@ -153,7 +154,7 @@ class R2RLogitsProcessor(LogitsProcessor):
         # HF's prefill is the first forward of a generate call, and the only one on an empty cache (a reused
         # static cache is reset first); latched, because a chunked prefill runs several forwards.
         cache = cache_of(kwargs)
-        if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() == 0:
+        if cache is not None and hasattr(cache, "layers") and cache_is_empty(cache):
             self._hooked.prefilled = True
 
     def _is_continuation(self, input_ids: torch.Tensor) -> bool:
@@ -190,13 +191,10 @@ class R2RLogitsProcessor(LogitsProcessor):
 
         mask = torch.cat([self._prompt_mask, self._prompt_mask.new_ones(batch, length - self._prompt_len)], dim=1)
         positions = positions_from_mask(mask)
-        no_padding = bool(mask.all())
-        llm_logits = lm_forward(
-            self.llm,
-            input_ids[:, self._seen :],
-            None if no_padding else mask,
-            positions[:, self._seen :],
-            self._cache,
+        full, seen = None if bool(mask.all()) else mask, self._seen
+        llm_logits = cached_forward(
+            self.llm, input_ids[:, seen:], positions[:, seen:], self._cache, 1,
+            lambda i, j: piece_mask(self.llm, None if full is None else full[:, : seen + j], seen + i, seen + j),
         )[:, -1].to(scores.device, scores.dtype)
         self._seen = length
         width = min(scores.shape[-1], llm_logits.shape[-1])

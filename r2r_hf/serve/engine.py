@@ -235,7 +235,7 @@ class Engine:
         s = choice.settings
         sampler = Sampler(s.do_sample, self.device, s.rule(self.device, fresh_seed()).generator)
         routing = Routing.eager(self.pair, s.threshold, s.processors, sampler, len(prompt) + s.max_new_tokens + 1,
-                                s.llm_budget, rollback=self.policy.speculate > 0)
+                                s.llm_budget, rollback=self.policy.horizon)
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         self.batch = RunningBatch.for_call(routing, ids, s.max_new_tokens, counters=self.counters, ends=s.eos_ids)
         state = self.batch.ledger.rows[0]

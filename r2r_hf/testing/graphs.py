@@ -35,19 +35,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..core.fast.graphs import CudaGraphStep, Step, gc_paused
+from ..core.fast.graphs import CudaGraphStep, Step, flat, gc_paused, sync_problem
 
-# Ops that copy device data to the host or need it to size their output.
-SYNC_OPS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item", "aten::nonzero", "aten::argwhere",
-            "aten::equal", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
-            "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
-            "aten::lift_fresh"}  # lift_fresh: torch.tensor() from host data
-# Random draws: a graph replays the offsets recorded at capture.
-RNG_OPS = {"aten::rand", "aten::randn", "aten::randint", "aten::randperm", "aten::rand_like", "aten::randn_like",
-           "aten::randint_like", "aten::multinomial", "aten::bernoulli", "aten::bernoulli_", "aten::normal",
-           "aten::normal_", "aten::uniform_", "aten::random_", "aten::exponential_", "aten::cauchy_",
-           "aten::log_normal_", "aten::geometric_", "aten::native_dropout", "aten::poisson"}
-INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
 HOST_METHODS = {torch.Tensor.tolist: ".tolist()", torch.Tensor.numpy: ".numpy()", torch.Tensor.cpu: ".cpu()",
                 torch.Tensor.item: ".item()"}
 
@@ -58,34 +47,6 @@ class HostSyncError(RuntimeError):
 
 class ReplayMismatch(RuntimeError):
     """A replay took another path than the capture (a real graph would have replayed the captured one)."""
-
-
-def _flat(values: Any) -> Iterator[Any]:
-    if isinstance(values, (list, tuple)):
-        for v in values:
-            yield from _flat(v)
-    elif isinstance(values, dict):
-        for v in values.values():
-            yield from _flat(v)
-    else:
-        yield values
-
-
-def sync_problem(func, args: tuple, kwargs: dict) -> str | None:
-    """Why the dispatched op ``func`` (an aten overload) cannot be captured, or None."""
-    name = func._schema.name
-    if name in SYNC_OPS:
-        return f"{name} copies device data to the host"
-    if name in RNG_OPS:
-        return f"{name} draws random numbers (a graph replays the captured draw)"
-    if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") and \
-            kwargs.get("output_size", args[3] if len(args) > 3 else None) is None:
-        return "repeat_interleave with tensor repeats and no output_size sizes its output on the host"
-    if name in INDEX_OPS:
-        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in _flat(indices)):
-            return f"{name} with a boolean mask sizes its result on the host"
-    return None
 
 
 class _Trace:
@@ -108,7 +69,7 @@ class _Trace:
 
     def record(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         self.ops.append((name, self._describe(args), tuple(sorted((k, self._describe(v)) for k, v in kwargs.items()))))
-        for i, value in enumerate(_flat(out)):
+        for i, value in enumerate(flat(out)):
             if isinstance(value, torch.Tensor):
                 self._made[value.untyped_storage().data_ptr()] = (len(self.ops) - 1, i)
 

@@ -3,12 +3,13 @@
 
 A *cell* is one path of one pair: a function that runs it and raises ``Mismatch`` where R2R's answer departs from
 what it must equal (never-route = ``slm.generate``, always-route = ``llm.generate``, mixed = a cache-free
-recompute, a padded batch = each row alone, a speculating, static, captured or served answer = the eager one, a
-reloaded router = the saved one). ``run_cell`` classifies what happened:
+recompute, on a padded batch and on each prompt alone, a speculating, static, captured or served answer = the eager
+one, a reloaded router = the saved one). The served cells are in ``served_cells.py``. ``run_cell`` classifies what
+happened:
 
 * ``ok``       the answers are exact (and where R2R ran a slower path than asked, ``note`` says which, as it logged);
 * ``refused``  R2R turned the path's feature off for the pair, in one sentence (speculation, for a model whose
-               cache cannot be cut back), and the answers are exact without it;
+               cache cannot be cut back), and the answers are exact without it: a refusal, never a pass;
 * ``wrong``    an answer differs (a silent error);
 * ``crash``    any other exception (a traceback from inside R2R or transformers).
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ import torch
 from .models import EOS_ID, PAD_ID
 from .pairs import LOGITS, NEW, PROMPTS, SPECULATE, Mismatch, Pair, Refused, greedy, row, rows_alone, same
 from .pairs import same_as_alone, same_logits
+from .served_cells import cell_served, cell_served_captured, cell_served_speculation, refused_speculation
 
 
 @dataclass(frozen=True)
@@ -60,19 +61,25 @@ def cell_generate(p: Pair) -> None:
                                       hf_alone[0, alone["input_ids"].shape[1]:])
     if consistent:
         same_as_alone(p.mixed, rows_alone(p.model, p.batch, **greedy(), threshold=p.threshold), width, "mixed")
-    recompute(p)
+    recompute(p, p.batch)
 
 
-def recompute(p: Pair) -> None:
-    """Every token of the padded batch's mixed answers is the argmax of the model that wrote it over the sequence
-    before it, read without a cache: one forward over the whole sequence (causal: each position sees what came
-    before it), or one per length for a long-RoPE model (its factors follow the length, as in its own generate)."""
+def cell_mixed_alone(p: Pair) -> None:
+    """Mixed routing on each prompt alone (no padding): every token = a cache-free recompute of its writer."""
+    for r in range(len(PROMPTS)):
+        recompute(p, row(p.batch, r), f"prompt {r} alone")
+
+
+def recompute(p: Pair, batch: dict, where: str = "the padded batch") -> None:
+    """Every token of ``batch``'s mixed answers is the argmax of the model that wrote it over the sequence before it,
+    read without a cache: one forward over the whole sequence (causal: each position sees what came before it), or
+    one per length for a long-RoPE model (its factors follow the length, as in its own generate)."""
     from ..core.features import lm_forward, positions_from_mask
     from ..core.layouts.model_calls import long_rope_switch
 
-    out = p.model.generate(**p.batch, **greedy(), threshold=p.threshold, return_dict_in_generate=True)
-    seq, start = out.sequences, p.batch["input_ids"].shape[1]
-    mask = torch.cat([p.batch["attention_mask"], torch.ones_like(seq[:, start:])], 1)
+    out = p.model.generate(**batch, **greedy(), threshold=p.threshold, return_dict_in_generate=True)
+    seq, start = out.sequences, batch["input_ids"].shape[1]
+    mask = torch.cat([batch["attention_mask"], torch.ones_like(seq[:, start:])], 1)
     vocab, new = p.model.shared_vocab_size, seq.shape[1] - start
     def read(model, end: int, keep: int) -> torch.Tensor:  # the logits after the last ``keep`` of ``end`` columns
         return lm_forward(model, seq[:, :end], mask[:, :end], positions_from_mask(mask[:, :end]), None, keep)
@@ -89,20 +96,21 @@ def recompute(p: Pair) -> None:
         for r in range(len(seq)):
             who = "LLM" if out.routed[r, i] else "SLM"
             if live[r] and seq[r, start + i] != want[who][r, i]:
-                raise Mismatch(f"mixed: row {r}'s answer token {i} ({who}) is {seq[r, start + i].item()}, a cache-free "
+                raise Mismatch(f"mixed, {where}: row {r}'s answer token {i} ({who}) is {seq[r, start + i].item()}, a cache-free "
                                f"forward gives {want[who][r, i].item()}")
         live &= seq[:, start + i] != EOS_ID
 
 
 def cell_sampled(p: Pair) -> None:
-    """fp32, seeded sampling, one row: never-route = slm.generate, always-route = llm.generate (same seed)."""
-    alone = row(p.batch, 1)
+    """fp32, seeded sampling, one row and the padded batch: never-route = slm.generate, always-route = llm.generate
+    (same seed)."""
     options = dict(max_new_tokens=NEW, do_sample=True, temperature=1.0, top_k=0, pad_token_id=PAD_ID,
                    eos_token_id=EOS_ID)
-    for threshold, hf in ((float("inf"), p.slm), (0.0, p.llm)):
-        torch.manual_seed(7)
-        want = hf.generate(**alone, **options)
-        same(p.model.generate(**alone, **options, seed=7, threshold=threshold), want, "seeded sampling")
+    for batch, where in ((row(p.batch, 1), "one prompt"), (p.batch, "the padded batch")):
+        for threshold, hf in ((float("inf"), p.slm), (0.0, p.llm)):
+            torch.manual_seed(7)
+            want = hf.generate(**batch, **options)
+            same(p.model.generate(**batch, **options, seed=7, threshold=threshold), want, f"seeded sampling, {where}")
 
 
 def cell_bf16(p: Pair) -> None:
@@ -121,108 +129,64 @@ def cell_bf16(p: Pair) -> None:
                  f"{who}, row {r} alone against the model's own generate")
 
 
-def refused_speculation(p: Pair, slots: bool = False) -> None:
-    """Where R2R does not speculate for the pair (in the server's ``slots``, or on HF's caches), the sentence it says
-    (once) is the cell's refusal."""
-    problem = p.model.routed_pair().abilities.speculation(slots)
-    if problem is not None:
-        raise Refused(problem)
-
-
 def cell_speculation(p: Pair) -> None:
     """Speculating (greedy, mixed threshold): the padded batch and one row = without speculation."""
     same(p.model.generate(**p.batch, **greedy(**SPECULATE), threshold=p.threshold), p.mixed, "speculating batch")
     alone = row(p.batch, 2)
     want = p.model.generate(**alone, **greedy(), threshold=p.threshold)
     same(p.model.generate(**alone, **greedy(**SPECULATE), threshold=p.threshold), want, "speculating row")
-    refused_speculation(p)
+    refused_speculation(p.slm, p.llm)
+
+
+def cell_unrelated(p: Pair) -> None:
+    """Speculating with an LLM that agrees with the SLM on almost no token (every routed position rejected, every
+    tail cut back): = without speculation, the padded batch."""
+    q = p.unrelated
+    want = q.model.generate(**q.batch, **greedy(), threshold=q.threshold)
+    same(q.model.generate(**q.batch, **greedy(**SPECULATE), threshold=q.threshold), want, "unrelated LLM, speculating")
+    refused_speculation(q.slm, q.llm)
 
 
 def cell_static(p: Pair) -> None:
-    """``cache_implementation="static"`` (eager on a CPU), with and without speculation = the dynamic cache."""
+    """``cache_implementation="static"`` (eager on a CPU) = the dynamic cache: the padded batch and each prompt alone
+    (no padding: HF's masks take other paths)."""
     static = greedy(cache_implementation="static")
     same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "static cache")
-    same(p.model.generate(**p.batch, **static, **SPECULATE, threshold=p.threshold), p.mixed, "static, speculating")
+    for r in range(len(PROMPTS)):
+        alone = row(p.batch, r)
+        same(p.model.generate(**alone, **static, threshold=p.threshold),
+             p.model.generate(**alone, **greedy(), threshold=p.threshold), f"static cache, prompt {r} alone")
 
 
-def cell_captured(p: Pair) -> None:
-    """The fast path (static caches, CUDA graphs emulated on the CPU), with and without speculation = eager."""
+def cell_static_speculation(p: Pair) -> None:
+    """The static cache, speculating = the dynamic cache without speculation: the padded batch, and each prompt
+    alone (no padding: HF's masks take other paths)."""
+    static = greedy(cache_implementation="static", **SPECULATE)
+    same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "static, speculating")
+    for r in range(len(PROMPTS)):
+        alone = row(p.batch, r)
+        same(p.model.generate(**alone, **static, threshold=p.threshold),
+             p.model.generate(**alone, **greedy(), threshold=p.threshold), f"static, speculating, prompt {r} alone")
+    refused_speculation(p.slm, p.llm)
+
+
+def cell_captured(p: Pair, **speculate) -> None:
+    """The fast path (static caches, CUDA graphs emulated on the CPU) = eager."""
     from .graphs import emulated_store
 
     store, p.model.capture_store = p.model.capture_store, emulated_store()
     try:
-        static = greedy(cache_implementation="static")
-        same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "captured")
-        speculating = p.model.generate(**p.batch, **static, **SPECULATE, threshold=p.threshold)
-        same(speculating, p.mixed, "captured, speculating")
+        captured = p.model.generate(**p.batch, **greedy(cache_implementation="static", **speculate),
+                                    threshold=p.threshold)
+        same(captured, p.mixed, "captured, speculating" if speculate else "captured")
     finally:
         p.model.capture_store = store
 
 
-def cell_served(p: Pair, **settings) -> None:
-    """The server's engine (in-process, every prompt at once, greedy and seeded) = ``generate`` alone."""
-    from ..model.row_settings import resolve_row
-    from ..serve.engine import Engine, Request
-    from ..serve.rows import Choice
-    from ..serve.settings import ServeSettings
-
-    jobs = [(list(prompt), {"threshold": p.threshold, "do_sample": False} if i != 1 else
-             {"threshold": p.threshold, "do_sample": True, "temperature": 1.0, "top_k": 20, "seed": 3})
-            for i, prompt in enumerate(PROMPTS)]
-    settings = {"capture": "off", **settings}
-    engine = Engine(p.model, p.tok, ServeSettings(max_batch_size=4, batch_wait_ms=20, **settings))
-    texts, done = {i: [] for i in range(len(jobs))}, threading.Semaphore(0)
-
-    def sink(i):
-        def emit(event):
-            texts[i].append(event)
-            if event[0] in ("end", "error"):
-                done.release()
-        return emit
-
-    report = engine.capture_report
-    if settings["capture"] != "off" and report["path"] == "eager" and not report.get("why"):
-        raise Mismatch(f"served: the steps were not captured and the server did not say why ({report})")
-    engine.start()
-    try:
-        for i, (prompt, options) in enumerate(jobs):
-            engine.submit(Request([prompt], [Choice(resolve_row(p.model, prompt, max_new_tokens=NEW, **options))],
-                                  sink(i)))
-        for _ in jobs:
-            if not done.acquire(timeout=120):
-                raise Mismatch("served: an answer did not end within 120 s")
-    finally:
-        engine.stop(30)
-    for i, (prompt, options) in enumerate(jobs):
-        errors = [e for e in texts[i] if e[0] == "error"]
-        if errors:
-            raise RuntimeError(f"served: {errors[0][1].message}")
-        got = "".join(e[2] for e in texts[i] if e[0] == "text")
-        ids = torch.tensor([prompt])
-        out = p.model.generate(input_ids=ids, max_new_tokens=NEW, pad_token_id=PAD_ID, eos_token_id=EOS_ID, **options)
-        want = p.tok.decode(out[0, len(prompt):], skip_special_tokens=True)
-        if got != want:
-            raise Mismatch(f"served answer {i} ({'sampled' if options['do_sample'] else 'greedy'}) differs from "
-                           f"generate alone: {got!r} != {want!r}")
-
-
-def cell_served_speculation(p: Pair) -> None:
-    """The same with ``--speculate 4``."""
-    cell_served(p, speculate=4)
-    refused_speculation(p, slots=True)
-
-
-def cell_served_captured(p: Pair) -> None:
-    """The same on captured steps (``--capture auto``: CUDA graphs, emulated on the CPU), where the models can be
-    captured (else the server says why, once, and runs eagerly); fused where a model can be fused (its regions run
-    plain here: the LLM's reads packed, the router folded into the SLM's reads), HF's forward elsewhere."""
-    from .graphs import emulated_store
-
-    store, p.model.capture_store = p.model.capture_store, emulated_store(fuse="plain")
-    try:
-        cell_served(p, capture="auto", max_context=48)
-    finally:
-        p.model.capture_store = store
+def cell_captured_speculation(p: Pair) -> None:
+    """The same, speculating."""
+    cell_captured(p, **SPECULATE)
+    refused_speculation(p.slm, p.llm)
 
 
 def cell_save_load(p: Pair) -> None:
@@ -236,8 +200,10 @@ def cell_save_load(p: Pair) -> None:
 
 
 CELLS: dict[str, Callable[[Pair], None]] = {
-    "generate": cell_generate, "sampled": cell_sampled, "bf16": cell_bf16, "speculation": cell_speculation,
-    "static": cell_static, "captured": cell_captured, "served": cell_served,
+    "generate": cell_generate, "mixed_alone": cell_mixed_alone, "sampled": cell_sampled, "bf16": cell_bf16,
+    "speculation": cell_speculation, "unrelated": cell_unrelated, "static": cell_static,
+    "static_speculation": cell_static_speculation, "captured": cell_captured,
+    "captured_speculation": cell_captured_speculation, "served": cell_served,
     "served_speculation": cell_served_speculation, "served_captured": cell_served_captured,
     "save_load": cell_save_load,
 }

@@ -12,11 +12,11 @@ import functools
 
 import torch
 
-from .families import build_pair
+from .builds import build_pair
 from .models import EOS_ID, PAD_ID, make_tokenizer
 
 PROMPTS = ((17, 41, 99), (23, 8, 150, 61, 7, 230, 12), (5, 77, 310, 9, 44, 120, 33, 260, 18, 71, 140))
-NEW = 12  # answer tokens: every prompt runs past an 8-token window, the long-RoPE pair past its 16-token context
+NEW = 40  # answer tokens: every prompt runs past a 16-token window and the long-RoPE pair past its 16-token context
 SPECULATE = dict(speculate=4, llm_max_wait=16)
 ROUTER = dict(router_hidden_dims=[16], router_expansion=1)
 LOGITS = dict(return_dict_in_generate=True, output_logits=True)
@@ -60,6 +60,21 @@ class Pair:
     def mixed(self) -> torch.Tensor:
         """The eager, dynamic-cache mixed answers of the padded batch (what the other paths must equal)."""
         return self.model.generate(**self.batch, **greedy(), threshold=self.threshold)
+
+    @functools.cached_property
+    def unrelated(self) -> Pair:
+        """The same SLM with an LLM that agrees with it on almost no token (``builds.unrelated_llm``)."""
+        from r2r_hf import R2RForCausalLM
+
+        from .builds import unrelated_llm
+
+        other = object.__new__(Pair)
+        other.name, other.tok, other.batch, other._threshold = self.name, self.tok, self.batch, None
+        other.slm, other.llm = self.slm, unrelated_llm(self.name)
+        other.model = R2RForCausalLM(self.model.config).eval()
+        other.model.router.load_state_dict(self.model.router.state_dict())
+        other.model.set_models(other.slm, other.llm)
+        return other
 
     @functools.cached_property
     def bf16(self) -> Pair:

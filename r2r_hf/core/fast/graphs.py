@@ -6,7 +6,8 @@ its outputs into the same memory every time (and graphs sharing a pool may overw
 so nothing a caller keeps may point into that memory.
 
 What is captured, over which caches and when, is ``static_reads.py``'s and ``slot_reads.py``'s business; this module only
-knows how. ``GraphStep`` is the interface a ``CaptureStore`` is given (the CPU emulation in
+knows how, and which ops a capture cannot take (``sync_problem``; ``host_work``: the first such op of a step, which
+``core/probes.host_work_problem`` asks of a model's one-token read). ``GraphStep`` is the interface a ``CaptureStore`` is given (the CPU emulation in
 ``r2r_hf.testing.graphs`` implements it too).
 """
 
@@ -19,8 +20,74 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
 
 Step = Callable[..., tuple[torch.Tensor, ...]]
+
+# Ops that copy device data to the host or need it to size their output.
+SYNC_OPS = {"aten::_local_scalar_dense", "aten::is_nonzero", "aten::item", "aten::nonzero", "aten::argwhere",
+            "aten::equal", "aten::masked_select", "aten::unique", "aten::_unique", "aten::_unique2",
+            "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
+            "aten::lift_fresh"}  # lift_fresh: torch.tensor() from host data
+# Random draws: a graph replays the offsets recorded at capture.
+RNG_OPS = {"aten::rand", "aten::randn", "aten::randint", "aten::randperm", "aten::rand_like", "aten::randn_like",
+           "aten::randint_like", "aten::multinomial", "aten::bernoulli", "aten::bernoulli_", "aten::normal",
+           "aten::normal_", "aten::uniform_", "aten::random_", "aten::exponential_", "aten::cauchy_",
+           "aten::log_normal_", "aten::geometric_", "aten::native_dropout", "aten::poisson"}
+INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+
+
+def flat(values: Any) -> Iterator[Any]:
+    """Every leaf of nested lists, tuples and dicts."""
+    if isinstance(values, (list, tuple)):
+        for v in values:
+            yield from flat(v)
+    elif isinstance(values, dict):
+        for v in values.values():
+            yield from flat(v)
+    else:
+        yield values
+
+
+def sync_problem(func, args: tuple, kwargs: dict) -> str | None:
+    """Why the dispatched op ``func`` (an aten overload) cannot be captured, or None."""
+    name = func._schema.name
+    if name == "aten::lift_fresh":
+        return f"{name} makes a tensor from host data"
+    if name in SYNC_OPS:
+        return f"{name} copies device data to the host"
+    if name in RNG_OPS:
+        return f"{name} draws random numbers (a graph replays the captured draw)"
+    if name == "aten::repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor") and \
+            kwargs.get("output_size", args[3] if len(args) > 3 else None) is None:
+        return "repeat_interleave with tensor repeats and no output_size sizes its output on the host"
+    if name in INDEX_OPS:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in flat(indices)):
+            return f"{name} with a boolean mask sizes its result on the host"
+    return None
+
+
+class _HostWork(TorchDispatchMode):
+    """Notes the first op that a capture could not take (``sync_problem``), running every op as usual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.problem: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.problem is None:
+            self.problem = sync_problem(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def host_work(fn: Callable[[], Any]) -> str | None:
+    """Why ``fn`` (a model's step) could not run inside a capture, or None: its first op that works on the host."""
+    with _HostWork() as mode:
+        fn()
+    return mode.problem
 
 
 class GraphStep(Protocol):

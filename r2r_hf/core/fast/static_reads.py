@@ -13,10 +13,9 @@ call of the loop can be given a fixed shape, so it is captured once and replayed
   step, or folded into the SLM's read where the proposal is the raw argmax, in the models' dtype or fp32
   (``router_copy.py``).
 
-How a step is captured (a CUDA graph of its eager forward, or ``torch.compile``) is ``graphs.py``;
-which calls run on what is ``CapturedCalls``; the static caches and captured calls of one batch
-size live in a ``CapturedState``, which a model's ``CaptureStore`` keeps between generate calls (as
-HF keeps its static cache) and lends to one call at a time.
+How a step is captured (a CUDA graph of its eager forward, or ``torch.compile``) is ``graphs.py``; which calls run on
+what is ``CapturedCalls``; the static caches and captured calls of one batch size live in a ``CapturedState``, which
+a model's ``CaptureStore`` keeps between generate calls (as HF keeps its static cache) and lends to one call at a time.
 """
 
 from __future__ import annotations
@@ -91,10 +90,8 @@ def router_fn(slm: torch.nn.Module, router: torch.nn.Module, k: int) -> Step:
 
 @contextlib.contextmanager
 def kept_lengths(*caches: StaticCache) -> Iterator[None]:
-    """Restore the caches' lengths afterwards: capturing runs the step (warm-up) without committing it.
-
-    What the warm-up wrote lies past the committed tokens, where the next real step writes again.
-    """
+    """Restore the caches' lengths afterwards: capturing runs the step (warm-up) without committing it. What the
+    warm-up wrote lies past the committed tokens, where the next real step writes again."""
     saved = [[layer.cumulative_length.clone() for layer in cache.layers] for cache in caches]
     try:
         yield
@@ -111,11 +108,11 @@ def read_memory(*modules: torch.nn.Module) -> tuple[int, ...]:
     return tuple(t.data_ptr() for m in modules for t in (*m.parameters(), *m.buffers()))
 
 
-def static_cache(model: torch.nn.Module, batch: int, length: int) -> StaticCache:
-    """A static cache allocated up front, so no capture ever allocates it."""
+def static_cache(model: torch.nn.Module, batch: int, length: int, captured: bool = True) -> StaticCache:
+    """A static cache, allocated up front where ``model`` is ``captured`` so that no capture ever allocates it (an
+    uncaptured LLM, a Mamba-2, may have no attention shape; the private hook: tests/test_hf_internals.py)."""
     cache = full_static_cache(model.config, length)
-    shape = model._get_static_cache_init_shape()  # private HF hook (tests/test_hf_internals.py guards it)
-    if shape is not None:
+    if (shape := model._get_static_cache_init_shape() if captured else None) is not None:
         cache.early_initialization(batch, *shape, dtype=model.dtype, device=output_device(model))
     return cache
 
@@ -148,7 +145,8 @@ class CapturedState:
         self.scorer = Scorer(router, slm.dtype, router_dtype)
         self.batch, self.capacity, self.capture_llm, self.key = batch, capacity, capture_llm, key
         self.capture = capture
-        self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity)
+        self.slm_cache, self.llm_cache = static_cache(slm, batch, capacity), static_cache(llm, batch, capacity,
+                                                                                          capture_llm)
         self.reads: dict[tuple, Step] = {}  # (role, bucket, span, folded, logits kept: 0 the last) -> captured read
         self.fused = dict(zip(("slm", "llm"), fused))
         self.router_step: Step | None = None
@@ -255,21 +253,23 @@ def compiled(compile_config) -> Callable[[Step, dict], Step]:
 
 
 class CapturedCalls:
-    """The loop's calls for one generate call over a lent ``CapturedState`` (see the module docstring).
-
-    What cannot be captured (a stateful router, an LLM that cannot be captured) runs on the eager
-    engine over the same caches. ``close`` gives the state back to its store.
+    """The loop's calls for one generate call over a lent ``CapturedState`` (see the module docstring). What cannot
+    be captured (a stateful router, an LLM that cannot be captured) runs on the eager engine over the
+    same caches. ``close`` gives the state back to its store.
 
     Args:
         state, release: the lent state, and what gives it back.
         fold: the call's proposal is the SLM's raw argmax (``router_copy.proposal_is_argmax``): each SLM read
             scores it too, and ``route_scores`` of those very logits returns those scores.
+        rollback: the most tokens the call's rollbacks cut the caches back by (the eager engine records that).
+        stepwise: per model, why it reads one token at a time past its prompt (``model_calls.cached_forward``).
     """
 
-    def __init__(self, state: CapturedState, release: Callable[[], None], fold: bool = False) -> None:
+    def __init__(self, state: CapturedState, release: Callable[[], None], fold: bool = False,
+                 rollback: int = 0, stepwise: dict[str, str | None] | None = None) -> None:
         self.state, self.capacity, self._release = state, state.capacity, release
         self.eager = EagerCalls(state.slm, state.llm, state.router, state.num_topk, "static", state.capacity,
-                                caches=(state.slm_cache, state.llm_cache))
+                                caches=(state.slm_cache, state.llm_cache), rollback=rollback, stepwise=stepwise)
         self.capture_router = getattr(state.router, "capturable", True)
         self.fold = fold and self.capture_router and stateless(state.router)
         self._folded: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits, their scores) of the last read
@@ -309,6 +309,7 @@ class CapturedCalls:
 
     def close(self) -> None:
         release, self._release = self._release, None
+        self.eager.close()  # (the lent caches stop recording this call's past)
         if release is not None:
             self.state.weights = read_memory(self.state.slm, self.state.llm, self.state.router)  # (fused reads pack)
             release()

@@ -72,7 +72,8 @@ class CaptureStore:
         """Whether a static-cache call without ``compile_config`` is captured on ``device``."""
         return device.type in self.graph_devices
 
-    def lend(self, pair: RoutedPair, compile_config, batch: int, needed: int, fold: bool = False) -> CapturedCalls | None:
+    def lend(self, pair: RoutedPair, compile_config, batch: int, needed: int, fold: bool = False,
+             rollback: int = 0) -> CapturedCalls | None:
         """Captured steps for one call, held by it until their ``close()``; None when the call runs eagerly.
 
         Args:
@@ -80,6 +81,7 @@ class CaptureStore:
             compile_config: the call's ``CompileConfig`` (None: ``graph_step``).
             batch, needed: the call's rows and longest sequence.
             fold: the call proposes the SLM's raw argmax, so its SLM reads score it too (``router_copy.py``).
+            rollback: the most tokens the call's rollbacks cut the caches back by (``model_calls.make_cache``).
         """
         if self._holder == threading.get_ident():
             self._warn("R2R runs this call eagerly: a generate call of the same thread (a streamer that generates?) "
@@ -95,7 +97,7 @@ class CaptureStore:
         if state is None:
             self._release()
             return None
-        return CapturedCalls(state, self._release, fold=fold)
+        return CapturedCalls(state, self._release, fold=fold, rollback=rollback, stepwise=pair.abilities.stepwise)
 
     def _release(self) -> None:
         self._holder = None
@@ -139,7 +141,7 @@ class CaptureStore:
 
 
 def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: int, needed: int,
-                 store: CaptureStore | None, fold: bool = False, rollback: bool = False) -> ModelCalls:
+                 store: CaptureStore | None, fold: bool = False, rollback: int = 0) -> ModelCalls:
     """The engine one call runs on, decided as HF decides to compile.
 
     Eager unless ``cache_implementation="static"`` and not ``disable_compile``; then captured
@@ -154,13 +156,14 @@ def choose_calls(pair: RoutedPair, generation_config: GenerationConfig, batch: i
         needed: the call's longest sequence (prompt + max_new_tokens).
         store: the model's ``CaptureStore``, or None to run eagerly.
         fold: the call proposes the SLM's raw argmax (``router_copy.proposal_is_argmax``).
-        rollback: the call speculates (its caches are cut back: ``model_calls.make_cache``).
+        rollback: the most tokens the call's rollbacks cut its caches back by (0: it does not speculate:
+            ``model_calls.make_cache``).
     """
     kind, compile_config = generation_config.cache_implementation, generation_config.compile_config
     eager = kind != "static" or generation_config.disable_compile or store is None
     if not eager and compile_config is None and not store.captures_on(output_device(pair.slm)):
         eager = True
     p = pair
-    steps = None if eager else store.lend(p, compile_config, batch, needed, fold)
+    steps = None if eager else store.lend(p, compile_config, batch, needed, fold, rollback)
     return steps if steps is not None else EagerCalls(p.slm, p.llm, p.router, p.num_topk, kind, needed,
-                                                      rollback=rollback)
+                                                      rollback=rollback, stepwise=p.abilities.stepwise)

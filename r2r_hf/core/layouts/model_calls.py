@@ -1,67 +1,81 @@
 """The rectangle's model calls (``rectangle.ModelCalls``) as plain forwards over HF's caches, dynamic or static.
 
 ``fast/static_reads.CapturedCalls`` replays the same calls captured, and ``fast/store.choose_calls`` decides which
-a generate call gets. What differs by family is read off the model here: how its layers read the mask
+a generate call gets. What differs by family is read off the model here, once: how its layers read the mask
 (``read_mask``), where a long-RoPE model reads everything again (``read_start``), what its layers keep
-(``layer_kinds``). Whether it can take a path at all is its ``Abilities`` (``core/abilities.py``);
+(``layer_kinds``), a read one token at a time where a model cannot continue its cache's state over several
+(``cached_forward``). Whether it can take a path at all is its ``Abilities`` (``core/abilities.py``);
 docs/model_families.md shows what each family gets on each path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from transformers import cache_utils
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticCache, StaticLayer
 
-from ...compat import LINEAR, crop_cache, hold_states, restore_states
+from ...compat import LINEAR, cache_is_empty, crop_cache, hold_states, record_past, restore_states
 from ..features import HiddenStateCapture, lm_forward, read_features, score
-from ..notes import notes
+from ..notes import notes, say_for
 from .rectangle import Committed
 
 
-
-def make_cache(model: torch.nn.Module, implementation: str | None, length: int, rollback: bool = False) -> Cache:
+def make_cache(model: torch.nn.Module, implementation: str | None, length: int, rollback: int = 0) -> Cache:
     """A fresh KV cache for one model: ``static_cache`` for ``"static"``, else HF's dynamic cache; where the call may
-    ``rollback`` (speculation cuts the caches back), ``keeping_past``: a layer that dropped what fell out of its
-    window could not be cut back past it."""
+    cut its caches back by up to ``rollback`` tokens (speculation), keeping what that needs (``compat.record_past``:
+    a layer that dropped what fell out of its window, or overwrote its state, could not be cut back past it)."""
     cache = static_cache(model.config, length) if implementation == "static" else DynamicCache(config=model.config)
-    return keeping_past(cache) if rollback else cache
-
-
-def keeping_past(cache: Cache) -> Cache:
-    """``cache``, its windowed layers keeping what they would drop until a cut (``crop``) tells them how far back to
-    keep it (HF's own rollback mode for assisted decoding). Its recurrent and convolution layers go back to a
-    checkpoint instead (``EagerCalls.keep``): exact on every release, and no per-token history of their states."""
-    for layer in cache.layers:
-        if hasattr(layer, "activate_past_recording") and not isinstance(layer, LINEAR):
-            layer.activate_past_recording()
+    if rollback:
+        record_past(cache, rollback)
     return cache
+
+
+class SizedStaticCache(StaticCache):
+    """HF's static cache, its attention layers holding more columns than the tokens read, as HF's mask code must know
+    to mask them: it asks ``is_compileable``, which a convolution layer recording its past for a rollback (LFM2's,
+    speculating) turns false, and then lets a one-token query attend to every column, unwritten ones too (the cut
+    back answers differed from the same call without speculation). Its layers are static: R2R compiles none of
+    these recording caches (a recurrent layer keeps R2R's calls eager)."""
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
 
 
 def static_cache(config, length: int) -> StaticCache:
     """HF's static cache of ``length`` columns, its windowed (and chunked) layers holding every column too: the
     windows live in the masks HF builds from the config, a rollback moves a device length back (a windowed static
     layer rolls its columns and counts on the host: it can neither be cut back past its window nor captured)."""
-    cache = StaticCache(config=config, max_cache_len=length)
+    cache = SizedStaticCache(config=config, max_cache_len=length)
     for i, layer in enumerate(cache.layers):
         windowed = isinstance(layer, StaticLayer) and getattr(layer, "is_sliding", False)
         if windowed and not isinstance(layer, LINEAR):  # (a hybrid layer keeps its recurrent half: not captured)
             cache.layers[i] = StaticLayer(max_cache_len=length)
+            # Still windowed to HF's mask code, which sizes a window's mask from the first layer it finds windowed
+            # (or else the first layer: a recurrent one in RecurrentGemma, whose count 5.25 reads as the queries').
+            cache.layers[i].is_sliding = True
     return cache
 
 
 def read_mask(model: torch.nn.Module, cache: Cache, seq: Committed, start: int, end: int) -> torch.Tensor | None:
     """The attention mask of a read of columns ``start:end`` into ``cache``, as the model's layers read it: over
-    every column up to ``end``; as wide as a static cache's keys where every layer attends (a model that builds
-    position biases from the mask, as BLOOM's ALiBi, needs it that wide, and a captured read passes the same); over
-    the read's own columns where no layer attends (a state-space model's mixer zeroes its padded inputs: HF passes
-    it the prompt's mask, then none)."""
-    kinds = layer_kinds(model)
-    if "attention" not in kinds:
-        mask = seq.mask_upto(end)
-        return None if mask is None else mask[:, start:end]
-    wide = isinstance(cache, StaticCache) and "recurrent" not in kinds
-    return seq.mask_upto(seq.mask.shape[1] if wide else end)
+    every column up to ``end``; as wide as a static cache's keys where every layer attends, padded rows or not (a
+    model that builds position biases from the mask, BLOOM's and Falcon-RW's ALiBi, needs it that wide: without one
+    it sizes them by the tokens read and fails on the static keys; a captured read passes the same); over the read's
+    own columns where no layer attends (a state-space model's mixer zeroes its padded inputs: HF passes it the
+    prompt's mask, then none)."""
+    if isinstance(cache, StaticCache) and layer_kinds(model) == {"attention"}:
+        return seq.mask
+    return piece_mask(model, seq.mask_upto(end), start, end)
+
+
+def piece_mask(model: torch.nn.Module, mask: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    """What a read of columns ``start:end`` passes of ``mask`` (every column up to ``end`` at least, or None): all of
+    it where a layer attends, the read's own columns where none does."""
+    if mask is None or "attention" in layer_kinds(model):
+        return mask
+    return mask[:, start:end]
 
 
 def read_start(model: torch.nn.Module, cache: Cache, start: int, end: int) -> int:
@@ -87,6 +101,22 @@ def layer_kinds(model: torch.nn.Module) -> frozenset[str]:
     return known["layer_kinds"]
 
 
+def cached_forward(model: torch.nn.Module, ids: torch.Tensor, positions: torch.Tensor, cache: Cache | None, keep,
+                   mask_at: Callable[[int, int], torch.Tensor | None], stepwise: str | None = None) -> torch.Tensor:
+    """``lm_forward`` of ``ids`` [B, T] into ``cache``, its logits at ``keep`` (the last n, 0: all, or the indices of a
+    tensor); one forward per token where ``model`` cannot continue its cache's state over several tokens
+    (``stepwise``: why, its ``Abilities.continues``) and the cache holds some. ``mask_at(i, j)``: the mask of a read
+    of tokens ``i:j``."""
+    width = ids.shape[1]
+    if width == 1 or cache is None or stepwise is None or cache_is_empty(cache):
+        return lm_forward(model, ids, mask_at(0, width), positions, cache, keep)
+    say_for(model, f"R2R reads {type(model).__name__} ({model.config.model_type!r}) one token at a time past its "
+                   f"prompt: {stepwise}.")
+    logits = torch.cat([lm_forward(model, ids[:, i : i + 1], mask_at(i, i + 1), positions[:, i : i + 1], cache)
+                        for i in range(width)], 1)
+    return logits[:, keep] if isinstance(keep, torch.Tensor) else logits[:, -keep:] if keep else logits
+
+
 def route_scores(slm: torch.nn.Module, router: torch.nn.Module, k: int, logits, hidden, token) -> torch.Tensor:
     """Router scores [B] for the SLM's proposals ``token`` given its logits [B, V] and hidden state [B, H]."""
     return score(router, read_features(slm, logits, hidden, token, k))
@@ -101,23 +131,35 @@ class EagerCalls:
         cache_implementation: ``"static"`` or anything else for a dynamic cache.
         capacity: the call's longest sequence (static caches are this long).
         caches: (SLM cache, LLM cache) to read into instead of fresh ones (the captured engine's).
-        rollback: the call may cut its caches back (speculation: ``make_cache``).
+        rollback: the most tokens the call may cut its caches back by (speculation: ``make_cache``; 0: none).
+        stepwise: per model ("slm", "llm"), why it reads one token at a time past its prompt (``cached_forward``).
     """
 
     def __init__(self, slm, llm, router, num_topk: int, cache_implementation: str | None, capacity: int,
-                 caches: tuple[Cache, Cache] | None = None, rollback: bool = False) -> None:
+                 caches: tuple[Cache, Cache] | None = None, rollback: int = 0,
+                 stepwise: dict[str, str | None] | None = None) -> None:
         self.slm, self.llm, self.router, self.num_topk, self.capacity = slm, llm, router, num_topk, capacity
+        self.rollback, self.lent = int(rollback), caches is not None
         if caches is None:
-            caches = tuple(make_cache(m, cache_implementation, capacity, rollback) for m in (slm, llm))
+            caches = tuple(make_cache(m, cache_implementation, capacity, self.rollback) for m in (slm, llm))
+        elif self.rollback:  # (a captured engine's caches, lent to this call: they record its past while it lasts)
+            for cache in caches:
+                record_past(cache, self.rollback)
         self.slm_cache, self.llm_cache = caches
+        self.stepwise = stepwise or {}
         self.held: dict[str, list] = {}  # each model's checkpoint of its recurrent states (``keep``)
+
+    def _read(self, model, cache: Cache, seq: Committed, start: int, end: int, keep) -> torch.Tensor:
+        """``model`` reads columns ``start:end`` into ``cache``; its logits at ``keep`` (``cached_forward``)."""
+        role = "slm" if model is self.slm and cache is self.slm_cache else "llm"
+        return cached_forward(model, seq.ids[:, start:end], seq.positions[:, start:end], cache, keep,
+                              lambda i, j: read_mask(model, cache, seq, start + i, start + j), self.stepwise.get(role))
 
     def slm_read(self, seq: Committed, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = seq.length
         start = read_start(self.slm, self.slm_cache, start, end)
         with HiddenStateCapture(self.slm) as capture:
-            logits = lm_forward(self.slm, seq.ids[:, start:end], read_mask(self.slm, self.slm_cache, seq, start, end),
-                                seq.positions[:, start:end], self.slm_cache)
+            logits = self._read(self.slm, self.slm_cache, seq, start, end, 1)
             return logits[:, -1], capture.hidden[:, -1]
 
     def route_scores(self, logits: torch.Tensor, hidden: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
@@ -126,17 +168,14 @@ class EagerCalls:
     def llm_read(self, seq: Committed, start: int) -> torch.Tensor:
         end = seq.length
         start = read_start(self.llm, self.llm_cache, start, end)
-        logits = lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
-                            seq.positions[:, start:end], self.llm_cache)
-        return logits[:, -1]
+        return self._read(self.llm, self.llm_cache, seq, start, end, 1)[:, -1]
 
     def llm_predict(self, seq: Committed, start: int, end: int, keep: list[int]) -> torch.Tensor:
         """The LLM reads columns ``start:end``; its logits [B, n, V] after each column of ``keep`` (computed there
         only: HF's ``logits_to_keep`` takes the positions)."""
         start = read_start(self.llm, self.llm_cache, start, end)
         at = torch.tensor([c - start for c in keep], device=seq.ids.device)
-        return lm_forward(self.llm, seq.ids[:, start:end], read_mask(self.llm, self.llm_cache, seq, start, end),
-                          seq.positions[:, start:end], self.llm_cache, logits_to_keep=at)
+        return self._read(self.llm, self.llm_cache, seq, start, end, at)
 
     def keep(self, role: str) -> None:
         """Checkpoint ``role``'s recurrent and convolution states (``crop`` can put them back)."""
