@@ -143,12 +143,13 @@ class PaddedSteps:
         """Whether the captured reads are fused ones."""
         return self.regions is not None
 
-    def reads(self) -> PaddedReads:
+    def reads(self, stepwise: bool = False) -> PaddedReads:
         """The layout's reads of this model replaying these steps (``layouts/reads.py``; a model with recurrent layers
-        reads every row of a forward at one tokens bucket: no row padded)."""
-        widths = BUCKETS if "recurrent" in layer_kinds(self.model) else None
-        return PaddedReads(self.read, self.piece, self.cache, lambda rows, counts: math.prod(self.shape(rows, counts)[:2]),
-                           steps=self, widths=widths)
+        reads every row of a forward at one tokens bucket: no row padded; ``stepwise``: one token a forward past a
+        row's first read, ``Abilities.continues``)."""
+        widths = BUCKETS if "recurrent" in layer_kinds(self.model) or stepwise else None
+        computed = lambda rows, counts: math.prod(self.shape(rows, counts)[:2])  # noqa: E731
+        return PaddedReads(self.read, self.piece, self.cache, computed, steps=self, widths=widths, stepwise=stepwise)
 
     def shape(self, rows: list[int], counts: list[int]) -> tuple[int, int, bool]:
         """The rows and tokens buckets a read of ``rows`` replays, and whether it gathers: a read of the first slots
@@ -298,7 +299,10 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
         if capturable:
             report["steps"] += router.warm(head.shape[0], p.slm.config.hidden_size, head.device, head.dtype)
         report["seconds"] = time.perf_counter() - start
-    layout.use(SlotPath(slm.reads(), llm.reads(), router if capturable else layout.path.route, drafts, static=True))
+    stepwise = {role: getattr(p.abilities, role).continues is not None for role in ("slm", "llm")}
+    llm_reads = llm.reads(stepwise["llm"]) if isinstance(llm, PaddedSteps) else llm.reads()
+    layout.use(SlotPath(slm.reads(stepwise["slm"]), llm_reads, router if capturable else layout.path.route, drafts,
+                        static=True))
     report["fused"] = {"slm": slm.fused, "llm": llm.fused}  # after warming: what ran
     report["packed"] = isinstance(llm, PackedSteps)
     report["folded"] = fold is not None

@@ -53,17 +53,18 @@ class PaddedReads:
     """A model's reads in padded pieces of at most ``piece`` tokens per row, each run by ``forward`` on ``cache``;
     ``computed(rows, counts)``: the token-rows one forward computes (its rectangle, or its captured bucket);
     ``widths``: for a model with recurrent layers, the widths a forward may take, every row reading as many tokens
-    (no row padded: ``slot_state.py``), else None."""
+    (no row padded: ``slot_state.py``), else None; ``stepwise``: past its first read a row reads one token a forward
+    (``Abilities.continues``)."""
 
     def __init__(self, forward: Forward, piece: int, cache: SlotCache,
                  computed: Callable[[list[int], list[int]], int] | None = None, steps: Any = None,
-                 widths: tuple[int, ...] | None = None) -> None:
-        self.forward, self.piece, self.cache, self.widths = forward, piece, cache, widths
+                 widths: tuple[int, ...] | None = None, stepwise: bool = False) -> None:
+        self.forward, self.piece, self.cache, self.widths, self.stepwise = forward, piece, cache, widths, stepwise
         self.computed = computed or (lambda rows, counts: len(rows) * max(counts))
         self.steps = steps  # the captured steps it replays (None: eager)
 
     def read(self, layout, role: str, rows: list[int], limit: int | None = None, short: int = 0):
-        forwards = layout.book.read(role, rows, limit, short, self.piece, widths=self.widths)
+        forwards = layout.book.read(role, rows, limit, short, self.piece, widths=self.widths, stepwise=self.stepwise)
         outputs: dict[int, tuple] = {}
         before = self.cache.gathered_bytes
         for forward in forwards:
@@ -84,7 +85,7 @@ class PaddedReads:
     def predict(self, layout, needs: dict[int, list[int]]) -> dict[int, tuple[list[int], torch.Tensor]]:
         book, rows = layout.book, sorted(needs)
         ends, got = {r: book.prompt[r] + max(needs[r]) for r in rows}, {r: {} for r in rows}
-        for forward in book.read("llm", rows, upto=ends, piece=self.piece, widths=self.widths):
+        for forward in book.read("llm", rows, upto=ends, piece=self.piece, widths=self.widths, stepwise=self.stepwise):
             who, starts, counts = (list(column) for column in zip(*forward))
             logits = self.forward(layout.tokens, who, starts, counts, every=True)[0]
             layout.counters.forward("llm", len(who), max(counts), sum(counts), self.computed(who, counts))
@@ -175,8 +176,10 @@ def eager_path(pair, slm_cache: SlotCache, llm_cache: SlotCache, route: Callable
     """The path a slot layout starts on: both models' HF forwards over the slot caches, eagerly, in pieces of
     ``PIECE`` tokens (of any width, alike in a forward, for a model with recurrent layers); the router as ``route``."""
     def reads(model, cache, hidden, able):
-        widths = tuple(range(1, PIECE + 1)) if "recurrent" in able.kinds else None
-        return PaddedReads(eager_forward(model, cache, hidden), PIECE, cache, widths=widths)
+        uniform = "recurrent" in able.kinds or able.continues is not None
+        widths = tuple(range(1, PIECE + 1)) if uniform else None
+        return PaddedReads(eager_forward(model, cache, hidden), PIECE, cache, widths=widths,
+                           stepwise=able.continues is not None)
 
     return SlotPath(reads(pair.slm, slm_cache, True, pair.abilities.slm),
                     reads(pair.llm, llm_cache, False, pair.abilities.llm), route)

@@ -76,15 +76,16 @@ class SlotBook:
         return self.length[row] - self.seen[role][row]
 
     def read(self, role: str, rows: list[int], limit: int | None = None, short: int = 0,
-             piece: int = PIECE, upto: dict[int, int] | None = None,
-             widths: tuple[int, ...] | None = None) -> list[list[tuple[int, int, int]]]:
+             piece: int = PIECE, upto: dict[int, int] | None = None, widths: tuple[int, ...] | None = None,
+             stepwise: bool = False) -> list[list[tuple[int, int, int]]]:
         """``role`` reads each row's unread tokens but the last ``short`` (or up to column ``upto[row]``; at most
         ``limit`` of them), ``piece`` at a time: the forwards this takes, each a list of (row, first column, tokens)
         over the rows it reads. The tokens count as read once planned (the caller runs every forward).
 
         With ``widths`` (a model with recurrent layers: ``slot_state.py``), every row of a forward reads the same
         number of tokens, one of ``widths``: the widest that fits the most any row has left, taken by each row with
-        that many left (the others read in later forwards)."""
+        that many left (the others read in later forwards); ``stepwise`` (a model whose forward over several tokens
+        does not continue its state: ``Abilities.continues``), a row the model has read reads one token a forward."""
         seen = self.seen[role]
         left = {r: (self.length[r] - short if upto is None else upto[r]) - seen[r] for r in rows}
         if any(n < 1 for n in left.values()):
@@ -96,8 +97,9 @@ class SlotBook:
             if widths is None:
                 forward = [(r, seen[r], min(left[r], piece)) for r in rows if r in left]
             else:
-                width = max(w for w in widths if w <= min(max(left.values()), piece))
-                forward = [(r, seen[r], width) for r in rows if left.get(r, 0) >= width]
+                can = {r: min(n, 1 if stepwise and seen[r] else piece) for r, n in left.items()}
+                width = max(w for w in widths if w <= max(can.values()))
+                forward = [(r, seen[r], width) for r in rows if can.get(r, 0) >= width]
             for r, _, n in forward:
                 seen[r] += n
                 left[r] -= n
