@@ -133,3 +133,23 @@ def test_the_replay_drafts_blocks_with_one_host_step_each():
     assert one.counters.llm_tokens == four.counters.llm_tokens > 0 and four.counters.resolutions > 0
     assert four.counters.host_syncs < 0.6 * one.counters.host_syncs, "a synchronisation per block"
     assert four.clock.spent["host"] < 0.6 * one.clock.spent["host"] and four.clock.now < one.clock.now
+
+
+def test_a_speculating_hybrid_replays_with_its_checkpoints_and_costs_more_than_a_transformer_of_its_shape():
+    """The whole schedule with recurrent models: the same answers served; the SLM's state checkpointed when a row
+    first speculates, the LLM's at each resolution; a rejected tail sends the recurrent models back to their
+    checkpoints, which they read again from; priced at zero, the split and the state leave the transformer's."""
+    answers = synthetic([(12, [False] * 40)] * 6, 0.2, seed=3, agreement=0.6)
+    policy = WaitPolicy((3,), 16, speculate=4)
+    hybrid = replace(FLAT, recurrent=("slm", "llm"))
+    runs = {name: replay(answers, 6, policy, costs, slots=6, chunk=8)
+            for name, costs in {"plain": FLAT, "hybrid": hybrid}.items()}
+    (plain, done_plain), (rec, done_rec) = runs["plain"], runs["hybrid"]
+    key = lambda done: sorted((a.prompt, tuple(a.routed), len(a.times)) for a in done)  # noqa: E731
+    assert key(done_plain) == key(done_rec), "every answer served whole either way"
+    assert rec.counters.rejected > 0 and rec.clock.copies["slm"] > 0 and rec.clock.copies["llm"] > 0
+    assert plain.clock.copies == {"slm": 0, "llm": 0}
+    assert rec.counters.llm_forwards > plain.counters.llm_forwards, "uneven catch-ups split"
+    assert rec.counters.slm_forwards > plain.counters.slm_forwards, "re-reads from a checkpoint"
+    assert rec.clock.now > plain.clock.now
+
