@@ -80,7 +80,7 @@ class Costs:
 
     def state_copy(self, role: str, rows: int) -> float:
         """Seconds to copy ``rows`` rows' recurrent state of ``role`` once (a checkpoint or a restore): these costs
-        know no state size (``hybrid_h200.ShapeCosts`` prices it from shapes)."""
+        know no state size (``shape_costs.ShapeCosts`` prices it from shapes)."""
         return 0.0
 
 

@@ -16,6 +16,12 @@ does not confirm and cuts the row back there, as the device does. One approximat
 goes on with the recorded routing from the rejected index, which is exact for the answer it ends with (R2R's own),
 but the thrown-away tail was written after the SLM's token, not the LLM's, and its own routing was never recorded:
 the recorded continuation stands in for it (how many pending positions the tail gathered, hence when the LLM ran).
+
+A model with recurrent layers (``Costs.recurrent``: Gated DeltaNet, Mamba...) is read as the server's slots read it
+(``core/layouts/slot_state.py``): no row of a forward is padded, so every row reads as many tokens, one of the
+captured widths, and a catch-up of rows with different counts takes several forwards; its state is checkpointed where
+speculation keeps it (the SLM's when a row first speculates, the LLM's per resolving row) and a cut puts the row back
+there, the model reading again from the checkpoint; each copy is priced (``Costs.state_copy``).
 """
 
 from __future__ import annotations
