@@ -133,3 +133,92 @@ def test_the_replay_drafts_blocks_with_one_host_step_each():
     assert one.counters.llm_tokens == four.counters.llm_tokens > 0 and four.counters.resolutions > 0
     assert four.counters.host_syncs < 0.6 * one.counters.host_syncs, "a synchronisation per block"
     assert four.clock.spent["host"] < 0.6 * one.clock.spent["host"] and four.clock.now < one.clock.now
+
+
+def test_a_recurrent_models_uneven_catch_up_takes_a_forward_per_width_and_its_state_bytes_are_priced():
+    """A model with recurrent layers never pads a row (``slot_state.py``): every row of one forward reads as many
+    tokens, one of the captured widths (``SlotBook.read``), so rows 3 and 5 tokens behind take three forwards (4 of
+    row 1; 2 of row 0; 1 of each) where a transformer takes one; each forward reads and writes each of its rows'
+    recurrent state once, and a checkpoint or a restore copies it once."""
+    from benchmarks.serving.shape_costs import Constants, Shape, ShapeCosts
+    from benchmarks.serving.replay import Answer, ReplayBatch
+
+    tiny = Shape("tiny", hidden=4, intermediate=8, layers=4, heads=1, kv_heads=1, head_dim=2, vocab=8, tied=True,
+                 linear=3, linear_k_heads=1, linear_v_heads=2, linear_k_dim=2, linear_v_dim=2, conv_kernel=4)
+    assert tiny.state_bytes() == 3 * (2 * 2 * 2 * 4 + 8 * 4 * 2)  # 3 layers x (fp32 recurrent + bf16 conv, 8 channels)
+    one_byte_a_second = Constants(bandwidth=1.0, layer=0.0, row=0.0, flop=0.0, fused_layer=0.0)
+
+    def caught_up(**flags):
+        costs = ShapeCosts(tiny, tiny, one_byte_a_second, router=(0.0, 0.0), step=0.0, capacity=256,
+                           recurrent=("llm",), gathered_rows=False, **flags)
+        batch = ReplayBatch(2, costs)
+        batch.counters.shapes = []
+        for prompt in (10, 12):
+            batch.join(Answer(prompt, [False] * 4))
+        batch.book.seen["llm"][:] = [7, 7]  # rows 0 and 1 are 3 and 5 tokens behind
+        batch.clock.read("llm", [0, 1])
+        return batch
+
+    hybrid, padded = caught_up(), caught_up(split=False)
+    assert hybrid.counters.shapes == [("llm", 1, 4), ("llm", 1, 2), ("llm", 2, 1)]
+    assert padded.counters.shapes == [("llm", 2, 5)]
+    # each forward at its captured rows bucket (the bucket of its highest slot: 2, 1, 2 rows): the weights, the KV of
+    # the attended span and twice each row's state
+    forward = lambda k, state: tiny.weight_bytes() + k * 256 * tiny.kv_bytes() + 2 * k * state  # noqa: E731
+    assert hybrid.clock.spent["llm"] == sum(forward(k, tiny.state_bytes()) for k in (2, 1, 2))
+    assert caught_up(state=False).clock.spent["llm"] == sum(forward(k, 0) for k in (2, 1, 2))
+    clock, book = hybrid.clock, hybrid.book
+    before = clock.spent["llm"]
+    clock.keep("llm", [0, 1])  # a resolution's checkpoint of both rows: each row's state read and written once
+    assert book.saved["llm"] == [10, 12] and clock.spent["llm"] - before == 2 * 2 * tiny.state_bytes()
+    book.length[1] += 3  # row 1 commits 3 answer tokens, which the LLM reads
+    clock.read("llm", [1])
+    before = clock.spent["llm"]
+    clock.cut(1, 1)  # row 1 back to its prompt and 1 answer token: the LLM goes back to its checkpoint
+    assert book.seen["llm"][1] == 12 and clock.copies["llm"] == 3
+    assert clock.spent["llm"] - before == 2 * tiny.state_bytes()
+    assert caught_up(rewind=False).clock.rewinds("llm") is False  # (a transformer's cut: no checkpoint)
+
+
+def test_a_speculating_hybrid_replays_with_its_checkpoints_and_costs_more_than_a_transformer_of_its_shape():
+    """The whole schedule with recurrent models: the same answers served; the SLM's state checkpointed when a row
+    first speculates, the LLM's at each resolution; a rejected tail sends the recurrent models back to their
+    checkpoints, which they read again from; priced at zero, the split and the state leave the transformer's."""
+    answers = synthetic([(12, [False] * 40)] * 6, 0.2, seed=3, agreement=0.6)
+    policy = WaitPolicy((3,), 16, speculate=4)
+    hybrid = replace(FLAT, recurrent=("slm", "llm"))
+    runs = {name: replay(answers, 6, policy, costs, slots=6, chunk=8)
+            for name, costs in {"plain": FLAT, "hybrid": hybrid}.items()}
+    (plain, done_plain), (rec, done_rec) = runs["plain"], runs["hybrid"]
+    key = lambda done: sorted((a.prompt, tuple(a.routed), len(a.times)) for a in done)  # noqa: E731
+    assert key(done_plain) == key(done_rec), "every answer served whole either way"
+    assert rec.counters.rejected > 0 and rec.clock.copies["slm"] > 0 and rec.clock.copies["llm"] > 0
+    assert plain.clock.copies == {"slm": 0, "llm": 0}
+    assert rec.counters.llm_forwards > plain.counters.llm_forwards, "uneven catch-ups split"
+    assert rec.counters.slm_forwards > plain.counters.slm_forwards, "re-reads from a checkpoint"
+    assert rec.clock.now > plain.clock.now
+
+
+def test_the_shape_model_counts_what_hfs_own_qwen3_5_holds():
+    """``shape_costs.Shape``: the parameters HF's Qwen3.5 builds, and a row's state as HF's own cache keeps it after
+    a forward of a bf16 model (the recurrent state in fp32, the conv state in the model's dtype, ``kernel`` columns)."""
+    qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from benchmarks.serving.shape_costs import Shape
+
+    shape = Shape("tiny", hidden=32, intermediate=64, layers=4, heads=2, kv_heads=1, head_dim=16, vocab=64,
+                  tied=False, linear=3, linear_k_heads=2, linear_v_heads=4, linear_k_dim=8, linear_v_dim=8,
+                  conv_kernel=4, gated=True, qk_norm=True)
+    config = Qwen3_5TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=16, vocab_size=64, tie_word_embeddings=False,
+                               linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                               linear_value_head_dim=8, linear_conv_kernel_dim=4)
+    torch.manual_seed(0)
+    model = qwen3_5.Qwen3_5ForCausalLM(config).to(torch.bfloat16).eval()
+    assert sum(p.numel() for p in model.parameters()) == shape.params()
+    with torch.no_grad():
+        cache = model(torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
+    held = sum(t.numel() * t.element_size() for layer in cache.layers
+               for store in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {}))
+               for t in store.values())
+    assert held == shape.state_bytes()

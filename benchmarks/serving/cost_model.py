@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from r2r_hf.core.fast.static_reads import BUCKETS
 from r2r_hf.core.policy import WaitPolicy, default_policy, serving_policy
 
 from .replay import Routed, replay
@@ -59,13 +60,28 @@ class Costs:
     # since the first device run gathers the LLM's rows: fast/slot_reads.py; the device ran the server without it)
     plan: float = 1e-4  # host seconds to plan and apply one step: a draft block's steps after its synchronisation
     # (host_ops.py measured 0.05-0.07 ms per step between the read-back and the device work at 8 and 16 rows)
+    # the roles whose model has recurrent layers (``core/layouts/slot_state.py``): every row of one of its forwards
+    # reads as many tokens, one of ``widths`` (``SlotBook.read``: a catch-up of rows with different counts takes
+    # several forwards), its state is checkpointed where speculation may cut a row back, and a cut returns the row
+    # to its checkpoint, from where the model reads again
+    recurrent: tuple[str, ...] = ()
+    widths: tuple[int, ...] = BUCKETS  # a recurrent model's widths: the captured server's (``fast/slot_reads.py``)
+    split: bool = True  # False prices a what-if: a recurrent model's reads padded as a transformer's (no split)
+    rewind: bool = True  # False prices a what-if: a cut leaves a recurrent model where the cut is (no re-read)
 
-    def forward(self, role: str, rows: int, tokens: int) -> float:
+    def forward(self, role: str, rows: int, tokens: int, span: int = 0) -> float:
+        """Seconds for one forward of ``role`` over ``rows`` rows of ``tokens`` tokens (``span``: the columns it
+        attends, unused here: these costs were measured at their own spans)."""
         model = self.slm if role == "slm" else self.llm
         if isinstance(model, dict):
             return _interpolated(model, rows, tokens)
         a, b, c = model
         return max(a + b * rows, c * rows * tokens)
+
+    def state_copy(self, role: str, rows: int) -> float:
+        """Seconds to copy ``rows`` rows' recurrent state of ``role`` once (a checkpoint or a restore): these costs
+        know no state size (``shape_costs.ShapeCosts`` prices it from shapes)."""
+        return 0.0
 
 
 def _between(points: list[int], x: int) -> tuple[int, int]:

@@ -16,6 +16,12 @@ does not confirm and cuts the row back there, as the device does. One approximat
 goes on with the recorded routing from the rejected index, which is exact for the answer it ends with (R2R's own),
 but the thrown-away tail was written after the SLM's token, not the LLM's, and its own routing was never recorded:
 the recorded continuation stands in for it (how many pending positions the tail gathered, hence when the LLM ran).
+
+A model with recurrent layers (``Costs.recurrent``: Gated DeltaNet, Mamba...) is read as the server's slots read it
+(``core/layouts/slot_state.py``): no row of a forward is padded, so every row reads as many tokens, one of the
+captured widths, and a catch-up of rows with different counts takes several forwards; its state is checkpointed where
+speculation keeps it (the SLM's when a row first speculates, the LLM's per resolving row) and a cut puts the row back
+there, the model reading again from the checkpoint; each copy is priced (``Costs.state_copy``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from types import SimpleNamespace
 from typing import Protocol
 
 from r2r_hf.core.counters import Counters
+from r2r_hf.core.fast.fused import attended
 from r2r_hf.core.fast.slot_reads import row_buckets
 from r2r_hf.core.fast.static_reads import BUCKETS, bucket_for
 from r2r_hf.core.layouts.packed import tokens_bucket
@@ -39,7 +46,7 @@ from r2r_hf.core.turn import turn
 
 
 class Costs(Protocol):
-    def forward(self, role: str, rows: int, tokens: int) -> float: ...
+    def forward(self, role: str, rows: int, tokens: int, span: int = 0) -> float: ...
 
     router: tuple[float, float]
     step: float
@@ -47,6 +54,9 @@ class Costs(Protocol):
     captured_shapes: bool  # priced at the captured read's shape: the rows bucket of its highest slot, tokens bucket
     gathered_rows: bool  # with captured_shapes: an LLM read at the smaller of that and its rows' own bucket (the
     # server's LLM reads gather their rows since the first device run; the SLM's read the first slots)
+    # optional (``cost_model.Costs``): ``recurrent``, ``widths``, ``split``, ``rewind`` (which models keep recurrent
+    # state, and how the replay reads and cuts them back), ``capacity`` (the slots' columns: a read's attended span),
+    # ``state_copy(role, rows)`` (seconds to copy rows' recurrent state once)
 
 
 class Routed(list):
@@ -87,6 +97,40 @@ class Clock:
         self.costs, self.book, self.counters = costs, book, counters
         self.now = 0.0
         self.spent = dict.fromkeys(("slm", "llm", "router", "host"), 0.0)
+        self.copies = dict.fromkeys(("slm", "llm"), 0)  # rows of recurrent state checkpointed or restored
+
+    def widths(self, role: str) -> tuple[int, ...] | None:
+        """The widths a forward of ``role`` may take where its model has recurrent layers (every row of a forward
+        reads as many tokens: ``SlotBook.read``), else None (rows padded)."""
+        costs = self.costs
+        if role in getattr(costs, "recurrent", ()) and getattr(costs, "split", True):
+            return tuple(costs.widths)
+        return None
+
+    def rewinds(self, role: str) -> bool:
+        """Whether ``role``'s rows go back to a checkpoint of their recurrent state when cut (``SlotLayout.cut``)."""
+        return role in getattr(self.costs, "recurrent", ()) and getattr(self.costs, "rewind", True)
+
+    def keep(self, role: str, rows: list[int]) -> None:
+        """``role``'s recurrent state of ``rows`` checkpointed where it has read them (``SlotLayout.keep``: before it
+        reads a token a rollback may cut), one state copy per row; nothing for a model without recurrent layers."""
+        if rows and self.rewinds(role):
+            self.book.keep(role, rows)
+            self.copy(role, len(rows))
+
+    def cut(self, row: int, index: int) -> None:
+        """``row`` back to its first ``index`` answer tokens (``SlotLayout.cut``): a recurrent model that read past
+        them is restored to its checkpoint (one state copy) and reads again from there."""
+        for role in self.book.cut(row, index):
+            if self.rewinds(role):
+                self.book.restore(role, row)
+                self.copy(role, 1)
+
+    def copy(self, role: str, rows: int) -> None:
+        state_copy = getattr(self.costs, "state_copy", None)
+        self.copies[role] += rows
+        if state_copy is not None:
+            self.spend(role, state_copy(role, rows))
 
     def spend(self, what: str, seconds: float) -> None:
         self.now += seconds
@@ -98,10 +142,11 @@ class Clock:
         pieces riding in them: ``SlotBook.packed``), each forward priced."""
         if not rows:
             return
+        widths = self.widths(role)
         if self.packs(role):
             forwards = self.book.packed(rows, limit, short, upto)
-        else:
-            forwards = self.book.read(role, rows, limit, short, PIECE, upto)
+        else:  # (a recurrent model's pieces are its widest width: the captured server's 64, the eager one's 256)
+            forwards = self.book.read(role, rows, limit, short, max(widths) if widths else PIECE, upto, widths)
         for forward in forwards:
             self.price(role, forward)
 
@@ -117,8 +162,8 @@ class Clock:
     def block(self, drafted: Drafted) -> None:
         """A draft block's price: the SLM's read of every slot per drafted step, back to back (the router folded in
         them), one host step for the block and the planning of its other steps."""
-        for _ in drafted.token:
-            self.price("slm", [(r, 0, 1) for r in range(len(self.book.length))])
+        for _ in drafted.token:  # (each slot's last column: the span its read attends)
+            self.price("slm", [(r, max(n - 1, 0), 1) for r, n in enumerate(self.book.length)])
         self.spend("host", self.costs.step + (len(drafted.token) - 1) * getattr(self.costs, "plan", 0.0))
 
     def packs(self, role: str) -> bool:
@@ -127,9 +172,12 @@ class Clock:
     def price(self, role: str, forward: list[tuple[int, int, int]]) -> None:
         """One forward of (row, first column, tokens), at the shape the server runs it: a packed read at its tokens
         bucket; a captured padded read at its rows bucket (of its highest slot, or of its rows where the LLM's reads
-        gather them) x tokens bucket, in replays of at most the widest; else rows x its longest row."""
+        gather them) x tokens bucket, in replays of at most the widest; else rows x its longest row. Each attends the
+        span of its longest row (``fused.attended`` where the costs name the slots' ``capacity``)."""
         costs, slots = self.costs, len(self.book.length)
         real, longest = sum(n for _, _, n in forward), max(n for _, _, n in forward)
+        filled = max(start + n for _, start, n in forward)
+        span = attended(filled, costs.capacity) if hasattr(costs, "capacity") else filled
         if self.packs(role):
             shapes = [(1, tokens_bucket(real))]
         elif getattr(costs, "captured_shapes", False):  # the captured graphs' own shapes (fast/slot_reads.py)
@@ -141,7 +189,7 @@ class Clock:
         else:
             shapes = [(len(forward), longest)]
         for k, width in shapes:
-            self.spend(role, costs.forward(role, k, width))
+            self.spend(role, costs.forward(role, k, width, span))
         self.counters.forward(role, len(forward), longest, real, sum(k * width for k, width in shapes))
 
 
@@ -196,7 +244,9 @@ class ReplayBatch:
         return resolution(self.ledger.rows, plan, self.clock)
 
     def draft(self, plan: BlockPlan) -> Drafted:
-        """As the running batch's draft block (every row taken as greedy: a recording has no sampling)."""
+        """As the running batch's draft block (every row taken as greedy: a recording has no sampling); the rows that
+        may speculate inside it have their SLM state checkpointed first (``RunningBatch.draft``)."""
+        self.clock.keep("slm", [r for r in plan.rows if plan.standing[r].depth and not plan.standing[r].pending])
         drafted = drafted_block(self.ledger, self.book, plan, self.last)
         self.clock.block(drafted)
         return drafted
@@ -205,12 +255,14 @@ class ReplayBatch:
         self.last = list(tokens)
 
     def commit(self, proposal: SimpleNamespace, plan: StepPlan, outcome: Outcome, read: LLMRead) -> tuple:
-        """As the running batch's: rollbacks, one token more for each writer, the SLM's read, the host's step."""
+        """As the running batch's: rollbacks, one token more for each writer, the SLM's state checkpointed for a row's
+        first pending token, the SLM's read, the host's step."""
         for r, index in outcome.rollbacks.items():
-            self.book.cut(r, index)
+            self.clock.cut(r, index)
         self.last = [0 if r in outcome.writers else -1 for r in range(len(self.ledger.rows))]
         for r in outcome.writers:
             self.book.length[r] += 1
+        self.clock.keep("slm", [r for r in plan.speculating if not self.ledger.rows[r].pending])
         self.clock.read("slm", list(outcome.slm_reads))
         self.clock.spend("host", self.clock.costs.step)  # (a resolution's read-back: in the serial step's time)
         return None, {}
@@ -223,6 +275,7 @@ def resolution(rows: list, plan: StepPlan, clock: Clock) -> LLMRead:
     needs = {r: [p.index for p in rows[r].pending] for r in plan.resolving}
     for r in plan.llm_writers:
         needs.setdefault(r, []).append(rows[r].written)
+    clock.keep("llm", list(plan.resolving))  # its state before it reads a pending token (``speculation.resolve``)
     clock.read("llm", sorted(needs), upto={r: clock.book.prompt[r] + max(n) for r, n in needs.items()})
     agrees = {r: rows[r].owner.agrees for r in plan.resolving}
     return LLMRead(rejected={r: next((j for j, p in enumerate(rows[r].pending) if not agrees[r][p.index]), None)
