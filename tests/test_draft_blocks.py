@@ -133,15 +133,15 @@ def test_the_replay_drafts_blocks_at_threshold_0_as_the_batch_does(identity, tok
     assert {f: getattr(got, f) for f in fields} == {f: getattr(real, f) for f in fields}
 
 
-def test_blocks_stop_drafting_where_the_slm_is_unsure(identity, tok):
+def test_blocks_end_drafts_where_the_slm_is_unsure(identity, tok):
     """``draft_confidence`` on the device: where the SLM's probability of its token is under it, a row at threshold 0
-    waits inside the block as it would step by step (fewer pending positions than without it; none at 1, where no
-    draft is sure enough); answers unchanged."""
+    ends its draft inside the block with that token, as it would step by step (fewer pending positions than without
+    it; at 1 every draft holds one); answers unchanged."""
     enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)
     with torch.no_grad():
         chances = identity.slm(**enc).logits.float().softmax(-1).amax(-1)[enc["attention_mask"].bool()]
     median = float(chances.median())  # about half the positions unsure
-    pending, blocks = {}, {}
+    pending, blocks, longest = {}, {}, {}
     for floor in (0.0, median, 1.0):
         policy = WaitPolicy((3,), 16, speculate=8, block=4, draft_confidence=floor)
         run = _drafting(identity, tok, policy, slots=3, prefill=None)
@@ -151,9 +151,9 @@ def test_blocks_stop_drafting_where_the_slm_is_unsure(identity, tok):
         for i in range(3):
             assert run.out[i] == _alone(identity, tok, i, max_new_tokens=14, do_sample=False, threshold=0.0), i
         c = run.batch.counters
-        pending[floor], blocks[floor] = c.agreed + c.rejected, c.steps - c.host_syncs
+        pending[floor], blocks[floor], longest[floor] = c.agreed + c.rejected, c.steps - c.host_syncs, c.accepted.max
     assert blocks[0.0] > 0 and blocks[median] > 0, "it drafted in blocks"
-    assert pending[1.0] == 0 < pending[median] < pending[0.0]
+    assert 0 < pending[median] < pending[0.0] and longest[1.0] == 1 < longest[0.0], "the identity pair confirms all"
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])

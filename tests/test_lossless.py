@@ -277,24 +277,25 @@ def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_
     assert count > 0, "one entry per answer and resolution"
 
 
-def test_a_draft_stops_where_the_slm_is_unsure_and_the_answer_stays_the_llms(related, tok):
-    """``draft_confidence``: a row at threshold 0 goes on drafting only where the SLM's probability of its token is at
-    least this (as HF assisted generation's drafts stop); where it is unsure it waits and the LLM writes the position.
-    At 1 no draft is ever sure enough: the call decodes as without speculation."""
+def test_a_draft_ends_where_the_slm_is_unsure_and_the_answer_stays_the_llms(related, tok):
+    """``draft_confidence``: a row at threshold 0 drafts on only where the SLM's probability of its token is at least
+    this; where it is unsure its draft ends with that token (its frontier: as HF assisted generation's drafts end),
+    which the LLM judges with the rest. At 1 every draft is one token: each LLM forward judges one position per row
+    and writes the next, fewer forwards than without speculation, where the LLM writes one token per forward."""
     enc = tok(SHORT, return_tensors="pt", padding=True)
     want = _llm(related, enc, GREEDY)
     free = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64)
     unsure = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_confidence=0.6)
-    never = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_confidence=1.0)
+    single = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_confidence=1.0)
     off = _r2r(related, enc, GREEDY)
-    for out in (free, unsure, never):
+    for out in (free, unsure, single):
         assert torch.equal(out.sequences, want)
     c, f = unsure.counters, free.counters
     assert 0 < c["speculative_agreed"] + c["speculative_rejected"] < f["speculative_agreed"] + f["speculative_rejected"]
     assert c["speculative_rejected"] <= f["speculative_rejected"]
-    n, o = never.counters, off.counters
-    assert n["speculative_agreed"] + n["speculative_rejected"] == 0
-    assert (n["steps"], n["llm_forwards"], n["slm_forwards"]) == (o["steps"], o["llm_forwards"], o["slm_forwards"])
+    n, o = single.counters, off.counters
+    assert 0 < n["pending_resolved_per_llm_call"] <= len(SHORT) < f["pending_resolved_per_llm_call"], "one per row"
+    assert n["frontier_tokens"] > 0 and n["llm_forwards"] < o["llm_forwards"]
 
 
 def test_speculate_below_holds_back_routed_rows_not_those_that_route_everywhere(identity, tok):

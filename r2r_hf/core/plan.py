@@ -86,9 +86,11 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     """
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
     # (a row that did not route writes whatever it stands: its standing is worked out where it routed only)
+    sure = sure or [False] * len(proposed)
     moves = {r: move(Standing.of(rows[r], depth(rows[r], policy, len(occupied))) if hit else None, hit, certain)
-             for r, hit, certain in zip(proposed, routed, sure or [False] * len(proposed)) if r not in ended}
-    made = _made(_in_lockstep(rows, moves) if lockstep else moves, ended)
+             for r, hit, certain in zip(proposed, routed, sure) if r not in ended}
+    made = _made(_in_lockstep(rows, moves, {r for r, certain in zip(proposed, sure) if certain}) if lockstep
+                 else moves, ended)
     speculating = sorted(made.speculates + made.frontier)
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
     since.update(dict.fromkeys(made.waits, step))
@@ -165,14 +167,16 @@ def depth(row, policy: WaitPolicy, running: int) -> int:
     return most if row.depth is None else min(most, row.depth)
 
 
-def _in_lockstep(rows: Sequence, moves: dict[int, Move]) -> dict[int, Move]:
+def _in_lockstep(rows: Sequence, moves: dict[int, Move], unsure: set[int]) -> dict[int, Move]:
     """In lockstep the SLM reads every row or none (the rectangle's): a row takes its frontier only where every row
-    the SLM would read does; else those rows speculate."""
+    the SLM would read does; else those rows speculate, but those whose draft ended where the SLM is unsure
+    (``unsure``), which wait for the LLM instead (it writes the position: a draft goes no further where it is)."""
     frontier = {r for r, m in moves.items() if m is Move.FRONTIER}
     readers = {r for r, m in moves.items() if m.commits and rows[r].max_new > 1}
     if frontier == readers:
         return moves
-    return {r: Move.SPECULATES if m is Move.FRONTIER else m for r, m in moves.items()}
+    instead = {r: Move.WAITS if r in unsure else Move.SPECULATES for r in frontier}
+    return {**moves, **instead}
 
 
 def plan_block(ledger, policy: WaitPolicy) -> BlockPlan | None:
