@@ -159,6 +159,10 @@ def test_the_depth_a_row_may_hold_is_the_least_of_the_load_the_request_and_its_o
     assert depth(RowState(routes=True, drafting=10, depth=3), adapting, 1) == 3, "the request's own depth"
     assert depth(RowState(routes=None, drafting=2), adapting, 1) == 16, "the router decides: its speculate"
     assert WaitPolicy().adapts is False and adapting.said().count("own acceptance") == 1
+    from r2r_hf.core.policy import serving_policy
+
+    assert serving_policy("cpu", 4, speculate=8).adapts and not serving_policy("cpu", 4, speculate=8, adapts=False).adapts
+    assert not serving_policy("cuda", 4, speculate=8).adapts, "a GPU's depth by load is its default (the prediction)"
 
 
 def test_the_ledger_moves_a_rows_depth_only_when_the_llm_judges_its_tail():

@@ -9,7 +9,8 @@ Qwen2.5-Coder 0.5B + 1.5B Instruct (``benchmarks/models.py``) with the shipped r
 (``results/humaneval/llm.jsonl``, at most 384 tokens) is at least min(N, 384) tokens long, shortest prompt first:
 answers of about N tokens. Each round answers every task with every system of ``--systems``, interleaved task by
 task (drift hits all alike); the systems of ``--once`` run in the first round only (their counters and one time:
-the LLM alone costs twice an R2R round). A system's best is the sum over tasks of its best round on each, its median
+the LLM alone costs twice an R2R round; without it, answers are held to assisted generation's, greedy: the
+LLM's). A system's best is the sum over tasks of its best round on each, its median
 the median of its round totals. Every answer must equal ``llm.generate``'s. The machine's load (``os.getloadavg``,
 what ``uptime`` prints) is recorded with each round: on a shared machine only ratios within one run mean anything.
 HF's assisted generation adapts its drafts' confidence threshold across calls where scikit-learn is installed
@@ -107,19 +108,21 @@ def side_by_side(runner: Runner, work: list[tuple[dict, int]], runs: dict, once:
             totals[name].append(spent[name])
         loads[-1]["load_after"] = os.getloadavg()
         print(json.dumps(loads[-1]), {n: round(s, 1) for n, s in spent.items()}, flush=True)
-    first = answers["llm"]
+    reference = "llm" if "llm" in runs else "assisted"  # (greedy assisted generation is llm.generate's answer)
+    first = answers[reference]
     out = {}
     for name, (label, _) in runs.items():
         tokens = sum(len(a) for a in answers[name])
         out[name] = {"system": label, "tokens": tokens, "seconds": sum(best[name]),
                      "tokens_per_s": tokens / sum(best[name]), "round_seconds": totals[name],
                      "median_tokens_per_s": tokens / statistics.median(totals[name]),
-                     "same_answers": answers[name] == first, "seconds_per_task": best[name],
+                     f"same_answers_as_{reference}": answers[name] == first, "seconds_per_task": best[name],
                      **_totals(counters[name])}
     for name in runs:
         for key in ("tokens_per_s", "median_tokens_per_s"):
-            out[name][f"vs_llm_{key}"] = out[name][key] / out["llm"][key]
-            out[name][f"vs_assisted_{key}"] = out[name][key] / out["assisted"][key]
+            for base in ("llm", "assisted"):
+                if base in runs:
+                    out[name][f"vs_{base}_{key}"] = out[name][key] / out[base][key]
     return {"systems": out, "loads": loads}
 
 
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
                              **versions(), "cpu": hardware()}, **found}
     for s in found["systems"].values():
         print(f"{s['system']:60s} {s['tokens_per_s']:6.2f} tokens/s (median {s['median_tokens_per_s']:.2f})  "
-              f"{s['vs_assisted_median_tokens_per_s']:.2f}x assisted  equal: {s['same_answers']}  "
+              f"{s['vs_assisted_median_tokens_per_s']:.2f}x assisted  equal: {s[next(k for k in s if k.startswith('same'))]}  "
               f"LLM/token {s.get('llm_forwards_per_token', float('nan')):.3f} thrown {s.get('thrown', '-')}")
     path = Path(args.out or f"benchmarks/results/lossless_{args.dtype}.json")
     path.write_text(json.dumps(result, indent=1) + "\n")

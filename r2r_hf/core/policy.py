@@ -208,7 +208,7 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
         block = DRAFT_BLOCK if device_type == "cuda" else 1
     return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
                       check_speculate_below(speculate_below), block, default.depths, check_confidence(draft_confidence),
-                      adapts and bool(speculate))
+                      adapts and bool(speculate) and not default.depths)
 
 
 # Steps a server drafts per host synchronisation on a GPU (``fast/drafts.py``). Chosen with the cost model
@@ -237,10 +237,14 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int, adapts: 
     case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
     LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99. On a
     GPU the rows at threshold 0 hold pending positions by load (``LOSSLESS_DEPTHS``, at most ``speculate``); they
-    count as holding once their tails are full (``plan.plan_step``)."""
+    count as holding once their tails are full (``plan.plan_step``). Each one's depth follows its own acceptance
+    (``adapts``, ``plan.adapted``) where no depth by load is set: on a GPU the depth by load is the default, since the
+    cost model with the H200's costs predicts per-row depths losing there (``benchmarks/serving/lossless.py
+    --adaptive``: 3-15 % at 1-16 users, 0.8-0.99 agreement; rows that fill a shallow tail wait for deep ones at the
+    shared resolution, and an LLM forward is dear against an SLM step)."""
     depths = LOSSLESS_DEPTHS if device_type != "cpu" else ()
     return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate,
-                      depths=depths, adapts=adapts)
+                      depths=depths, adapts=adapts and not depths)
 
 
 
