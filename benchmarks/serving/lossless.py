@@ -105,7 +105,8 @@ def adaptive(first: dict, fused: dict, agreements=(0.99, 0.9, 0.8, "real pair"),
     16 at any load; the agreement i.i.d. per position, or the real pair's traces (clustered)."""
     costs, out = first_run_costs(first, fused), []
     fixed = serving_policy("cuda", SLOTS, speculate=16)  # (on a GPU: fixed depths by load)
-    policies = {"fixed depths by load (8, 8, 6)": fixed, "adapting within the depths by load": replace(fixed, adapts=True),
+    policies = {"fixed depths by load (8, 8, 6)": fixed,
+                "adapting within the depths by load": replace(fixed, adapts=True),
                 "adapting up to 16 at any load": replace(fixed, adapts=True, depths=())}
     for agreement in agreements:
         for c in concurrencies:

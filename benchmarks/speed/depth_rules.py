@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
               "whole answers": compare(traces), "first 160 tokens": compare(traces, limit=160)}
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["whole answers"]:
-        print(f"conf {row['confidence']:.1f} bound {row['bound']:2d} {row['rule'][:60]:60s} x{row['predicted_vs_llm_alone']:.3f}"
+        print(f"conf {row['confidence']:.1f} bound {row['bound']:2d} {row['rule'][:60]:60s} "
+              f"x{row['predicted_vs_llm_alone']:.3f}"
               f" LLM/token {row['llm_forwards_per_token']:.3f} SLM/token {row['slm_forwards_per_token']:.3f} "
               f"thrown {row['thrown']}")
     return result

@@ -163,14 +163,16 @@ def main(argv: list[str] | None = None) -> dict:
     runs = {name: every[name] for name in args.systems.split(",")}
     with torch.inference_mode():
         found = side_by_side(runner, work, runs, set(args.once.split(",")), args.repeats)
+    threshold = float(runner.slm.generation_config.assistant_confidence_threshold)
     result = {"conditions": {"tasks": [(p["task_id"], n) for p, n in work], "dtype": args.dtype,
                              "threads": args.threads, "repeats": args.repeats, "once": args.once, "batch": 1,
                              "greedy": True, "wait": WAIT, "router": args.router, "cpus": os.cpu_count(),
-                             "assisted_threshold_after": float(runner.slm.generation_config.assistant_confidence_threshold),
+                             "assisted_threshold_after": threshold,
                              **versions(), "cpu": hardware()}, **found}
     for s in found["systems"].values():
+        same = next(value for key, value in s.items() if key.startswith("same"))
         print(f"{s['system']:60s} {s['tokens_per_s']:6.2f} tokens/s (median {s['median_tokens_per_s']:.2f})  "
-              f"{s['vs_assisted_median_tokens_per_s']:.2f}x assisted  equal: {s[next(k for k in s if k.startswith('same'))]}  "
+              f"{s['vs_assisted_median_tokens_per_s']:.2f}x assisted  equal: {same}  "
               f"LLM/token {s.get('llm_forwards_per_token', float('nan')):.3f} thrown {s.get('thrown', '-')}")
     path = Path(args.out or f"benchmarks/results/lossless_{args.dtype}.json")
     path.write_text(json.dumps(result, indent=1) + "\n")

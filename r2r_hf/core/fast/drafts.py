@@ -62,7 +62,7 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
         for _ in range(k):
             token = logits[:, :vocab].argmax(-1)
             routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
-            sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: the draft ends
+            sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: it ends
             commit, frontier = device_move(routed, sure, pending, depth, remaining, everywhere, ended, active)
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
