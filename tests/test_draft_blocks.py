@@ -133,15 +133,15 @@ def test_the_replay_drafts_blocks_at_threshold_0_as_the_batch_does(identity, tok
     assert {f: getattr(got, f) for f in fields} == {f: getattr(real, f) for f in fields}
 
 
-def test_blocks_stop_drafting_where_the_slm_is_unsure(identity, tok):
+def test_blocks_end_drafts_where_the_slm_is_unsure(identity, tok):
     """``draft_confidence`` on the device: where the SLM's probability of its token is under it, a row at threshold 0
-    waits inside the block as it would step by step (fewer pending positions than without it; none at 1, where no
-    draft is sure enough); answers unchanged."""
+    ends its draft inside the block with that token, as it would step by step (fewer pending positions than without
+    it; at 1 every draft holds one); answers unchanged."""
     enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)
     with torch.no_grad():
         chances = identity.slm(**enc).logits.float().softmax(-1).amax(-1)[enc["attention_mask"].bool()]
     median = float(chances.median())  # about half the positions unsure
-    pending, blocks = {}, {}
+    pending, blocks, longest = {}, {}, {}
     for floor in (0.0, median, 1.0):
         policy = WaitPolicy((3,), 16, speculate=8, block=4, draft_confidence=floor)
         run = _drafting(identity, tok, policy, slots=3, prefill=None)
@@ -151,9 +151,9 @@ def test_blocks_stop_drafting_where_the_slm_is_unsure(identity, tok):
         for i in range(3):
             assert run.out[i] == _alone(identity, tok, i, max_new_tokens=14, do_sample=False, threshold=0.0), i
         c = run.batch.counters
-        pending[floor], blocks[floor] = c.agreed + c.rejected, c.steps - c.host_syncs
+        pending[floor], blocks[floor], longest[floor] = c.agreed + c.rejected, c.steps - c.host_syncs, c.accepted.max
     assert blocks[0.0] > 0 and blocks[median] > 0, "it drafted in blocks"
-    assert pending[1.0] == 0 < pending[median] < pending[0.0]
+    assert 0 < pending[median] < pending[0.0] and longest[1.0] == 1 < longest[0.0], "the identity pair confirms all"
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])
@@ -174,3 +174,25 @@ def test_a_row_that_ends_inside_a_block_leaves_its_neighbours_tokens_to_arrive(i
         for name, (prompt, options) in jobs.items():
             assert run.out[name] == _alone(identity, tok, prompt, max_new_tokens=12, do_sample=False, **options), \
                 (name, end)
+
+
+@pytest.mark.parametrize("adapts", [False, True], ids=["fixed", "adapting"])
+def test_blocks_draft_each_row_to_its_own_depth(identity, tok, adapts):
+    """A row's depth by acceptance (``plan.adapted``, moved when the LLM judges its tail, never inside a block) is the
+    depth the host plans each block with and the device drafts to: with the identity pair every tail is confirmed
+    whole, so two rows at threshold 0 draft 4 then 8 (the depth) where fixed depths draft 8 at once; answers as
+    alone either way."""
+    from r2r_hf.core.counters import ACCEPTED_BOUNDS
+
+    run = _drafting(identity, tok, WaitPolicy((2,), 16, speculate=8, block=4, adapts=adapts), slots=2, prefill=None)
+    for i in range(2):
+        run.join(i, i, max_new_tokens=30, do_sample=False, threshold=0.0)
+    syncs_before = run.batch.counters.host_syncs
+    run.run(steps=400)
+    for i in range(2):
+        assert run.out[i] == _alone(identity, tok, i, max_new_tokens=30, do_sample=False, threshold=0.0), i
+    c = run.batch.counters
+    assert c.host_syncs - syncs_before < c.steps, "it drafted in blocks"
+    by_depth = dict(zip((*ACCEPTED_BOUNDS, "more"), c.drafted.counts))
+    # 30 tokens a row: drafts of 8, 8, 8 (each with its frontier token) and 3 fixed; 4, 8, 8 and 7 adapting
+    assert (by_depth[3], by_depth[4], by_depth[8]) == ((0, 2, 6) if adapts else (2, 0, 6)) and c.drafted.max == 8

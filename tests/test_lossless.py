@@ -75,12 +75,43 @@ def test_every_confirmed_tail_takes_its_frontier_token_instead_of_an_slm_step(id
 def test_captured_generate_takes_frontier_tokens_too(related, tok, monkeypatch):
     from r2r_hf.testing.graphs import emulated_store
 
-    monkeypatch.setattr(related, "capture_store", emulated_store())
     enc = tok(SHORT, return_tensors="pt", padding=True)
     want = _llm(related, enc, GREEDY)
-    out = _r2r(related, enc, GREEDY, speculate=4, llm_max_wait=16, cache_implementation="static")
+    eager = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=16)
+    monkeypatch.setattr(related, "capture_store", emulated_store())
+    out = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=16, cache_implementation="static")
     assert torch.equal(out.sequences, want) and out.counters["frontier_tokens"] > 0
     assert out.counters["router_steps"] == 0
+    assert out.counters["mean_depth"] == eager.counters["mean_depth"] < 8, "the drafts adapt as eager ones do"
+
+
+@pytest.mark.parametrize("rows, options", [(1, GREEDY), (1, SAMPLED), (2, GREEDY)],
+                         ids=["one-greedy", "one-seeded", "batch-greedy"])
+def test_drafts_that_adapt_are_the_llms_answer_as_fixed_ones_are(related, tok, rows, options):
+    """Each row's depth follows its own acceptance by default (``plan.adapted``; ``fixed_depth=True``: every draft may
+    reach ``speculate``): the answer is the LLM's either way, only the drafts' depths differ."""
+    enc = tok(SHORT[:rows], return_tensors="pt", padding=True)
+    want = _llm(related, enc, options)
+    fixed = _r2r(related, enc, options, speculate=16, llm_max_wait=64, fixed_depth=True)
+    adapting = _r2r(related, enc, options, speculate=16, llm_max_wait=64)
+    assert torch.equal(fixed.sequences, want) and torch.equal(adapting.sequences, want)
+    assert adapting.counters["mean_depth"] < fixed.counters["mean_depth"], "its first drafts and those after a " \
+                                                                           "rejection are shorter"
+
+
+def test_drafts_deepen_while_they_are_confirmed_whole(identity, tok):
+    """The identity pair confirms every draft: a row's depth grows by 4 from 4 to ``speculate`` (tails of 4, 8, 12,
+    16), where a fixed depth drafts 16 at once; each draft is one LLM forward, so the fixed one takes fewer."""
+    enc = tok(SHORT[:1], return_tensors="pt")
+    options = dict(GREEDY, max_new_tokens=60, eos_token_id=None)
+    adapting = _r2r(identity, enc, options, speculate=16, llm_max_wait=64)
+    fixed = _r2r(identity, enc, options, speculate=16, llm_max_wait=64, fixed_depth=True)
+    assert torch.equal(adapting.sequences, fixed.sequences)
+    a, f = adapting.speculation, fixed.speculation
+    assert int(a["drafts"][0]) == 5 and int(a["pending_resolved"][0]) == 4 + 8 + 12 + 16 + 16, "and 4 frontier " \
+        "tokens (none after the last token)"
+    assert int(f["drafts"][0]) == 4 and int(f["pending_resolved"][0]) == 16 + 16 + 16 + 9
+    assert adapting.counters["llm_forwards"] == fixed.counters["llm_forwards"] + 1
 
 
 def test_the_router_runs_at_a_threshold_that_routes_nothing_only_where_its_scores_are_returned(related, tok):
@@ -202,7 +233,7 @@ def test_generate_returns_what_speculation_did_per_row(related, tok):
     enc = tok(SHORT, return_tensors="pt", padding=True)
     out = _r2r(related, enc, GREEDY, speculate=4, llm_max_wait=16)
     per_row, c = out.speculation, out.counters
-    assert set(per_row) == {"pending_resolved", "agreed", "rejected", "thrown"}
+    assert set(per_row) == {"pending_resolved", "agreed", "rejected", "thrown", "drafts"}
     assert all(values.shape == (2,) for values in per_row.values())
     assert int(per_row["agreed"].sum()) == c["speculative_agreed"] and int(per_row["thrown"].sum()) == c["thrown"]
     assert int(per_row["rejected"].sum()) == c["speculative_rejected"]
@@ -263,8 +294,8 @@ def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_
         alone = related.llm.generate(**tok([PROMPTS[i]], return_tensors="pt"), max_new_tokens=12, do_sample=False)
         assert out["choices"][0]["text"] == tok.decode(alone[0, len(tok(PROMPTS[i])["input_ids"]):]), i
     spec = [out["usage"]["speculation"] for out in answers]
-    assert spec[0] == {"pending_resolved": 0, "agreed": 0, "rejected": 0, "thrown": 0}, "speculation off"
-    assert all(s["pending_resolved"] > 0 for s in spec[1:])
+    assert spec[0] == {"pending_resolved": 0, "agreed": 0, "rejected": 0, "thrown": 0, "drafts": 0}, "off"
+    assert all(s["pending_resolved"] > 0 and s["drafts"] > 0 for s in spec[1:])
     for response in refused[:2]:
         error = response.json()["error"]
         assert response.status_code == 400 and error["param"] == "speculate" and "from 0 (off) to 4" in error["message"]
@@ -272,29 +303,30 @@ def test_a_request_sets_its_own_depth_or_turns_speculation_off_and_sees_what_it_
     assert any("speculate up to 4 pending positions" in r.getMessage() for r in caplog.records), "said at start-up"
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
     assert families["r2r_speculation_depth"].samples[0].value == 4
-    family = families["r2r_speculative_accepted"]
-    count = next(s.value for s in family.samples if s.name.endswith("_count"))
-    assert count > 0, "one entry per answer and resolution"
+    for name in ("r2r_speculative_accepted", "r2r_speculative_drafted"):
+        count = next(s.value for s in families[name].samples if s.name.endswith("_count"))
+        assert count == sum(s["drafts"] for s in spec), "one entry per answer and resolution"
 
 
-def test_a_draft_stops_where_the_slm_is_unsure_and_the_answer_stays_the_llms(related, tok):
-    """``draft_confidence``: a row at threshold 0 goes on drafting only where the SLM's probability of its token is at
-    least this (as HF assisted generation's drafts stop); where it is unsure it waits and the LLM writes the position.
-    At 1 no draft is ever sure enough: the call decodes as without speculation."""
+def test_a_draft_ends_where_the_slm_is_unsure_and_the_answer_stays_the_llms(related, tok):
+    """``draft_confidence``: a row at threshold 0 drafts on only where the SLM's probability of its token is at least
+    this; where it is unsure its draft ends with that token (its frontier: as HF assisted generation's drafts end),
+    which the LLM judges with the rest. At 1 every draft is one token: each LLM forward judges one position per row
+    and writes the next, fewer forwards than without speculation, where the LLM writes one token per forward."""
     enc = tok(SHORT, return_tensors="pt", padding=True)
     want = _llm(related, enc, GREEDY)
     free = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64)
     unsure = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_confidence=0.6)
-    never = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_confidence=1.0)
+    single = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_confidence=1.0)
     off = _r2r(related, enc, GREEDY)
-    for out in (free, unsure, never):
+    for out in (free, unsure, single):
         assert torch.equal(out.sequences, want)
     c, f = unsure.counters, free.counters
     assert 0 < c["speculative_agreed"] + c["speculative_rejected"] < f["speculative_agreed"] + f["speculative_rejected"]
     assert c["speculative_rejected"] <= f["speculative_rejected"]
-    n, o = never.counters, off.counters
-    assert n["speculative_agreed"] + n["speculative_rejected"] == 0
-    assert (n["steps"], n["llm_forwards"], n["slm_forwards"]) == (o["steps"], o["llm_forwards"], o["slm_forwards"])
+    n, o = single.counters, off.counters
+    assert 0 < n["pending_resolved_per_llm_call"] <= len(SHORT) < f["pending_resolved_per_llm_call"], "one per row"
+    assert n["frontier_tokens"] > 0 and n["llm_forwards"] < o["llm_forwards"]
 
 
 def test_speculate_below_holds_back_routed_rows_not_those_that_route_everywhere(identity, tok):

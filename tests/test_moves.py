@@ -34,7 +34,15 @@ TABLE = [
      SPECULATES),
     ("routes everywhere, its tail full: it waits", Standing(4, 4, 9, True, False), True, False, WAITS),
     ("routes everywhere, an end in its tail: it waits", Standing(3, 4, 9, True, True), True, False, WAITS),
-    ("routes everywhere, the SLM unsure: it waits", Standing(3, 4, 9, True, False), True, True, WAITS),
+    ("routes everywhere, the SLM unsure: its draft ends with that token", Standing(1, 4, 9, True, False), True, True,
+     FRONTIER),
+    ("routes everywhere, the SLM unsure at its first: a draft of one", Standing(0, 8, 9, True, False), True, True,
+     FRONTIER),
+    ("routes everywhere, the SLM unsure at its last token: it waits", Standing(1, 4, 1, True, False), True, True,
+     WAITS),
+    ("routes everywhere, the SLM unsure, its tail full: it waits", Standing(4, 4, 9, True, False), True, True, WAITS),
+    ("routes everywhere, the SLM unsure, an end in its tail: it waits", Standing(1, 4, 9, True, True), True, True,
+     WAITS),
     ("the router decides its next: no frontier", Standing(3, 4, 9, False, False), True, False, SPECULATES),
 ]
 

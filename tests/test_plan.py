@@ -75,7 +75,8 @@ def test_settle_cuts_a_slot_back_alone_and_a_rectangle_together():
     assert (slots.thrown, together.thrown) == (2, 4), "tokens past each cut thrown away (a kept token stays)"
     planned = settle(rows, plan, {0: None, 1: None})
     assert planned == Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads, 3,
-                              tally={0: (2, 0, 0), 1: (1, 0, 0)})
+                              tally={0: (2, 0, 0), 1: (1, 0, 0)}, held={0: 2, 1: 1})
+    assert slots.held == together.held == {0: 2, 1: 1}, "per resolving row: the pending positions judged"
     assert slots.tally == {0: (1, 1, 2), 1: (1, 0, 0)}, "per row: (agreed, rejected, thrown)"
     assert together.tally == {0: (1, 1, 2), 1: (1, 0, 1), 2: (0, 0, 1)}, "row 2 resolved nothing: cut back with them"
     assert planned.writers == plan.writers, "nothing rejected: the plan's commits"
@@ -120,7 +121,7 @@ def test_rows_at_threshold_0_hold_as_many_pending_positions_as_the_load_allows()
     holds at most the depth for the running rows, capped by ``speculate``; other rows hold ``speculate``."""
     from r2r_hf.core.policy import LOSSLESS_DEPTHS, speculative_policy
 
-    policy = speculative_policy("cuda", 16, 16)
+    policy = speculative_policy("cuda", 16, 16, adapts=False)  # (the depth by load alone: no row's own acceptance)
     assert policy.depths == LOSSLESS_DEPTHS and policy.depth(1, True) == 8 and policy.depth(12, True) == 6
     assert policy.depth(12) == 16 and speculative_policy("cuda", 16, 4).depth(1, True) == 4
     assert speculative_policy("cpu", 16, 16).depth(1, True) == 16, "on a CPU: --speculate"
@@ -130,3 +131,61 @@ def test_rows_at_threshold_0_hold_as_many_pending_positions_as_the_load_allows()
                       set(), policy)
     assert alone.speculating == (0,) and alone.frontier == (), "alone it may hold 8"
     assert crowd.speculating == (0,) and crowd.frontier == (0,), "among 3 rows, 6: its sixth fills its tail"
+
+
+def test_a_rows_own_depth_follows_its_acceptance():
+    """``adapted`` (the rule, on plain values): back to the floor after a rejection, deeper after a tail as deep as
+    the row was let go and confirmed whole, unchanged after a tail cut short or cut back by a neighbour."""
+    from r2r_hf.core.plan import DRAFT_FIRST, DRAFT_FLOOR, DRAFT_GROWTH, adapted
+
+    assert (DRAFT_FIRST, DRAFT_FLOOR, DRAFT_GROWTH) == (4, 2, 4), "the rule measured (docs: lossless.md)"
+    assert adapted(4, 4, 4, False) == 8 and adapted(8, 8, 8, False) == 12, "a full draft confirmed whole: deeper"
+    assert adapted(12, 12, 5, True) == 2 and adapted(2, 2, 0, True) == 2, "a rejection: short drafts"
+    assert adapted(8, 3, 3, False) == 8, "a draft the SLM's doubt or the answer's end cut short: as it was"
+    assert adapted(8, 8, 5, False) == 8, "cut back by a neighbour's rejection (a rectangle): as it was"
+    assert adapted(12, 8, 8, False) == 12, "held back by the load or the request's depth: no deeper than that"
+
+
+def test_the_depth_a_row_may_hold_is_the_least_of_the_load_the_request_and_its_own_acceptance():
+    """``plan.depth``: a row at threshold 0 of a policy that ``adapts`` holds its own depth (``RowState.drafting``)
+    within the policy's by load and its request's; a row the router decides, or a policy that does not adapt,
+    ignores it."""
+    from r2r_hf.core.plan import depth
+
+    adapting = WaitPolicy((2,), 16, speculate=16, depths=(16, 6), adapts=True)
+    fixed = WaitPolicy((2,), 16, speculate=16, depths=(16, 6))
+    row = RowState(routes=True, drafting=10)
+    assert depth(row, adapting, 1) == 10 and depth(row, adapting, 2) == 6 and depth(row, fixed, 1) == 16
+    assert depth(RowState(routes=True, drafting=10, depth=3), adapting, 1) == 3, "the request's own depth"
+    assert depth(RowState(routes=None, drafting=2), adapting, 1) == 16, "the router decides: its speculate"
+    assert WaitPolicy().adapts is False and adapting.said().count("own acceptance") == 1
+    from r2r_hf.core.policy import serving_policy
+
+    assert serving_policy("cpu", 4, speculate=8).adapts and not serving_policy("cpu", 4, speculate=8, adapts=False).adapts
+    assert not serving_policy("cuda", 4, speculate=8).adapts, "a GPU's depth by load is its default (the prediction)"
+
+
+def test_the_ledger_moves_a_rows_depth_only_when_the_llm_judges_its_tail():
+    """The rule's one home is the ledger's resolution (``Ledger.apply``): steps without the LLM leave the depth alone
+    (the tail fills to it, the frontier last); a resolution that confirms a full tail whole deepens it, one that
+    rejects sends it back to the floor, and the next tail fills to the new depth."""
+    from r2r_hf.core.ledger import Ledger
+
+    ledger, policy = Ledger(1), WaitPolicy((2,), 64, speculate=16, adapts=True)
+    ledger.rows = _rows({"routes": True})
+    judgements, tails, depths = [None, None, 3, None], [], []
+    for step in range(40):
+        row = ledger.rows[0]
+        proposing = [] if row.waiting_since is not None else [0]
+        plan = plan_step(ledger.rows, step, proposing, [True] * len(proposing), set(), policy)
+        if plan.resolving:
+            if not judgements:
+                break
+            tails.append(len(row.pending))
+            ledger.apply(plan, settle(ledger.rows, plan, {0: judgements.pop(0)}))
+            depths.append(ledger.rows[0].drafting)
+        else:
+            before = row.drafting
+            ledger.apply(plan, settle(ledger.rows, plan, {}))
+            assert ledger.rows[0].drafting == before, "no LLM, no change"
+    assert tails == [4, 8, 12, 2] and depths == [8, 12, 2, 6], "full tails deepen, a rejection sends it back"

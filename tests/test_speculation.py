@@ -261,6 +261,7 @@ def test_the_server_speculates_streams_confirmed_tokens_and_counts_what_it_did(r
     ("llm_max_wait", -1, "llm_max_wait must be a whole number"),
     ("speculate_below", float("nan"), "speculate_below must be a router"),
     ("draft_confidence", 1.5, "draft_confidence must be a probability"),
+    ("fixed_depth", "yes", "fixed_depth must be True or False"),
 ])
 def test_speculations_options_are_checked_with_speculation_off(model, tok, option, value, words):
     """Issue 52, item 8: with speculation off they were accepted whatever they were."""
@@ -271,6 +272,7 @@ def test_speculations_options_are_checked_with_speculation_off(model, tok, optio
 @pytest.mark.parametrize("settings, words", [
     (dict(speculate_below=0.9), "speculate_below=0.9 has no effect without speculate"),
     (dict(draft_confidence=0.4), "draft_confidence=0.4 has no effect without speculate"),
+    (dict(fixed_depth=True), "fixed_depth=True has no effect without speculate"),
     (dict(speculate=4, llm_max_wait=0), "never speculates: with llm_max_wait=0"),
     (dict(speculate=4, llm_min_rows=(1,)), "never speculates: with llm_min_rows=(1,)"),
 ])

@@ -88,6 +88,41 @@ def today(first: dict, fused: dict, agreements=(0.99, 0.9), concurrencies=(1, 8,
     return out
 
 
+def traced(concurrency: int, tokens: int = 256, prompt: int = 64) -> list:
+    """The load of one cell with the real pair's agreement where the synthetic one is i.i.d.: 4 x ``concurrency``
+    answers (at least 8), each the first ``tokens`` of a teacher-forced HumanEval trace
+    (``results/depth_traces_bfloat16.json``: where the LLM's token is the SLM's, 0.98 of them, in clusters)."""
+    from .replay import Routed
+
+    traces = json.loads(Path("benchmarks/results/depth_traces_bfloat16.json").read_text())["traces"]
+    agrees = [traces[i % len(traces)]["agree"][:tokens] for i in range(max(4 * concurrency, 8))]
+    return [(prompt, Routed([True] * len(a), a)) for a in agrees]
+
+
+def adaptive(first: dict, fused: dict, agreements=(0.99, 0.9, 0.8, "real pair"), concurrencies=(1, 8, 16)) -> list:
+    """Drafts that adapt (``plan.adapted``) on today's server (``today``'s costs and fair LLM alone): the GPU default
+    with fixed depths by load (before), adapting within them (the default now), and adapting up to ``--speculate``
+    16 at any load; the agreement i.i.d. per position, or the real pair's traces (clustered)."""
+    costs, out = first_run_costs(first, fused), []
+    fixed = serving_policy("cuda", SLOTS, speculate=16)  # (on a GPU: fixed depths by load)
+    policies = {"fixed depths by load (8, 8, 6)": fixed,
+                "adapting within the depths by load": replace(fixed, adapts=True),
+                "adapting up to 16 at any load": replace(fixed, adapts=True, depths=())}
+    for agreement in agreements:
+        for c in concurrencies:
+            load = traced(c) if agreement == "real pair" else answers(c, agreement)
+            alone = alone_on_the_engine(load, c, costs["alone"], SLOTS, DRAFT_BLOCK)
+            for name, policy in policies.items():
+                got = simulate(load, c, policy, costs["r2r"], SLOTS, routes=True)
+                out.append({"concurrency": c, "agreement": agreement, "policy": name, "vs_llm_alone":
+                            got["tokens_per_s"] / alone, "tokens_per_s": got["tokens_per_s"],
+                            "llm_alone_tokens_per_s": alone, "llm_calls_per_token": got["llm_calls_per_token"],
+                            "thrown_per_token": got["thrown_per_token"]})
+            print(f"adaptive: {c:2d} users, agreement {agreement}: " + ", ".join(
+                f"{r['policy']} {r['vs_llm_alone']:.2f}x" for r in out[-len(policies):]), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--first", default="benchmarks/results/gpu_check.json")
@@ -95,11 +130,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="benchmarks/results/lossless_h200_predicted.json")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--today", action="store_true", help="only today's server (packed, blocks) into --out's today")
+    parser.add_argument("--adaptive", action="store_true", help="only drafts that adapt on today's server into --out's "
+                                                                "adaptive")
     args = parser.parse_args(argv)
     first, fused = (json.loads(Path(p).read_text()) for p in (args.first, args.fused))
-    if args.today:
+    if args.today or args.adaptive:
         result = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-        result["today"] = today(first, fused)
+        result["adaptive" if args.adaptive else "today"] = (adaptive if args.adaptive else today)(first, fused)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         return result
     costs = replace(measured_costs(first, fused), gathered_rows=True)

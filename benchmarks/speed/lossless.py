@@ -1,15 +1,21 @@
 """Lossless decoding on the real pair, side by side in one process: the LLM alone, HF assisted generation with the
 SLM as assistant, and R2R at threshold 0 speculating (the LLM's own answer), on this CPU at batch 1.
 
-    python -m benchmarks.speed.lossless [--dtype bfloat16] [--tasks 4] [--max-new-tokens 160] [--repeats 3]
-                                        [--confidence 0.4 --confident-depths 8,16]
+    python -m benchmarks.speed.lossless [--dtype bfloat16] [--lengths 160:1,512:1] [--repeats 3]
+                                        [--systems assisted,adaptive,confident] [--once llm,fixed8]
 
-Qwen2.5-Coder 0.5B + 1.5B Instruct (``benchmarks/models.py``) with the shipped router, greedy, chat template, the
-shortest HumanEval tasks (``benchmarks.quality.humaneval.by_length``). Each round answers every task with every
-system, interleaved task by task (drift hits all alike); a system's time on a task is its best of ``--repeats``
-rounds, and its tokens/s is its tokens over the sum of those. Every answer must equal ``llm.generate``'s. The
-machine's load (``os.getloadavg``, what ``uptime`` prints) is recorded with each round: on a shared machine only
-ratios within one run mean anything.
+Qwen2.5-Coder 0.5B + 1.5B Instruct (``benchmarks/models.py``) with the shipped router, greedy, chat template.
+``--lengths N:K`` answers K HumanEval tasks with ``max_new_tokens`` N each, those whose recorded LLM answer
+(``results/humaneval/llm.jsonl``, at most 384 tokens) is at least min(N, 384) tokens long, shortest prompt first:
+answers of about N tokens. Each round answers every task with every system of ``--systems``, interleaved task by
+task (drift hits all alike); the systems of ``--once`` run in the first round only (their counters and one time:
+the LLM alone costs twice an R2R round; without it, answers are held to assisted generation's, greedy: the
+LLM's). A system's best is the sum over tasks of its best round on each, its median
+the median of its round totals. Every answer must equal ``llm.generate``'s. The machine's load (``os.getloadavg``,
+what ``uptime`` prints) is recorded with each round: on a shared machine only ratios within one run mean anything.
+HF's assisted generation adapts its drafts' confidence threshold across calls where scikit-learn is installed
+(transformers 5.24: ``assistant_confidence_threshold`` kept on the assistant's generation config): it is reset to
+HF's 0.4 before the run only.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -24,11 +31,13 @@ import torch
 
 from benchmarks.models import ROUTER
 from benchmarks.quality.humaneval import Runner, _problems, by_length
+from benchmarks.quality.humaneval_results import read_rows, system_path
 from benchmarks.record import hardware, versions
 
+WAIT = 64  # steps the oldest pending position may wait (a batch-1 draft never waits that long: its depth ends it)
 
-def systems(runner: Runner, depths: list[int], wait: int, confidence: float | None = None,
-            confident: list[int] = ()) -> dict:
+
+def systems(runner: Runner, confidence: float, deep: int) -> dict:
     """name -> a function of (input ids, attention mask, greedy options) -> (sequences, counters or None)."""
     def llm(ids, mask, greedy):
         return runner.llm.generate(input_ids=ids, attention_mask=mask, **greedy), None
@@ -36,17 +45,32 @@ def systems(runner: Runner, depths: list[int], wait: int, confidence: float | No
     def assisted(ids, mask, greedy):
         return runner.llm.generate(input_ids=ids, attention_mask=mask, assistant_model=runner.slm, **greedy), None
 
-    def r2r(depth, floor=None):
+    def r2r(depth, fixed=False, floor=None):
         def run(ids, mask, greedy):
             out = runner.r2r.generate(input_ids=ids, attention_mask=mask, **greedy, threshold=0.0, speculate=depth,
-                                      llm_max_wait=wait, return_dict_in_generate=True, draft_confidence=floor)
+                                      llm_max_wait=WAIT, return_dict_in_generate=True, draft_confidence=floor,
+                                      fixed_depth=fixed)
             return out.sequences, out.counters
         return run
 
-    return {"llm.generate": llm, "llm.generate, SLM assisting": assisted,
-            **{f"r2r at threshold 0, speculating {d}": r2r(d) for d in depths},
-            **{f"r2r at threshold 0, speculating {d}, drafts stop under {confidence}": r2r(d, confidence)
-               for d in (confident if confidence else ())}}
+    return {"llm": ("llm.generate", llm), "assisted": ("llm.generate, SLM assisting", assisted),
+            "fixed8": ("r2r, fixed depth 8", r2r(8, fixed=True)),
+            "adaptive": ("r2r, depth by acceptance up to 16", r2r(16)),
+            "confident": (f"r2r, depth by acceptance up to {deep}, drafts end under {confidence}",
+                          r2r(deep, floor=confidence)),
+            "fixed-confident": (f"r2r, fixed depth {deep}, drafts end under {confidence}",
+                                r2r(deep, fixed=True, floor=confidence))}
+
+
+def tasks(lengths: str) -> list[tuple[dict, int]]:
+    """(problem, max_new_tokens) per task of ``--lengths`` (see the module docstring)."""
+    recorded = read_rows(system_path("llm", ""))
+    chosen, order = [], by_length(_problems())
+    for part in lengths.split(","):
+        new, count = (int(x) for x in part.split(":"))
+        long = [p for p in order if recorded.get(p["task_id"], {}).get("generated_tokens", 0) >= min(new, 384)]
+        chosen += [(p, new) for p in long if p["task_id"] not in {q["task_id"] for q, _ in chosen}][:count]
+    return chosen
 
 
 def answer_of(sequences: torch.Tensor, prompt: int, stop: set[int]) -> list[int]:
@@ -55,36 +79,50 @@ def answer_of(sequences: torch.Tensor, prompt: int, stop: set[int]) -> list[int]
     return row if end is None else row[: end + 1]
 
 
-def side_by_side(runner: Runner, problems: list[dict], runs: dict, repeats: int) -> dict:
+def side_by_side(runner: Runner, work: list[tuple[dict, int]], runs: dict, once: set[str], repeats: int) -> dict:
     """Every system on every task, ``repeats`` interleaved rounds (see the module docstring)."""
     tok = runner.tok
-    greedy = dict(max_new_tokens=runner.max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
     stop = {tok.eos_token_id, tok.pad_token_id}
-    prompts = [tok(runner.chat_text(p), return_tensors="pt", add_special_tokens=False) for p in problems]
+    prompts = [tok(runner.chat_text(p), return_tensors="pt", add_special_tokens=False) for p, _ in work]
+    warm = dict(max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
+    for _, run in runs.values():  # (loads the router, first calls' one-time work: not any system's time)
+        run(prompts[0]["input_ids"], prompts[0]["attention_mask"], warm)
     best = {name: [float("inf")] * len(prompts) for name in runs}
+    totals = {name: [] for name in runs}
     answers, counters, loads = {name: [None] * len(prompts) for name in runs}, {name: [] for name in runs}, []
     for round_ in range(repeats):
         loads.append({"round": round_, "load_before": os.getloadavg()})
-        for i, enc in enumerate(prompts):
-            for name, run in runs.items():
+        now = [name for name in runs if round_ == 0 or name not in once]
+        spent = dict.fromkeys(now, 0.0)
+        for i, (enc, (_, new)) in enumerate(zip(prompts, work)):
+            greedy = dict(max_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id)
+            for name in now:
                 start = time.perf_counter()
-                sequences, c = run(enc["input_ids"], enc["attention_mask"], greedy)
-                best[name][i] = min(best[name][i], time.perf_counter() - start)
+                sequences, c = runs[name][1](enc["input_ids"], enc["attention_mask"], greedy)
+                seconds = time.perf_counter() - start
+                best[name][i], spent[name] = min(best[name][i], seconds), spent[name] + seconds
                 answers[name][i] = answer_of(sequences, enc["input_ids"].shape[1], stop)
                 if c is not None and round_ == 0:
                     counters[name].append(c)
+        for name in now:
+            totals[name].append(spent[name])
         loads[-1]["load_after"] = os.getloadavg()
-        print(json.dumps(loads[-1]), flush=True)
-    first = answers["llm.generate"]
+        print(json.dumps(loads[-1]), {n: round(s, 1) for n, s in spent.items()}, flush=True)
+    reference = "llm" if "llm" in runs else "assisted"  # (greedy assisted generation is llm.generate's answer)
+    first = answers[reference]
     out = {}
-    for name in runs:
+    for name, (label, _) in runs.items():
         tokens = sum(len(a) for a in answers[name])
-        out[name] = {"tokens": tokens, "seconds": sum(best[name]), "tokens_per_s": tokens / sum(best[name]),
-                     "same_answers": answers[name] == first, "seconds_per_task": best[name],
+        out[name] = {"system": label, "tokens": tokens, "seconds": sum(best[name]),
+                     "tokens_per_s": tokens / sum(best[name]), "round_seconds": totals[name],
+                     "median_tokens_per_s": tokens / statistics.median(totals[name]),
+                     f"same_answers_as_{reference}": answers[name] == first, "seconds_per_task": best[name],
                      **_totals(counters[name])}
-    base = out["llm.generate"]["tokens_per_s"]
     for name in runs:
-        out[name]["vs_llm"] = out[name]["tokens_per_s"] / base
+        for key in ("tokens_per_s", "median_tokens_per_s"):
+            for base in ("llm", "assisted"):
+                if base in runs:
+                    out[name][f"vs_{base}_{key}"] = out[name][key] / out[base][key]
     return {"systems": out, "loads": loads}
 
 
@@ -97,6 +135,8 @@ def _totals(counters: list[dict]) -> dict:
     total = {k: sum(c[k] for c in counters) for k in keys}
     judged = total["speculative_agreed"] + total["speculative_rejected"]
     total["agreement"] = total["speculative_agreed"] / max(judged, 1)
+    total["mean_depth"] = sum((c["mean_depth"] or 0) * (c["speculative_agreed"] + c["speculative_rejected"])
+                              for c in counters) / max(judged, 1)
     for k in ("slm_forwards", "llm_forwards", "thrown"):
         total[f"{k}_per_token"] = total[k] / total["generated"]
     return total
@@ -106,31 +146,34 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--router", default=ROUTER)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--tasks", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--lengths", default="160:1,512:1", help="max_new_tokens:tasks, comma-separated")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--depths", default="4,8", help="speculation depths of R2R, comma-separated")
-    parser.add_argument("--wait", type=int, default=32, help="steps the oldest pending position may wait")
-    parser.add_argument("--confidence", type=float, default=None,
-                        help="also R2R whose drafts stop where the SLM's probability is under this (draft_confidence)")
-    parser.add_argument("--confident-depths", default="8,16", help="the depths of those runs, comma-separated")
+    parser.add_argument("--systems", default="llm,assisted,fixed8,adaptive,confident")
+    parser.add_argument("--once", default="llm,fixed8", help="systems timed in the first round only")
+    parser.add_argument("--confidence", type=float, default=0.8, help="draft_confidence of the 'confident' runs")
+    parser.add_argument("--deep", type=int, default=32, help="speculate of the 'confident' runs")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/lossless_<dtype>.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    runner = Runner(args.router, None, args.max_new_tokens, getattr(torch, args.dtype))
-    problems = by_length(_problems())[: args.tasks]
-    runs = systems(runner, [int(d) for d in args.depths.split(",") if d], args.wait, args.confidence,
-                   [int(d) for d in args.confident_depths.split(",") if d])
+    work = tasks(args.lengths)
+    runner = Runner(args.router, None, max(n for _, n in work), getattr(torch, args.dtype))
+    runner.slm.generation_config.assistant_confidence_threshold = 0.4  # HF's default (see the module docstring)
+    every = systems(runner, args.confidence, args.deep)
+    runs = {name: every[name] for name in args.systems.split(",")}
     with torch.inference_mode():
-        found = side_by_side(runner, problems, runs, args.repeats)
-    result = {"conditions": {"tasks": [p["task_id"] for p in problems], "max_new_tokens": args.max_new_tokens,
-                             "dtype": args.dtype, "threads": args.threads, "repeats": args.repeats, "batch": 1,
-                             "greedy": True, "wait": args.wait, "confidence": args.confidence,
-                             "router": args.router, "cpus": os.cpu_count(),
+        found = side_by_side(runner, work, runs, set(args.once.split(",")), args.repeats)
+    threshold = float(runner.slm.generation_config.assistant_confidence_threshold)
+    result = {"conditions": {"tasks": [(p["task_id"], n) for p, n in work], "dtype": args.dtype,
+                             "threads": args.threads, "repeats": args.repeats, "once": args.once, "batch": 1,
+                             "greedy": True, "wait": WAIT, "router": args.router, "cpus": os.cpu_count(),
+                             "assisted_threshold_after": threshold,
                              **versions(), "cpu": hardware()}, **found}
-    for name, s in found["systems"].items():
-        print(f"{name:40s} {s['tokens_per_s']:6.2f} tokens/s  {s['vs_llm']:.2f}x  equal: {s['same_answers']}")
+    for s in found["systems"].values():
+        same = next(value for key, value in s.items() if key.startswith("same"))
+        print(f"{s['system']:60s} {s['tokens_per_s']:6.2f} tokens/s (median {s['median_tokens_per_s']:.2f})  "
+              f"{s['vs_assisted_median_tokens_per_s']:.2f}x assisted  equal: {same}  "
+              f"LLM/token {s.get('llm_forwards_per_token', float('nan')):.3f} thrown {s.get('thrown', '-')}")
     path = Path(args.out or f"benchmarks/results/lossless_{args.dtype}.json")
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result

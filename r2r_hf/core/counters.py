@@ -97,7 +97,8 @@ class Counters:
             did not propose (``plan.StepPlan.frontier``; a rollback of the tail discards it: not counted).
         resolutions: LLM forwards that resolved speculative (pending) positions (``speculation.py``); agreed: pending
             positions the LLM confirmed; rejected: those it did not; thrown: committed tokens thrown away by rollbacks;
-            accepted: per row and resolution, the pending positions confirmed (``ACCEPTED_BOUNDS``).
+            accepted: per row and resolution, the pending positions confirmed (``ACCEPTED_BOUNDS``); drafted: per row
+            and resolution, the pending positions judged (the depth its draft reached: ``plan.depth``).
     """
 
     steps: int = 0
@@ -123,6 +124,7 @@ class Counters:
     rejected: int = 0
     thrown: int = 0
     accepted: Histogram = field(default_factory=lambda: Histogram(ACCEPTED_BOUNDS))
+    drafted: Histogram = field(default_factory=lambda: Histogram(ACCEPTED_BOUNDS))
     shapes: list[tuple[str, int, int]] | None = None  # when traced: (model, rows, tokens per row) of each forward
 
     def forward(self, role: str, rows: int, tokens: int, real: int | None = None, read: int | None = None) -> None:
@@ -155,6 +157,7 @@ class Counters:
             self.rejected += outcome.rejected
             self.thrown += outcome.thrown
             self.accepted.extend(agreed for r, (agreed, _, _) in outcome.tally.items() if r in plan.resolving)
+            self.drafted.extend(held for held in outcome.held.values() if held)
 
     def delivered(self, tokens: int, llm_tokens: int) -> None:
         """Answer tokens handed to the caller (confirmed ones only), and how many of them count as the LLM's; an
@@ -194,4 +197,5 @@ class Counters:
             "pending_resolved_per_llm_call": (self.agreed + self.rejected) / self.resolutions if self.resolutions else None,
             "agreement_at_routed": self.agreed / (self.agreed + self.rejected) if self.agreed + self.rejected else None,
             "thrown_per_token": per_token(self.thrown),
+            "mean_depth": self.drafted.mean(),
         }

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .plan import Outcome, StepPlan
+from .plan import DRAFT_FIRST, Outcome, StepPlan, adapted
 
 
 @dataclass
@@ -35,17 +35,18 @@ class Pending:
 @dataclass
 class Speculated:
     """What speculation did for one answer (its ``usage``, ``generate``'s per-row counts): pending positions the LLM
-    resolved (settled: confirmed, or cut away after the one it rejected), confirmed, rejected, and committed tokens
-    its rollbacks threw away."""
+    resolved (settled: confirmed, or cut away after the one it rejected), confirmed, rejected, committed tokens its
+    rollbacks threw away, and its drafts the LLM judged (``resolved / drafts``: the depth its drafts reached)."""
 
     resolved: int = 0
     agreed: int = 0
     rejected: int = 0
     thrown: int = 0
+    drafts: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {"pending_resolved": self.resolved, "agreed": self.agreed, "rejected": self.rejected,
-                "thrown": self.thrown}
+                "thrown": self.thrown, "drafts": self.drafts}
 
 
 class Written(NamedTuple):
@@ -80,6 +81,8 @@ class RowState:
         ends: tokens that end its answer: a speculative tail the host has seen one in goes no further (what the SLM
             would write past it the LLM most likely never needs: ``plan.plan_step``).
         depth: pending positions it may hold at most (None: the policy's; ``plan.depth``: a request's own switch).
+        drafting: its own depth by acceptance (``plan.adapted``, moved at each resolution of its tail; ``plan.depth``
+            reads it where it routes everywhere and the policy adapts).
         speculated: what speculation did for it so far (``Speculated``).
     """
 
@@ -99,6 +102,7 @@ class RowState:
     routes: bool | None = None
     ends: frozenset[int] = frozenset()
     depth: int | None = None
+    drafting: int = DRAFT_FIRST
     speculated: Speculated = field(default_factory=Speculated)
 
     def last_index(self, index: int) -> bool:
@@ -263,13 +267,18 @@ class Ledger:
         return Applied(written, self._confirm())
 
     def _tally(self, outcome: Outcome) -> None:
-        """Each row's speculative counts (before its pending positions are settled or cut)."""
+        """Each row's speculative counts and its own depth by acceptance (``plan.adapted``), before its pending
+        positions are settled or cut."""
         for r in outcome.resolved:
             self.rows[r].speculated.resolved += len(self.rows[r].pending)
         for r, (agreed, rejected, thrown) in outcome.tally.items():
-            counts = self.rows[r].speculated
+            row = self.rows[r]
+            counts = row.speculated
             counts.agreed, counts.rejected, counts.thrown = (counts.agreed + agreed, counts.rejected + rejected,
                                                              counts.thrown + thrown)
+            if outcome.held.get(r):
+                counts.drafts += 1
+                row.drafting = adapted(row.drafting, outcome.held[r], agreed, bool(rejected))
 
     def _cut(self, r: int, index: int) -> None:
         """Row ``r`` back to its first ``index`` answer tokens (those past it are thrown away)."""

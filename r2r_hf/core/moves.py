@@ -81,17 +81,19 @@ class Standing(NamedTuple):
 def move(standing: Standing | None, routed: bool, sure: bool) -> Move:
     """The row's move (see the module docstring): a row that did not route writes (its ``standing`` is not read:
     None will do); a routed row speculates while it may hold one more pending position, the router or the SLM is not
-    sure (``sure``: ``speculation.waits``) and no token of its tail ends its answer, else it waits; a speculating row
-    that routes everywhere and fills its depth with a token left after this one takes its frontier. Its device form:
-    ``fast/drafts.device_move``."""
+    sure (``sure``: ``speculation.waits``) and no token of its tail ends its answer, else it waits. A row that routes
+    everywhere, with a token left after this one, takes its frontier where it fills its depth, or where the SLM is
+    unsure: its draft ends with that token, which the LLM judges with the rest in the forward that would have written
+    the position (as an assisted generation's draft ends with its unsure token), rather than waiting for the LLM to
+    write it. Its device form: ``fast/drafts.device_move``."""
     s = standing
     if not routed:
         return Move.WRITES
-    if s.pending >= s.depth or sure or s.ended:
+    if s.pending >= s.depth or s.ended:
         return Move.WAITS
-    if s.everywhere and s.pending + 1 >= s.depth and s.left > 1:
+    if s.everywhere and s.left > 1 and (sure or s.pending + 1 >= s.depth):
         return Move.FRONTIER
-    return Move.SPECULATES
+    return Move.WAITS if sure else Move.SPECULATES
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,11 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
     """
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
     # (a row that did not route writes whatever it stands: its standing is worked out where it routed only)
+    sure = sure or [False] * len(proposed)
     moves = {r: move(Standing.of(rows[r], depth(rows[r], policy, len(occupied))) if hit else None, hit, certain)
-             for r, hit, certain in zip(proposed, routed, sure or [False] * len(proposed)) if r not in ended}
-    made = _made(_in_lockstep(rows, moves) if lockstep else moves, ended)
+             for r, hit, certain in zip(proposed, routed, sure) if r not in ended}
+    made = _made(_in_lockstep(rows, moves, {r for r, certain in zip(proposed, sure) if certain}) if lockstep
+                 else moves, ended)
     speculating = sorted(made.speculates + made.frontier)
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
     since.update(dict.fromkeys(made.waits, step))
@@ -160,19 +162,41 @@ def _without_llm(rows: Sequence, step: int, proposed: Sequence[int], ended: set[
 
 def depth(row, policy: WaitPolicy, running: int) -> int:
     """Pending positions ``row`` may hold among ``running`` rows: the policy's (by load where it routes everywhere:
-    ``WaitPolicy.depth``), or less where its request asked (``RowState.depth``)."""
+    ``WaitPolicy.depth``), less where it routes everywhere and its own drafts say so (``RowState.drafting``, where the
+    policy ``adapts``), or less where its request asked (``RowState.depth``)."""
     most = policy.depth(running, bool(row.routes))
+    if policy.adapts and row.routes:
+        most = min(most, row.drafting)
     return most if row.depth is None else min(most, row.depth)
 
 
-def _in_lockstep(rows: Sequence, moves: dict[int, Move]) -> dict[int, Move]:
+# A row's own depth by acceptance (``adapted``): chosen by measurement on the real pair (teacher-forced traces of 30
+# HumanEval answers, 9,393 tokens, LLM-SLM agreement 0.98, replayed at batch 1 with this CPU's measured costs, against
+# fixed depths, HF assisted generation's +2 / -1 and halving rules; ``benchmarks/speed/depth_rules.py``): rejections
+# cluster (hard spans of code), so a draft after one should be short and one after a run of confirmed drafts long.
+DRAFT_FIRST, DRAFT_FLOOR, DRAFT_GROWTH = 4, 2, 4
+
+
+def adapted(drafting: int, held: int, agreed: int, rejected: bool) -> int:
+    """A row's next depth (``RowState.drafting``) once the LLM judged a tail of ``held`` pending positions, ``agreed``
+    of them confirmed: ``DRAFT_FLOOR`` after a rejection; ``DRAFT_GROWTH`` more after a tail as deep as it was let
+    go, confirmed whole; else as it was (a tail cut short by the SLM's doubt, the answer's end, the policy's wait or a
+    neighbour's rollback says nothing of a deeper draft). It changes only when the LLM reads, never what it writes."""
+    if rejected:
+        return DRAFT_FLOOR
+    return drafting + DRAFT_GROWTH if agreed == held >= drafting else drafting
+
+
+def _in_lockstep(rows: Sequence, moves: dict[int, Move], unsure: set[int]) -> dict[int, Move]:
     """In lockstep the SLM reads every row or none (the rectangle's): a row takes its frontier only where every row
-    the SLM would read does; else those rows speculate."""
+    the SLM would read does; else those rows speculate, but those whose draft ended where the SLM is unsure
+    (``unsure``), which wait for the LLM instead (it writes the position: a draft goes no further where it is)."""
     frontier = {r for r, m in moves.items() if m is Move.FRONTIER}
     readers = {r for r, m in moves.items() if m.commits and rows[r].max_new > 1}
     if frontier == readers:
         return moves
-    return {r: Move.SPECULATES if m is Move.FRONTIER else m for r, m in moves.items()}
+    instead = {r: Move.WAITS if r in unsure else Move.SPECULATES for r in frontier}
+    return {**moves, **instead}
 
 
 def plan_block(ledger, policy: WaitPolicy) -> BlockPlan | None:
@@ -222,6 +246,7 @@ class Outcome:
         agreed: pending positions the LLM confirmed; rejected: those it did not (at most one per row).
         thrown: committed tokens the rollbacks throw away.
         tally: the same per row, (agreed, rejected, thrown), for each row resolved or cut back (a request's counts).
+        held: per resolving row, the pending positions the LLM judged (the depth its draft reached).
     """
 
     llm_writers: tuple[int, ...] = ()
@@ -234,6 +259,7 @@ class Outcome:
     rejected: int = 0
     thrown: int = 0
     tally: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)
+    held: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def writers(self) -> tuple[int, ...]:
@@ -248,9 +274,10 @@ def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], l
     the earliest such position, where the rejected rows get the LLM's token and the others keep theirs."""
     cut = {r: rows[r].pending[j].index for r, j in rejected.items() if j is not None}
     agreed = {r: len(rows[r].pending) if j is None else j for r, j in rejected.items()}
+    held = {r: len(rows[r].pending) for r in plan.resolving}
     if not cut:
         return Outcome(plan.llm_writers, plan.slm_writers, {}, (), plan.resolving, plan.slm_reads,
-                       sum(agreed.values()), tally={r: (n, 0, 0) for r, n in agreed.items()})
+                       sum(agreed.values()), tally={r: (n, 0, 0) for r, n in agreed.items()}, held=held)
     if lockstep:
         index = min(cut.values())
         occupied = [r for r, row in enumerate(rows) if row is not None and r not in plan.ended]
@@ -266,4 +293,4 @@ def settle(rows: Sequence, plan: StepPlan, rejected: Mapping[int, int | None], l
     thrown = {r: rows[r].written - i - (r in kept) for r, i in rollbacks.items()}
     tally = {r: (agreed.get(r, 0), int(r in cut), thrown.get(r, 0)) for r in sorted({*agreed, *thrown})}
     return Outcome(llm, slm, rollbacks, kept, plan.resolving, tuple(r for r in writers if left[r] > 1),
-                   sum(agreed.values()), len(cut), sum(thrown.values()), tally)
+                   sum(agreed.values()), len(cut), sum(thrown.values()), tally, held)

@@ -67,6 +67,16 @@ def check_confidence(value: object) -> float:
     return float(value)
 
 
+def check_fixed_depth(value: object) -> bool:
+    """Whether rows at threshold 0 draft to their full depth every time (None: no, their depth follows their
+    acceptance: ``WaitPolicy.adapts``)."""
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"fixed_depth must be True or False, got {value!r}.")
+    return value
+
+
 def check_speculate_below(value: object) -> float:
     """A router score from which routed rows wait rather than speculate (None: speculate wherever they route)."""
     if value is None:
@@ -97,6 +107,10 @@ class WaitPolicy:
         draft_confidence: a row speculates past a routed position only where the SLM's probability of its token
             there is at least this (where the SLM is unsure the LLM rejects it more often: the row waits and the LLM
             writes the position instead; HF assisted generation's ``assistant_confidence_threshold``; 0: everywhere).
+            A row that routes everywhere ends its draft there instead, with that token (``moves.move``).
+        adapts: a row that routes everywhere drafts as deep as its own acceptance says (``plan.adapted``: short after
+            a rejection, deeper while its drafts are confirmed whole), within the depths above; False: every draft
+            may reach them.
     """
 
     min_rows: tuple[int, ...] = (1,)
@@ -106,6 +120,7 @@ class WaitPolicy:
     block: int = 1
     depths: tuple[int, ...] = ()
     draft_confidence: float = 0.0
+    adapts: bool = False
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
@@ -135,6 +150,7 @@ class WaitPolicy:
         if not self.speculate:
             return f"the LLM runs once {self.min_rows} rows wait or the oldest waited {self.max_wait} steps"
         by_load = f"; answers at threshold 0: {', '.join(map(str, self.depths))} by running rows" if self.depths else ""
+        by_load += "; answers at threshold 0 draft as deep as their own acceptance says" if self.adapts else ""
         return (f"answers speculate up to {self.speculate} pending positions{by_load}; the LLM resolves once "
                 f"{self.min_rows} rows wait or hold full tails, the oldest is {self.max_wait} steps old, or none "
                 "can go on")
@@ -178,7 +194,8 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
 
 def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | None = None,
                    max_wait: int | None = None, speculate: int = 0, speculate_below: float | None = None,
-                   block: int | None = None, draft_confidence: float | None = None) -> WaitPolicy:
+                   block: int | None = None, draft_confidence: float | None = None,
+                   adapts: bool = True) -> WaitPolicy:
     """The server's policy: what its settings name, the rest from the device's default (``default_policy``, or with
     ``speculate`` ``speculative_policy``; draft blocks of ``DRAFT_BLOCK`` steps on a GPU)."""
     if speculate:
@@ -190,7 +207,8 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
     if block is None:
         block = DRAFT_BLOCK if device_type == "cuda" else 1
     return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
-                      check_speculate_below(speculate_below), block, default.depths, check_confidence(draft_confidence))
+                      check_speculate_below(speculate_below), block, default.depths, check_confidence(draft_confidence),
+                      adapts and bool(speculate) and not default.depths)
 
 
 # Steps a server drafts per host synchronisation on a GPU (``fast/drafts.py``). Chosen with the cost model
@@ -210,7 +228,7 @@ DRAFT_BLOCK = 4
 LOSSLESS_DEPTHS = (8, 8, 6)
 
 
-def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitPolicy:
+def speculative_policy(device_type: str, max_rows: int, speculate: int, adapts: bool = True) -> WaitPolicy:
     """Where rows speculate: the LLM resolves once every running row (and at least two: one row alone never
     resolves at once, which would be m = 1) holds a pending position or waits, once the oldest pending position is
     ``SERVE_SPECULATE_WAIT`` steps old, or when no row can go on without it (a row that holds ``speculate`` pending
@@ -219,10 +237,14 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int) -> WaitP
     case on average (6 % at worst); resolving once 3/4 of the rows hold ran the LLM too often at p = 0.2 (2.74x the
     LLM alone against 3.12x at 8 users), for somewhat fewer tokens thrown away and a lower inter-token p99. On a
     GPU the rows at threshold 0 hold pending positions by load (``LOSSLESS_DEPTHS``, at most ``speculate``); they
-    count as holding once their tails are full (``plan.plan_step``)."""
+    count as holding once their tails are full (``plan.plan_step``). Each one's depth follows its own acceptance
+    (``adapts``, ``plan.adapted``) where no depth by load is set: on a GPU the depth by load is the default, since the
+    cost model with the H200's costs predicts per-row depths losing there (``benchmarks/serving/lossless.py
+    --adaptive``: 3-15 % at 1-16 users, 0.8-0.99 agreement; rows that fill a shallow tail wait for deep ones at the
+    shared resolution, and an LLM forward is dear against an SLM step)."""
     depths = LOSSLESS_DEPTHS if device_type != "cpu" else ()
     return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate,
-                      depths=depths)
+                      depths=depths, adapts=adapts and not depths)
 
 
 
@@ -251,6 +273,7 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     wait = None if wait is None else check_max_wait(wait)  # (checked with speculation off too: never a silent value)
     below = check_speculate_below(getattr(generation_config, "speculate_below", None))
     confidence = check_confidence(getattr(generation_config, "draft_confidence", None))
+    fixed = check_fixed_depth(getattr(generation_config, "fixed_depth", None))
     if not speculate:
         return IMMEDIATE
     why = None
@@ -263,4 +286,4 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
         say_once(f"speculation is off for this call: {why}.")
         return IMMEDIATE
     return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else wait, speculate, below,
-                      draft_confidence=confidence)
+                      draft_confidence=confidence, adapts=not fixed)

@@ -83,7 +83,10 @@ R2R_OPTIONS = {
     "speculate_below": "with speculate: a routed row goes on only where the router's score is below this (where it "
                        "is surer the LLM disagrees far more often; the row waits for it instead)",
     "draft_confidence": "with speculate: a routed row goes on only where the SLM's probability of its token is at "
-                        "least this (as HF assisted generation's assistant_confidence_threshold; 0: everywhere)",
+                        "least this (as HF assisted generation's assistant_confidence_threshold; 0: everywhere); at "
+                        "threshold 0 a draft ends with that token",
+    "fixed_depth": "with speculate: rows at threshold 0 draft up to speculate positions every time (default False: "
+                   "each row's depth follows its own acceptance, r2r_hf/core/plan.py adapted)",
 }
 ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 

@@ -100,7 +100,8 @@ class _EngineCollector:
         waiting = GaugeMetricFamily("r2r_waiting_rows", "Answers of the batch waiting for the LLM")
         waiting.add_metric([], 0 if engine.batch is None else len(engine.batch.ledger.waiting()))
         depth = GaugeMetricFamily("r2r_speculation_depth", "Pending positions an answer at threshold 0 may hold now "
-                                  "(by the running rows; 0: the server does not speculate)")
+                                  "(by the running rows, before its own acceptance; 0: the server does not "
+                                  "speculate)")
         depth.add_metric([], engine.policy.depth(len(engine.rows), everywhere=True))
         yield from (queue, running, waiting, depth)
         totals = {
@@ -141,6 +142,8 @@ class _EngineCollector:
         for name, doc, histogram in (
                 ("r2r_llm_wait_steps", "Steps a routed answer waited for the LLM", counters.waits),
                 ("r2r_speculative_accepted", "Pending positions of one answer one resolution confirmed",
-                 counters.accepted)):
+                 counters.accepted),
+                ("r2r_speculative_drafted", "Pending positions of one answer one resolution judged (the depth its "
+                 "draft reached)", counters.drafted)):
             buckets = [("+Inf" if b == math.inf else str(b), n) for b, n in histogram.cumulative()]
             yield HistogramMetricFamily(name, doc, buckets=buckets, sum_value=histogram.total)

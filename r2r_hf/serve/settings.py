@@ -87,6 +87,9 @@ class ServeSettings:
         draft_block: steps drafted on the device per host synchronisation (``core/fast/drafts.py``).
         speculate: routed positions an answer may go past with the SLM's token before it waits (0: off;
             ``core/speculation.py``); with it, ``llm_min_rows`` counts the answers holding pending positions.
+        fixed_depth: with ``speculate``, answers at threshold 0 draft to their full depth every time; by default each
+            one's depth follows its own acceptance (``core.policy.WaitPolicy.adapts``) where the device has no depth
+            by load (a CPU: ``core.policy.speculative_policy``).
         read_timeout: seconds a client may take to send a request, headers and body (slower ones are closed).
         write_timeout: seconds a client may leave its answer unread while the server's buffer for it is full (or
             its connection closes with bytes unsent); then the connection is aborted and the answer stops.
@@ -136,6 +139,9 @@ class ServeSettings:
     draft_confidence: float | None = setting(None, "with --speculate: an answer goes on past a routed position only "
                                                    "where the SLM's probability of its token is at least this (HF "
                                                    "assisted generation's 0.4; default: everywhere)", parse="fraction")
+    fixed_depth: bool = setting(False, "with --speculate: answers at threshold 0 draft up to their depth every time "
+                                       "(default: each answer's depth follows its own acceptance on a CPU; on a GPU "
+                                       "the depth by load)")
     draft_block: int | None = setting(None, "with captured steps: steps drafted on the device per host "
                                             "synchronisation while every running answer is greedy (1: a "
                                             "synchronisation per step; default: 4 on a GPU, 1 elsewhere)",
@@ -190,8 +196,8 @@ class ServeSettings:
 
     def _check_speculation(self) -> None:
         """Refuse settings under which speculation cannot happen: it needs routed answers that wait for the LLM."""
-        for name in ("speculate_below", "draft_confidence"):
-            if getattr(self, name) is not None and not self.speculate:
+        for name in ("speculate_below", "draft_confidence", "fixed_depth"):
+            if getattr(self, name) not in (None, False) and not self.speculate:
                 raise ValueError(f"{name}={getattr(self, name)} has no effect without speculate; set speculate "
                                  "(--speculate N) or remove it.")
         never = ("llm_max_wait=0" if self.llm_max_wait == 0 else

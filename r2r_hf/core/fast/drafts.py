@@ -40,8 +40,9 @@ def device_move(routed: torch.Tensor, sure: torch.Tensor, pending: torch.Tensor,
     """``moves.move`` on the device, for every slot at once (``Standing``'s fields [S]; ``active``: the slot
     proposes): where each row commits a token (it writes, speculates or takes its frontier), and where that token is
     its frontier's (``Move.of`` reads the move back)."""
-    commit = active & (~routed | ((pending < depth) & ~sure & ~ended))
-    frontier = commit & routed & everywhere & (pending + 1 >= depth) & (left > 1)
+    last = everywhere & (left > 1)  # (a row that routes everywhere ends its draft with its frontier)
+    commit = active & (~routed | ((pending < depth) & ~ended & (~sure | last)))
+    frontier = commit & routed & last & ((pending + 1 >= depth) | sure)
     return commit, frontier
 
 
@@ -61,7 +62,7 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
         for _ in range(k):
             token = logits[:, :vocab].argmax(-1)
             routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
-            sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: it waits
+            sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: it ends
             commit, frontier = device_move(routed, sure, pending, depth, remaining, everywhere, ended, active)
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
