@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .budget import Budget
-from .choice import CallChoice, Chooser, RowChoice, RowRule
+from .choice import CallChoice, Chooser, RowChoice
 from .counters import Counters
 from .fast.drafts import ENDS
 from .fast.router_copy import stateless

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .choice import RowRule
 from .plan import DRAFT_FIRST, Outcome, StepPlan, adapted
 
 

@@ -24,8 +24,7 @@ import torch
 from transformers import CompileConfig
 
 from ..core.fast.graphs import CompiledStep, Step, compile_options, gc_paused, recompile_limit
-from ..core.fast.slot_reads import capture_slots, captured_steps, row_buckets
-from ..core.fast.static_reads import BUCKETS
+from ..core.fast.slot_reads import capture_slots, captured_steps
 from ..core.features import output_device
 from ..model.loading import context_length
 

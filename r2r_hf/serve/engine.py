@@ -40,7 +40,7 @@ from .capture import capture_batch, capture_plan
 from .errors import APIError
 from .metrics import ServeMetrics
 from .policy import served_policy
-from .rows import Choice, Delivery, Row
+from .rows import Delivery, Row
 from .settings import ServeSettings
 from .trace import Trace
 from .work import Admission, Request, fresh_seed
