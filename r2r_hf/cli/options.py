@@ -99,6 +99,7 @@ def _bounded(expected: str, accept) -> type:
 # AdamW diverges far below 1, and at 0 nothing is learnt; a dropout of 1 drops everything.
 learning_rate = _bounded("a learning rate in (0, 1] (the paper's is 5e-5)", lambda v: 0 < v <= 1)
 finite_non_negative = _bounded("a finite number >= 0", lambda v: 0 <= v < math.inf)
+finite_non_positive = _bounded("a finite number <= 0 (a log-probability)", lambda v: -math.inf < v <= 0)
 dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
 positive_seconds = _bounded("a finite number of seconds > 0", lambda v: 0 < v < math.inf)
 

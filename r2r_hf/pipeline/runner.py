@@ -199,7 +199,7 @@ class _Context:
     def chain_settings(self) -> list[dict[str, Any]]:
         """What decides the label set, without loading a judge: each verifier's settings."""
         s = self.settings
-        return [MODEL_FREE[name]().settings() if name in MODEL_FREE else
+        return [MODEL_FREE[name](s).settings() if name in MODEL_FREE else
                 {"name": "llm", "judge": s.judge or s.llm, "threshold": s.judge_threshold} for name in s.chain]
 
     @property
@@ -209,7 +209,7 @@ class _Context:
             s, chain = self.settings, []
             for name in s.chain:
                 if name in MODEL_FREE:
-                    chain.append(MODEL_FREE[name]())
+                    chain.append(MODEL_FREE[name](s))
                 else:
                     judge = s.judge or s.llm
                     chain.append(JudgeVerifier(self.models.get(judge, "judge"), self.judge_tokenizer, s.judge_threshold,
