@@ -125,6 +125,17 @@ def min_rows(text: str) -> tuple[int, ...]:
                                          f"(e.g. 1,2,2,3), got {text!r}") from None
 
 
+def signal_names(text: str) -> list[str]:
+    """``--signals``: comma-separated free signals of the SLM's top-k logits for the router to read, each once."""
+    from ..router_types import SIGNALS
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in SIGNALS for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(SIGNALS)}, comma-separated, each once; got "
+                                         f"{text!r}")
+    return names
+
+
 def widths(text: str) -> list[int]:
     """Comma-separated router block widths, each from 1 to ``MAX_ROUTER_WIDTH``."""
     from ..config import MAX_ROUTER_WIDTH
