@@ -47,6 +47,21 @@ def test_rows_that_join_and_leave_write_what_they_write_alone():
     assert any(b < a for a, b in zip(widths, widths[1:])), "columns no row uses are cut"
 
 
+def test_steps_keep_no_autograd_history_and_rows_keep_only_their_own_states():
+    """Labeling holds hundreds of rows for minutes: a graph through the cache, or a kept view of a whole step's
+    states, grows memory with every step (a real run reached 13 GB before this was guarded)."""
+    model = make_tiny_llm()
+    assert torch.is_grad_enabled()
+    batch = Batch(model, 3)
+    for i in range(3):
+        batch.join(Row(i, 7 + i, 5, frozenset(), keep_hidden=True), read_alone(model, [3, 4, 5 + i]))
+    batch.step()
+    batch.step()
+    assert all(layer.keys.grad_fn is None and not layer.keys.requires_grad for layer in batch.cache.layers)
+    state = batch.rows[0].hidden[0]
+    assert state.grad_fn is None and state.untyped_storage().nbytes() == state.numel() * state.element_size()
+
+
 @torch.no_grad()
 def test_a_row_started_from_a_cut_cache_continues_as_from_its_prefix():
     model = make_tiny_llm().eval()

@@ -51,6 +51,7 @@ class Row:
         return bool(self.written) and (self.written[-1] in self.stops or len(self.written) >= self.max_new)
 
 
+@torch.no_grad()
 def read_alone(model, tokens: list[int]) -> KV:
     """The keys and values of ``tokens`` read by ``model`` alone (one forward, no padding)."""
     if not tokens:
@@ -120,6 +121,7 @@ class Batch:
                 layer.values = torch.cat([_pad_left(layer.values, width, 2), _pad_left(v, width, 2)])
         self.rows.append(row)
 
+    @torch.no_grad()
     def step(self, keep_cache: bool = False) -> list[Row]:
         """Every row reads its pending token and writes the next; returns the rows that ended (they have left).
 
@@ -140,7 +142,7 @@ class Batch:
             row.written.append(token)
             row.pending = token
             if row.keep_hidden:
-                row.hidden.append(hidden[r].detach().cpu())
+                row.hidden.append(hidden[r].clone())  # a copy: a view would keep the whole step's states alive
         ended = [r for r, row in enumerate(self.rows) if row.done]
         for r in ended:
             row = self.rows[r]

@@ -91,6 +91,7 @@ class Stream:
         self.on_disk: deque[tuple[Shard, int]] = deque()  # answers read from disk whose continuations are to start
         self.prompts: deque[tuple[Shard, int]] = deque()
 
+    @torch.no_grad()
     def run(self, shard_ids: list[int], desc: str, progress: bool) -> None:
         pending = deque(self._open(k) for k in shard_ids)
         bar = tqdm(total=len(pending), desc=desc, unit="shard", disable=not progress or not pending)
