@@ -128,7 +128,8 @@ def label(
     llm_tok = _load_tokenizer(settings.llm, "LLM")
     prompts = read_prompts(prompts_path, limit, tokenizer=llm_tok)
     configs = [_text_config(settings.slm, "SLM"), _text_config(settings.llm, "LLM")]
-    check_same_tokenizer(slm_tok, llm_tok, min(int(c.vocab_size) for c in configs), settings.slm, settings.llm)
+    vocab = min(int(c.vocab_size) for c in configs)  # what both can write: the SLM's proposal is its argmax over it
+    check_same_tokenizer(slm_tok, llm_tok, vocab, settings.slm, settings.llm)
     contexts = [c.max_position_embeddings for c in configs if getattr(c, "max_position_embeddings", None)]
     check_context(prompts, llm_tok, settings.max_new_tokens, min(contexts, default=None), prompts_path)
     judge_tok = _load_tokenizer(settings.judge, "judge") if settings.judge and "llm" in settings.chain else llm_tok
@@ -146,7 +147,7 @@ def label(
             barrier()
         work.check_manifest(manifest)
         shards = plan_shards(work, prompts, settings.batch_size)
-        context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards, answers)
+        context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards, answers, vocab)
         if index == 0:
             if LABELS in chosen:  # verdicts alone decide no label set (a judge's scores serve any threshold)
                 check_label_set(work, settings.label_set, context.chain_settings())
@@ -181,9 +182,9 @@ class _Context:
     """Runs one step on one shard, reading the previous steps' shards."""
 
     def __init__(self, settings: LabelSettings, work: WorkDir, tokenizer, judge_tokenizer, models: _Models,
-                 shards: list[list[Prompt]], answers: tuple[int, list[int]]) -> None:
+                 shards: list[list[Prompt]], answers: tuple[int, list[int]], vocab: int) -> None:
         self.settings, self.work, self.tokenizer, self.judge_tokenizer = settings, work, tokenizer, judge_tokenizer
-        self.models, self.shards = models, shards
+        self.models, self.shards, self.vocab = models, shards, vocab
         self.pad_id, self.eos_ids = answers  # answer_ids(...)
         self._ends: frozenset[int] | None = None
         self._chain: list | None = None

@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 
 from ..core.features import HiddenStateCapture, lm_forward
-from ..model.loading import shared_vocab_size as shared_vocab
 from .batching import KV, Batch, Row, read_alone
 from .continuation import continuation_row, logprobs, mismatch_positions, record
 from .prefill import slm_features
@@ -83,13 +82,23 @@ class Stream:
 
     def __init__(self, context, steps: set[Step]) -> None:
         self.c, self.s, self.steps = context, context.settings, steps
-        self.llm = context.models.get(self.s.llm, "LLM")
-        self.batch = Batch(self.llm, self.s.batch_size)
+        self._batch: Batch | None = None
         self.eos = frozenset(context.eos_ids)
         self.stops = self.eos | context.ends  # a continuation ends with its sentence (or the answer)
         self.waiting: deque[tuple[Row, KV]] = deque()  # continuation rows waiting for a place
         self.on_disk: deque[tuple[Shard, int]] = deque()  # answers read from disk whose continuations are to start
         self.prompts: deque[tuple[Shard, int]] = deque()
+
+    @property
+    def llm(self):
+        """The LLM, loaded on first use: features alone (a fresh copy of committed labels) need only the SLM."""
+        return self.c.models.get(self.s.llm, "LLM")
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            self._batch = Batch(self.llm, self.s.batch_size)
+        return self._batch
 
     @torch.no_grad()
     def run(self, shard_ids: list[int], desc: str, progress: bool) -> None:
@@ -101,15 +110,15 @@ class Stream:
                 bar.update(1)
             if pending:
                 self._fill()
-                if not self.batch.rows and not pending[0].complete:
+                if pending[0].complete:
+                    continue
+                if not self.batch.rows:
                     raise RuntimeError(f"Labeling stalled: shard {pending[0].k} waits for rows that are not queued.")
                 self._step()
         bar.close()
 
     def _step(self) -> None:
         """One batch step; its seconds shared equally among the rows it advanced."""
-        if not self.batch.rows:
-            return
         jobs = [row.key for row in self.batch.rows]
         start = time.perf_counter()
         ended = self.batch.step(keep_cache=CONTINUATIONS in self.steps)
@@ -143,16 +152,19 @@ class Stream:
 
     def _fill(self) -> None:
         """Give every free place a row: continuations first, then answers read from disk, then new prompts."""
-        while self.batch.free and (self.waiting or self.on_disk or self.prompts):
+        while self.on_disk:
+            shard, i = self.on_disk[0]  # its continuations wait for room; features alone never reach the batch
+            if CONTINUATIONS in shard.needed and (self.waiting or not self.batch.free):
+                break
+            self.on_disk.popleft()
+            shard.open -= 1
+            self._answered(shard, i, None, None)
+        while (self.waiting or self.prompts) and self.batch.free:
             if self.waiting:
                 row, kv = self.waiting.popleft()
                 start = time.perf_counter()
                 self.batch.join(row, kv)
                 row.key.shard.seconds[CONTINUATIONS.name] += time.perf_counter() - start
-            elif self.on_disk:
-                shard, i = self.on_disk.popleft()
-                shard.open -= 1
-                self._answered(shard, i, None, None)
             else:
                 shard, i = self.prompts.popleft()
                 start = time.perf_counter()
@@ -182,8 +194,8 @@ class Stream:
         sample = shard.samples[i]
         if shard.features[i] is None:
             start = time.perf_counter()
-            slm, llm = self.c.models.get(self.s.slm, "SLM"), self.llm
-            shard.features[i], meta = slm_features(slm, [sample], self.s.num_topk_logits, shared_vocab(slm, llm))
+            slm = self.c.models.get(self.s.slm, "SLM")
+            shard.features[i], meta = slm_features(slm, [sample], self.s.num_topk_logits, self.c.vocab)
             shard.seconds[FEATURES.name] += time.perf_counter() - start
             shard.tokens[FEATURES.name] += meta["tokens"]
         features, prompt, response = shard.features[i], sample["prompt_ids"], sample["response_ids"]
