@@ -88,6 +88,7 @@ class Stream:
         self.waiting: deque[tuple[Row, KV]] = deque()  # continuation rows waiting for a place
         self.on_disk: deque[tuple[Shard, int]] = deque()  # answers read from disk whose continuations are to start
         self.prompts: deque[tuple[Shard, int]] = deque()
+        self.ended = {RESPONSES.name: 0, CONTINUATIONS.name: 0}  # rows ended so far (the progress bar's detail)
 
     @property
     def llm(self):
@@ -115,6 +116,8 @@ class Stream:
                 if not self.batch.rows:
                     raise RuntimeError(f"Labeling stalled: shard {pending[0].k} waits for rows that are not queued.")
                 self._step()
+                bar.set_postfix({"answers": self.ended[RESPONSES.name], "continuations": self.ended[CONTINUATIONS.name]},
+                                refresh=True)
         bar.close()
 
     def _step(self) -> None:
@@ -126,6 +129,7 @@ class Stream:
         for job in jobs:
             job.shard.seconds[job.step] += share
         for row in ended:
+            self.ended[row.key.step] += 1
             self._ended(row)
 
     def _open(self, k: int) -> Shard:
