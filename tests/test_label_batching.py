@@ -115,3 +115,18 @@ def test_continuations_started_from_answers_on_disk_are_the_same(models, tmp_pat
             assert {k: v for k, v in a.items() if "logprob" not in k} == {k: v for k, v in b.items() if "logprob" not in k}
             assert a["llm_logprob"] == pytest.approx(b["llm_logprob"], abs=1e-3)
         assert len(old["mismatches"]) == len(new["mismatches"])
+
+
+def test_batching_does_not_change_the_labels_in_float32(models, tmp_path):
+    """How many rows decode together is not part of the labels (in bf16 it is up to rounding): two batch sizes,
+    the same answers and labels, as benchmarks/router/labeling_speed.py compares the real runs."""
+    from benchmarks.router.labeling_speed import compare
+
+    prompts = write_prompts(tmp_path / "p.jsonl", 7)
+    for size in (2, 7):
+        label(fast_settings(*models, verifiers="code,divergent", batch_size=size), prompts, tmp_path / f"b{size}",
+              progress=False)
+    result = compare(str(tmp_path / "b2"), str(tmp_path / "b7"), "code+divergent")
+    assert result["identical_answers"] == result["prompts"] == 7
+    assert result["same_label"] == result["same_slm_proposal"] == result["tokens_of_identical_answers"] > 0
+    assert result["counts"]["before"] == result["counts"]["after"] and result["batch_size"] == {"before": 2, "after": 7}
