@@ -4,7 +4,7 @@ once and a waiting row takes its place (as the server's slots do), so no step de
 The rows share one left-padded rectangle: each layer's keys and values [rows, heads, width, dim] and a mask [rows,
 width]. A row joins with the keys and values of what it has read (a prompt read alone, or a cut of another row's
 cache: a continuation starts from its answer's), left-padded to the rectangle's width (or the rectangle widened to
-it), and with one *pending* token it has not read yet. A step feeds every row's pending token, takes the argmax of
+it), and with the one token it reads next (``feed``). A step feeds every row's next token, takes the argmax of
 its logits as the row's next token, and the rows that end leave; columns that no row uses any more are cut.
 
 An answer here is the greedy answer ``generate`` gives (positions from the mask, padding masked out); in bf16 it may
@@ -31,14 +31,14 @@ class Row:
 
     Args:
         key: the caller's handle.
-        pending: the token it reads next (its last prompt token, or the token a continuation starts from).
+        feed: the token it reads next (its last prompt token, or the token a continuation starts from).
         max_new: it ends after writing this many tokens ...
         stops: ... or once it writes one of these.
         keep_hidden: keep the model's last hidden state (post-norm) of every step (``hidden``).
     """
 
     key: Any
-    pending: int
+    feed: int
     max_new: int
     stops: frozenset[int]
     keep_hidden: bool = False
@@ -123,14 +123,14 @@ class Batch:
 
     @torch.no_grad()
     def step(self, keep_cache: bool = False) -> list[Row]:
-        """Every row reads its pending token and writes the next; returns the rows that ended (they have left).
+        """Every row reads its next token (``feed``) and writes the one after; returns the rows that ended (they have left).
 
         Args:
             keep_cache: an ended row that asked for ``keep_hidden`` keeps its cache (``Row.kv``) for continuations.
         """
         if not self.rows:
             return []
-        ids = torch.tensor([[r.pending] for r in self.rows])
+        ids = torch.tensor([[r.feed] for r in self.rows])
         positions = self.mask.sum(-1, keepdim=True)  # each row's next position: the tokens it has read
         mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.long)], dim=1)
         with HiddenStateCapture(self.model) as capture:
@@ -140,7 +140,7 @@ class Batch:
         tokens = logits.argmax(-1).tolist()
         for r, (row, token) in enumerate(zip(self.rows, tokens)):
             row.written.append(token)
-            row.pending = token
+            row.feed = token
             if row.keep_hidden:
                 row.hidden.append(hidden[r].clone())  # a copy: a view would keep the whole step's states alive
         ended = [r for r, row in enumerate(self.rows) if row.done]
