@@ -15,7 +15,7 @@ from typing import Any
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from .router_types import ROUTER_TYPES  # noqa: F401 - declared there, re-exported here
+from .router_types import ROUTER_TYPES, SIGNALS  # noqa: F401 - declared there, re-exported here
 
 DEFAULT_THRESHOLD = 0.5  # route where score >= 0.5: the default of an uncalibrated router
 DEFAULT_NUM_TOPK = 100  # the paper's router reads the top-100 raw SLM logits
@@ -52,6 +52,8 @@ class R2RConfig(PreTrainedConfig):
         router_dropout: dropout rate during training.
         normalize_input: apply LayerNorm to hidden/embedding and softmax to the
             logits before projecting (off in every published router).
+        router_signals: free signals of the SLM's top-k logits the MLP router also reads (``entropy``, ``margin``);
+            none in the paper's router and every published one.
         threshold: route to the LLM when ``score >= threshold`` (the default of every call).
         random_seed: the random baseline's seed: keys the draws of rows without a seed of their own (``RandomRouter``).
     """
@@ -70,6 +72,7 @@ class R2RConfig(PreTrainedConfig):
     router_expansion: int = 4
     router_dropout: float = 0.1
     normalize_input: bool = False
+    router_signals: list[str] | None = None
     threshold: float = DEFAULT_THRESHOLD
     random_seed: int = 0
 
@@ -96,6 +99,10 @@ class R2RConfig(PreTrainedConfig):
         if not self.router_hidden_dims:
             raise ValueError("router_hidden_dims must name at least one block width, e.g. [1024] * 6.")
         self.router_hidden_dims = [int(d) for d in self.router_hidden_dims]
+        self.router_signals = list(self.router_signals or [])
+        unknown = [name for name in self.router_signals if name not in SIGNALS]
+        if unknown or len(set(self.router_signals)) != len(self.router_signals):
+            raise ValueError(f"router_signals={self.router_signals} must name each of {', '.join(SIGNALS)} at most once.")
         if not all(1 <= d <= MAX_ROUTER_WIDTH for d in self.router_hidden_dims):
             raise ValueError(f"router_hidden_dims must be widths from 1 to {MAX_ROUTER_WIDTH}, got "
                              f"{self.router_hidden_dims}.")
@@ -125,8 +132,10 @@ def router_parameters(config: R2RConfig) -> int:
     """How many parameters the MLP router ``config`` describes has (see ``router.MLPRouter``)."""
     hidden, embed, k, dims, x = (config.slm_hidden_size, config.slm_embedding_size, config.num_topk_logits,
                                  config.router_hidden_dims, config.router_expansion)
+    n = len(config.router_signals or [])
     count = 2 * (hidden + embed) if config.normalize_input else 0
-    count += (k + 1) * hidden + (2 * hidden + embed + 1) * dims[0] + (dims[0] + 1) * dims[0]
+    count += (k + 1) * hidden + (2 * hidden + embed + n + 1) * dims[0] + (dims[0] + 1) * dims[0]
+    count += n + 1 if n else 0  # the signal head
     for d_in, d_out in zip(dims, dims[1:] + dims[-1:]):
         count += 2 * d_in + (d_in + 1) * x * d_in + (x * d_in + 1) * d_out
         count += (d_in + 1) * d_out if d_in != d_out else 0

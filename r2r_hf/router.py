@@ -102,13 +102,52 @@ class Backbone(nn.Module):
         return self.output_layer(x).squeeze(-1)
 
 
+def normalised_entropy(topk_logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over the top-k logits, divided by ln(k): in [0, 1], float32."""
+    logp = topk_logits.float().log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1) / math.log(max(topk_logits.shape[-1], 2))
+
+
+def signals(topk_logits: torch.Tensor, names: list[str]) -> torch.Tensor:
+    """The free signals ``names`` of the SLM's top-k logits [B, k] as [B, len(names)] float32: ``entropy``
+    (normalised, as the entropy baseline scores) and ``margin`` (the gap between the two largest raw logits)."""
+    if not names:
+        return topk_logits.new_zeros(topk_logits.shape[0], 0, dtype=torch.float32)
+    values = {"entropy": lambda: normalised_entropy(topk_logits),
+              "margin": lambda: (topk_logits[:, 0] - topk_logits[:, 1]).float()}
+    return torch.stack([values[name]() for name in names], dim=-1)
+
+
+class SignalHead(nn.Linear):
+    """The free signals straight to the router's logit, beside the backbone: initialised to the entropy baseline's
+    ranking (the backbone's last layer starts at zero), so training starts from entropy and corrects it."""
+
+    ENTROPY_WEIGHT, BIAS = 10.0, -3.0  # sigmoid(10 * entropy - 3): entropy's order, spread over the score's range
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(len(names), 1)
+        self.names = list(names)
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+        nn.init.constant_(self.bias, self.BIAS)
+        with torch.no_grad():
+            for i, name in enumerate(getattr(self, "names", ())):
+                if name == "entropy":
+                    self.weight[0, i] = self.ENTROPY_WEIGHT
+
+
 class MLPRouter(Router):
     """The paper's router: concat[hidden, token embedding, projected logits] -> residual MLP -> logit.
+
+    With ``router_signals`` (``entropy``, ``margin``: computed from the top-k logits it reads anyway, so it needs
+    nothing the paper's router does not) the signals join the concatenation, and a ``SignalHead`` adds them to the
+    logit directly: the router starts from the entropy baseline and learns what it misses.
 
     Args:
         config: gives ``slm_hidden_size`` (H), ``slm_embedding_size`` (E),
             ``num_topk_logits`` (k), ``router_hidden_dims``, ``router_expansion``,
-            ``router_dropout`` and ``normalize_input``.
+            ``router_dropout``, ``normalize_input`` and ``router_signals``.
     """
 
     def __init__(self, config: R2RConfig) -> None:
@@ -123,21 +162,28 @@ class MLPRouter(Router):
         if self.normalize_input:
             self.layer_norm_hidden_states = nn.LayerNorm(hidden)
             self.layer_norm_token = nn.LayerNorm(embed)
+        self.signal_names = list(config.router_signals)
+        n = len(self.signal_names)
         self.logits_projection = nn.Linear(k, hidden)
-        self.combined_projection = nn.Linear(hidden + embed + hidden, config.router_hidden_dims[0])
+        self.combined_projection = nn.Linear(hidden + embed + hidden + n, config.router_hidden_dims[0])
         self.backbone = Backbone(config.router_hidden_dims, config.router_expansion, config.router_dropout)
+        if n:
+            self.signal_head = SignalHead(self.signal_names)
+            self.backbone.output_layer[1].starts_at_zero = True
 
     def forward(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Returns the router logit [B]; ``sigmoid`` of it is the score."""
         dtype = self.logits_projection.weight.dtype
+        free = signals(topk_logits, self.signal_names).to(dtype)  # from the raw logits, before any normalisation
         topk_logits, token_embedding, hidden = topk_logits.to(dtype), token_embedding.to(dtype), hidden.to(dtype)
         if self.normalize_input:
             hidden = self.layer_norm_hidden_states(hidden)
             token_embedding = self.layer_norm_token(token_embedding)
             topk_logits = topk_logits.softmax(-1)
-        # Concatenation order is the official one: [hidden, token embedding, projected logits].
-        x = torch.cat([hidden, token_embedding, self.logits_projection(topk_logits)], dim=-1)
-        return self.backbone(self.combined_projection(x))
+        # Concatenation order is the official one: [hidden, token embedding, projected logits] (then any signals).
+        x = torch.cat([hidden, token_embedding, self.logits_projection(topk_logits), free], dim=-1)
+        logit = self.backbone(self.combined_projection(x))
+        return logit + self.signal_head(free).squeeze(-1) if self.signal_names else logit
 
     def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         # The sigmoid in fp32: in a bf16 copy (core/fast/router_copy.py) a bf16 score near the threshold moves in steps of
@@ -149,9 +195,7 @@ class EntropyRouter(Router):
     """Baseline: entropy of the SLM's top-k distribution, divided by ln(k) so it lies in [0, 1]."""
 
     def scores(self, topk_logits: torch.Tensor, token_embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        logp = topk_logits.float().log_softmax(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        return entropy / math.log(max(topk_logits.shape[-1], 2))
+        return normalised_entropy(topk_logits)
 
 
 class RandomRouter(Router):
@@ -222,9 +266,13 @@ def build_router(config: R2RConfig) -> Router:
 
 
 def init_router_module(module: nn.Module) -> None:
-    """Initialise one router module as the paper does (Kaiming-normal backbone, default projections)."""
+    """Initialise one router module as the paper does (Kaiming-normal backbone, default projections); with signals,
+    the backbone's last layer at zero and the signal head at the entropy baseline (``SignalHead``)."""
     if isinstance(module, BackboneLinear):
-        nn.init.kaiming_normal_(module.weight)
+        if getattr(module, "starts_at_zero", False):
+            nn.init.zeros_(module.weight)
+        else:
+            nn.init.kaiming_normal_(module.weight)
         nn.init.zeros_(module.bias)
     elif isinstance(module, (nn.Linear, nn.LayerNorm)):
         module.reset_parameters()

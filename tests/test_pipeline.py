@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pipeline_helpers import fast_settings, write_prompts
 from r2r_hf.pipeline import label, load_labels, read_prompts
 from r2r_hf.pipeline.sentences import compare_sentences, sentence_end_ids
-from r2r_hf.pipeline.store import read_json, read_tensors
+from r2r_hf.pipeline.runner import shard_mismatches
+from r2r_hf.pipeline.store import WorkDir, read_json, read_tensors
 from r2r_hf.pipeline.verifiers.judge import JudgeVerifier, render
 
 
@@ -104,8 +105,9 @@ def test_judge_prefix_sharing_changes_no_score(models, finished_run):
     work, _, _ = finished_run
     verifier = AutoModelForCausalLM.from_pretrained(models[2])
     tok = AutoTokenizer.from_pretrained(models[2])
-    items = read_json(work / "continuations" / "shard-00000.json")["mismatches"][:7]
-    requests = [render(tok, i["context"], i["slm_sentence"], i["llm_sentence"]) for i in items]
+    samples = read_json(work / "responses" / "shard-00000.json")["samples"]
+    items = shard_mismatches(WorkDir(work), 0, samples, tok, sentence_end_ids(tok), [2], 32)[:7]
+    requests = [render(tok, i.context, i.slm_sentence, i.llm_sentence) for i in items]
     shared = JudgeVerifier(verifier, tok, batch_size=3, share_prefix=True).scores(requests)
     plain = [JudgeVerifier(verifier, tok, share_prefix=False).scores([r])[0] for r in requests]
     assert shared == pytest.approx(plain, abs=1e-4)
@@ -215,7 +217,7 @@ def test_two_accelerate_processes_label_the_same_as_one(finished_run, models, tm
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     bars = result.stderr.replace("\r", "\n")
-    assert "responses (process 0)" in bars and "responses (process 1)" in bars, "two processes shared the work"
+    assert "continuations (process 0)" in bars and "continuations (process 1)" in bars, "two processes shared the work"
     _same_run(reference, out)
 
 

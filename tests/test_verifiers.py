@@ -62,7 +62,7 @@ def test_code_verifier_quote_style_and_strings_the_code_uses():
 
 def test_chain_names_are_checked():
     assert parse_chain("code, llm") == ("code", "llm")
-    with pytest.raises(ValueError, match="Unknown verifier 'cod'; choose from code, llm"):
+    with pytest.raises(ValueError, match="Unknown verifier 'cod'; choose from code, maths, logprob, llm"):
         parse_chain("cod")
     with pytest.raises(ValueError, match="twice"):
         parse_chain("llm,llm")

@@ -84,7 +84,7 @@ class Runner:
     """The loaded pair, the router and its baselines, and one greedy generation per call."""
 
     def __init__(self, router_dir: str, labels: str | None, max_new_tokens: int, dtype: torch.dtype,
-                 label_set: str | None = None):
+                 label_set: str | None = None, messages=humaneval_messages):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.slm_dir, self.llm_dir = fetch("slm", quiet=True), fetch("llm", quiet=True)
@@ -92,6 +92,7 @@ class Runner:
         self.llm = AutoModelForCausalLM.from_pretrained(self.llm_dir, dtype=dtype).eval()
         self.tok = AutoTokenizer.from_pretrained(self.slm_dir)
         self.router_dir, self._r2r = router_dir, None
+        self.messages = messages  # a task -> the chat messages that ask it
         self.labels, self.label_set, self.max_new_tokens = labels, label_set, max_new_tokens
         self.params = {"slm": sum(p.numel() for p in self.slm.parameters()),
                        "llm": sum(p.numel() for p in self.llm.parameters())}
@@ -146,13 +147,14 @@ class Runner:
             model: an R2R model whose router scores the SLM's features.
             answers: (HumanEval problem, answer text) pairs.
         """
-        samples = [{"id": p["task_id"], "prompt_ids": self.tok(self.chat_text(p), add_special_tokens=False)["input_ids"],
-                    "response_ids": self.tok(answer, add_special_tokens=False)["input_ids"]} for p, answer in answers]
+        samples = [{"id": str(i), "prompt_ids": self.tok(self.chat_text(p), add_special_tokens=False)["input_ids"],
+                    "response_ids": self.tok(answer, add_special_tokens=False)["input_ids"]}
+                   for i, (p, answer) in enumerate(answers)]
         return router_scores_over(model, samples)
 
     def chat_text(self, problem: dict) -> str:
         """The task as the models see it: the chat template with the generation prompt."""
-        return self.tok.apply_chat_template(humaneval_messages(problem), add_generation_prompt=True, tokenize=False)
+        return self.tok.apply_chat_template(self.messages(problem), add_generation_prompt=True, tokenize=False)
 
     def baseline(self, kind: str):
         from benchmarks.quality.router_quality import baseline_like

@@ -44,7 +44,8 @@ def draw(run: str, n: int, seed: int = 0) -> list[dict]:
     for k in work.shards("continuations"):
         samples = read_json(work.shard("responses", k))["samples"]
         mismatches = read_json(work.shard("continuations", k))["mismatches"]
-        for item, m in zip(shard_mismatches(work, k, samples, tok, ends, eos), mismatches):
+        for item, m in zip(shard_mismatches(work, k, samples, tok, ends, eos, work.manifest()["context_tokens"]),
+                           mismatches):
             if m["identical"]:
                 continue
             verdict = code.judge_one(item)

@@ -99,6 +99,7 @@ def _bounded(expected: str, accept) -> type:
 # AdamW diverges far below 1, and at 0 nothing is learnt; a dropout of 1 drops everything.
 learning_rate = _bounded("a learning rate in (0, 1] (the paper's is 5e-5)", lambda v: 0 < v <= 1)
 finite_non_negative = _bounded("a finite number >= 0", lambda v: 0 <= v < math.inf)
+finite_non_positive = _bounded("a finite number <= 0 (a log-probability)", lambda v: -math.inf < v <= 0)
 dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
 positive_seconds = _bounded("a finite number of seconds > 0", lambda v: 0 < v < math.inf)
 
@@ -133,6 +134,17 @@ def draft_block(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number of drafted steps from 1 to {MAX_BLOCK} (1: off), "
                                          f"got {text!r}") from None
+
+
+def signal_names(text: str) -> list[str]:
+    """``--signals``: comma-separated free signals of the SLM's top-k logits for the router to read, each once."""
+    from ..router_types import SIGNALS
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in SIGNALS for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(SIGNALS)}, comma-separated, each once; got "
+                                         f"{text!r}")
+    return names
 
 
 def widths(text: str) -> list[int]:

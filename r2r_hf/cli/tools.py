@@ -24,6 +24,7 @@ from .options import (
     require_dir,
     seed,
     settings_from,
+    signal_names,
     widths,
 )
 
@@ -121,6 +122,9 @@ def _setup_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-dims", type=widths,
                    help="residual block widths, e.g. 512,512,512 (default: sized to the data)")
     p.add_argument("--expansion", type=positive_int, default=4, help="MLP expansion inside each block")
+    p.add_argument("--signals", type=signal_names, default=[],
+                   help="free signals of the SLM's top-k logits the router also reads, starting from the entropy "
+                        "baseline: entropy, margin (default: none, the paper's router)")
     p.add_argument("--dropout", type=dropout, default=0.1)
     p.add_argument("--device", type=device(), default="cpu", help="where to train: cpu, cuda, cuda:N, mps")
     _add_overwrite(p)
@@ -130,7 +134,8 @@ def _run_train(args: argparse.Namespace) -> int:
     from ..training import train_router
 
     settings = settings_from(args, TrainSettings)
-    extra = {"router_type": args.router_type, "router_expansion": args.expansion, "router_dropout": args.dropout}
+    extra = {"router_type": args.router_type, "router_expansion": args.expansion, "router_dropout": args.dropout,
+             "router_signals": args.signals}
     if args.hidden_dims:
         extra["router_hidden_dims"] = args.hidden_dims
     model = train_router(args.data, args.out, settings, recall=args.recall, llm_rate=args.llm_rate,

@@ -1,131 +1,53 @@
-"""Step 2: at each mismatch, the LLM continues from the shared prefix plus the SLM's token
-to the end of the sentence; the LLM's own sentence comes from its reference answer.
+"""Step 2: at each mismatch, the LLM continues from the shared prefix plus the SLM's token to the end of the
+sentence; the LLM's own sentence comes from its reference answer.
 
-The LLM reads each answer once. Every continuation of that answer starts from the same
-KV cache cut at its mismatch position: the cuts are left-padded into one batch, so no
-prefix is read twice and the continuations of an answer decode together.
+A continuation starts from its answer's cache cut at the mismatch (the answer is never read again: where the answer
+was written in the same batch, its cache is the one it was written with), and decodes in the labeling run's one
+continuous batch beside other answers and continuations (``batching.Batch``). Each mismatch also records the LLM's
+log-probability of the SLM's token and of its own there, read off the LLM's hidden state at that step.
+
+A record holds token ids only (``RECORD_FIELDS``); the two sentences a verifier compares are rebuilt from them
+(``sentences.compare_sentences``), so a run's continuations stay small enough to keep with the router they train.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
-from transformers import PreTrainedModel, StoppingCriteria, StoppingCriteriaList
-from transformers.cache_utils import DynamicCache
 
-from ..compat import cache_argument
-from ..core.features import input_device, lm_forward
-from .reference import greedy_config
+from .batching import KV, Row, cut
 from .sentences import compare_sentences
 
-
-class StopAtSentenceEnd(StoppingCriteria):
-    """Stops a row once its newest token ends a sentence."""
-
-    def __init__(self, ends: frozenset[int]) -> None:
-        self.ends = torch.tensor(sorted(ends), dtype=torch.long)
-
-    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
-        return torch.isin(input_ids[:, -1], self.ends.to(input_ids.device))
+RECORD_FIELDS = ("sample", "position", "row", "slm_token", "real_token", "continuation", "identical",
+                 "llm_logprob", "llm_own_logprob")
 
 
-def _cut_cache(llm: PreTrainedModel, full: DynamicCache, lengths: list[int]) -> DynamicCache:
-    """A batch cache whose row r holds the first ``lengths[r]`` positions of ``full``, left-padded."""
-    width = max(lengths)
-    cache = DynamicCache(config=llm.config)
-    for layer_index, layer in enumerate(full.layers):
-        keys, values = [], []
-        for n in lengths:
-            pad = width - n
-            k, v = layer.keys[:, :, :n], layer.values[:, :, :n]
-            keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-            values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-        cache.update(torch.cat(keys), torch.cat(values), layer_index)
-    return cache
+def mismatch_positions(slm_tokens: torch.Tensor, real_tokens: torch.Tensor) -> list[int]:
+    """The answer positions where the SLM's proposal differs from the LLM's token."""
+    return (slm_tokens != real_tokens).nonzero().flatten().tolist()
 
 
 @torch.no_grad()
-def continue_mismatches(
-    llm: PreTrainedModel,
-    tokenizer,
-    samples: list[dict],
-    features: dict[str, torch.Tensor],
-    ends: frozenset[int],
-    eos_ids: list[int],
-    pad_id: int,
-    batch_size: int,
-    max_tokens: int,
-    context_tokens: int,
-) -> dict:
-    """LLM continuations and sentence pairs for every mismatch of a shard.
-
-    Args:
-        llm: the large model.
-        tokenizer: shared tokenizer (decodes the sentences).
-        samples: step-0 samples of the shard.
-        features: step-1 tensors of the shard (``sample``, ``position``, ``slm_token``, ``real_token``).
-        ends: sentence-end token ids.
-        eos_ids, pad_id: special tokens.
-        batch_size: continuations decoded together.
-        max_tokens: bound on a continuation's length.
-        context_tokens: preceding tokens shown to the verifier.
-
-    Returns:
-        ``{"mismatches": [{"sample", "position", "slm_token", "real_token", "continuation",
-        "context", "slm_sentence", "llm_sentence", "identical"}], "tokens", "seconds"}``.
-    """
-    start = time.perf_counter()
-    where = (features["slm_token"] != features["real_token"]).nonzero().flatten().tolist()
-    by_sample: dict[int, list[int]] = {}
-    for row in where:
-        by_sample.setdefault(int(features["sample"][row]), []).append(row)
-    config = greedy_config(llm, max_tokens, pad_id, eos_ids)
-    stop = StoppingCriteriaList([StopAtSentenceEnd(ends)])
-    eos_set = frozenset(eos_ids)
-    device = input_device(llm)
-    mismatches, tokens = [], 0
-    for sample_index, rows in sorted(by_sample.items()):
-        sample = samples[sample_index]
-        sequence = sample["prompt_ids"] + sample["response_ids"]
-        full = DynamicCache(config=llm.config)
-        lm_forward(llm, torch.tensor([sequence]), None, None, full)
-        tokens += len(sequence)
-        for chunk_start in range(0, len(rows), batch_size):
-            chunk = rows[chunk_start : chunk_start + batch_size]
-            positions = [int(features["position"][r]) for r in chunk]
-            slm_tokens = [int(features["slm_token"][r]) for r in chunk]
-            lengths = [len(sample["prompt_ids"]) + j for j in positions]
-            width = max(lengths)
-            ids = torch.full((len(chunk), width + 1), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width + 1), dtype=torch.long)
-            for r, (n, s) in enumerate(zip(lengths, slm_tokens)):
-                ids[r, width - n : width] = torch.tensor(sequence[:n])
-                ids[r, width] = s
-                mask[r, width - n :] = 1
-            cache = _cut_cache(llm, full, lengths)
-            out = llm.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), **cache_argument(cache),
-                generation_config=config, stopping_criteria=stop,
-            )
-            for r, (row, j, s) in enumerate(zip(chunk, positions, slm_tokens)):
-                generated = [] if s in eos_set else _trim(out[r, width + 1 :].tolist(), ends, eos_set)
-                tokens += len(generated) + 1
-                comparison = compare_sentences(
-                    tokenizer, sample["response_ids"], j, s, generated, ends, eos_set, context_tokens
-                )
-                mismatches.append({
-                    "sample": sample_index, "position": j, "row": row, "slm_token": s,
-                    "real_token": int(features["real_token"][row]), "continuation": generated,
-                    "context": comparison.context, "slm_sentence": comparison.slm_sentence,
-                    "llm_sentence": comparison.llm_sentence, "identical": comparison.identical,
-                })
-    return {"mismatches": mismatches, "tokens": tokens, "seconds": time.perf_counter() - start}
+def logprobs(llm, hidden: torch.Tensor, tokens: list[int]) -> list[float]:
+    """The LLM's log-probability of ``tokens[i]`` after its post-norm hidden state ``hidden[i]`` (float32)."""
+    if not tokens:
+        return []
+    head = llm.get_output_embeddings()
+    logits = head(hidden.to(head.weight.device, head.weight.dtype)).float().log_softmax(-1)
+    return logits[torch.arange(len(tokens)), torch.tensor(tokens, device=logits.device)].tolist()
 
 
-def _trim(generated: list[int], ends: frozenset[int], eos: frozenset[int]) -> list[int]:
-    """A continuation up to its first sentence end or end of answer (inclusive); later tokens are padding."""
-    for i, token in enumerate(generated):
-        if token in ends or token in eos:
-            return generated[: i + 1]
-    return generated
+def continuation_row(key, answer_kv: KV, read: int, slm_token: int, stops: frozenset[int], max_tokens: int) -> tuple[Row, KV]:
+    """The row that continues after ``slm_token`` from the first ``read`` tokens of its answer's cache."""
+    return Row(key, slm_token, max_tokens, stops), cut(answer_kv, read)
+
+
+def record(tokenizer, sample: dict, index: int, position: int, slm_token: int, continuation: list[int],
+           ends: frozenset[int], eos: frozenset[int], context_tokens: int, logprob: tuple[float, float]) -> dict:
+    """One mismatch as a continuations shard keeps it (``row``, its index in the shard's features, is set when the
+    shard is written)."""
+    comparison = compare_sentences(tokenizer, sample["response_ids"], position, slm_token, continuation, ends, eos,
+                                   context_tokens)
+    return {"sample": index, "position": position, "row": None, "slm_token": slm_token,
+            "real_token": sample["response_ids"][position], "continuation": continuation,
+            "identical": comparison.identical, "llm_logprob": round(logprob[0], 4),
+            "llm_own_logprob": round(logprob[1], 4)}

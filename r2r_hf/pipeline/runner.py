@@ -22,19 +22,17 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from ..model.loading import load_base_model, shared_vocab_size
+from ..model.loading import load_base_model
 from ..model.sources import Unavailable, resolve
 from ..model.tokens import check_same_tokenizer, special_ids, tokenizer_fingerprint
-from .continuation import continue_mismatches
 from .dataset import check_label_set, write_label_set
-from .prefill import slm_features
 from .prompts import Prompt, check_context, read_prompts
-from .reference import reference_responses
-from .sentences import mismatch_texts, sentence_end_ids
+from .sentences import compare_sentences, mismatch_texts, sentence_end_ids
 from .settings import RUN_FIELDS, LabelSettings  # noqa: F401 - LabelSettings is imported from here too
-from .shards import plan_shards, prompt_hash
-from .steps import BY_NAME, CONTINUATIONS, FEATURES, LABELS, NAMES, RESPONSES, VERDICTS, Step
-from .store import FORMAT, WorkDir, read_json, read_tensors, write_json, write_tensors
+from .shards import plan_shards
+from .steps import BY_NAME, CONTINUATIONS, LABELS, NAMES, RESPONSES, VERDICTS, Step
+from .store import FORMAT, WorkDir, read_json
+from .stream import STEPS as STREAMED, Stream
 from .verifiers import MODEL_FREE, JudgeVerifier, Mismatch
 from .verifiers.chain import ShardDecisions, judge_shard, read_decisions
 
@@ -130,7 +128,8 @@ def label(
     llm_tok = _load_tokenizer(settings.llm, "LLM")
     prompts = read_prompts(prompts_path, limit, tokenizer=llm_tok)
     configs = [_text_config(settings.slm, "SLM"), _text_config(settings.llm, "LLM")]
-    check_same_tokenizer(slm_tok, llm_tok, min(int(c.vocab_size) for c in configs), settings.slm, settings.llm)
+    vocab = min(int(c.vocab_size) for c in configs)  # what both can write: the SLM's proposal is its argmax over it
+    check_same_tokenizer(slm_tok, llm_tok, vocab, settings.slm, settings.llm)
     contexts = [c.max_position_embeddings for c in configs if getattr(c, "max_position_embeddings", None)]
     check_context(prompts, llm_tok, settings.max_new_tokens, min(contexts, default=None), prompts_path)
     judge_tok = _load_tokenizer(settings.judge, "judge") if settings.judge and "llm" in settings.chain else llm_tok
@@ -148,19 +147,25 @@ def label(
             barrier()
         work.check_manifest(manifest)
         shards = plan_shards(work, prompts, settings.batch_size)
-        context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards, answers)
+        context = _Context(settings, work, llm_tok, judge_tok, _Models(settings, device), shards, answers, vocab)
         if index == 0:
             if LABELS in chosen:  # verdicts alone decide no label set (a judge's scores serve any threshold)
                 check_label_set(work, settings.label_set, context.chain_settings())
             work.record_manifest(manifest)
             barrier()
         mine = [k for k in range(len(shards)) if k % count == index]
-        # Steps 0-3 on this process's shards, in the order given; the labels step is the main process's, after all.
-        for step in chosen[: chosen.index(LABELS) if LABELS in chosen else len(chosen)]:
-            todo = [k for k in mine if not context.done(step, k)]
-            for k in tqdm(todo, desc=f"{step} (process {index})" if count > 1 else step.name, unit="shard",
+        # Steps 0-2 of this process's shards through one continuous batch, then step 3; the labels step is the main
+        # process's, after all.
+        early = {s for s in chosen if s in STREAMED}
+        todo = [k for k in mine if any(not context.done(s, k) for s in early)]
+        if todo:
+            name = "answers, features, continuations"
+            Stream(context, early).run(todo, f"{name} (process {index})" if count > 1 else name, progress)
+        if VERDICTS in chosen:
+            todo = [k for k in mine if not context.done(VERDICTS, k)]
+            for k in tqdm(todo, desc=f"verdicts (process {index})" if count > 1 else "verdicts", unit="shard",
                           disable=not progress or not todo):
-                context.run(step, k)
+                context.verdicts(k)
         barrier()
         if index != 0 or LABELS not in chosen:
             return None
@@ -177,9 +182,9 @@ class _Context:
     """Runs one step on one shard, reading the previous steps' shards."""
 
     def __init__(self, settings: LabelSettings, work: WorkDir, tokenizer, judge_tokenizer, models: _Models,
-                 shards: list[list[Prompt]], answers: tuple[int, list[int]]) -> None:
+                 shards: list[list[Prompt]], answers: tuple[int, list[int]], vocab: int) -> None:
         self.settings, self.work, self.tokenizer, self.judge_tokenizer = settings, work, tokenizer, judge_tokenizer
-        self.models, self.shards = models, shards
+        self.models, self.shards, self.vocab = models, shards, vocab
         self.pad_id, self.eos_ids = answers  # answer_ids(...)
         self._ends: frozenset[int] | None = None
         self._chain: list | None = None
@@ -195,7 +200,7 @@ class _Context:
     def chain_settings(self) -> list[dict[str, Any]]:
         """What decides the label set, without loading a judge: each verifier's settings."""
         s = self.settings
-        return [MODEL_FREE[name]().settings() if name in MODEL_FREE else
+        return [MODEL_FREE[name](s).settings() if name in MODEL_FREE else
                 {"name": "llm", "judge": s.judge or s.llm, "threshold": s.judge_threshold} for name in s.chain]
 
     @property
@@ -205,7 +210,7 @@ class _Context:
             s, chain = self.settings, []
             for name in s.chain:
                 if name in MODEL_FREE:
-                    chain.append(MODEL_FREE[name]())
+                    chain.append(MODEL_FREE[name](s))
                 else:
                     judge = s.judge or s.llm
                     chain.append(JudgeVerifier(self.models.get(judge, "judge"), self.judge_tokenizer, s.judge_threshold,
@@ -229,7 +234,7 @@ class _Context:
     def samples(self, k: int) -> list[dict]:
         """Shard k's responses (read once while steps 1-3 run on it)."""
         if k not in self._samples:
-            path = self._require(RESPONSES, k)
+            path = self.require(RESPONSES, k)
             # plan_shards checked an answered shard's prompts against this prompts file; this run wrote the others.
             self._samples = {k: read_json(path, RESPONSES)["samples"]}  # the shard at hand only: steps 1-3 read it in turn
         return self._samples[k]
@@ -238,38 +243,14 @@ class _Context:
         return [m["identical"] for m in self.work.read(CONTINUATIONS, k)["mismatches"]]
 
     @torch.no_grad()
-    def run(self, step: Step, k: int) -> None:
-        {RESPONSES: self._responses, FEATURES: self._features, CONTINUATIONS: self._continuations,
-         VERDICTS: self._verdicts}[step](k)
-
-    def _responses(self, k: int) -> None:
-        s = self.settings
-        result = reference_responses(self.models.get(s.llm, "LLM"), self.tokenizer, self.shards[k], s.max_new_tokens,
-                                     self.pad_id, self.eos_ids)
-        result["prompt_hash"] = prompt_hash(self.shards[k])
-        write_json(self.work.shard(RESPONSES, k), result)
-
-    def _features(self, k: int) -> None:
-        s = self.settings
-        slm, llm = self.models.get(s.slm, "SLM"), self.models.get(s.llm, "LLM")
-        tensors, meta = slm_features(slm, self.samples(k), s.num_topk_logits, shared_vocab_size(slm, llm))
-        write_tensors(self.work.shard(FEATURES, k), tensors, meta)
-
-    def _continuations(self, k: int) -> None:
-        s = self.settings
-        features, _ = read_tensors(self._require(FEATURES, k), ["sample", "position", "slm_token", "real_token"])
-        result = continue_mismatches(
-            self.models.get(s.llm, "LLM"), self.tokenizer, self.samples(k), features, self.ends, self.eos_ids,
-            self.pad_id, s.batch_size, s.continuation_max_tokens, s.context_tokens,
-        )
-        write_json(self.work.shard(CONTINUATIONS, k), result)
-
-    def _verdicts(self, k: int) -> None:
-        self._require(CONTINUATIONS, k)
-        items = shard_mismatches(self.work, k, self.samples(k), self.tokenizer, self.ends, self.eos_ids)
+    def verdicts(self, k: int) -> None:
+        """Step 3 on shard k: each verifier of the chain asked what the ones before it passed on."""
+        self.require(CONTINUATIONS, k)
+        items = shard_mismatches(self.work, k, self.samples(k), self.tokenizer, self.ends, self.eos_ids,
+                                 self.settings.context_tokens)
         judge_shard(self.work, k, self.chain, items, self.identical(k))
 
-    def _require(self, step: Step, k: int):
+    def require(self, step: Step, k: int):
         path = self.work.shard(step, k)
         if not path.exists():
             raise ValueError(f"Shard {k} has no {step} yet; run the '{step}' step first.")
@@ -289,8 +270,8 @@ def answer_ids(tokenizer, llm: str) -> tuple[int, list[int]]:
 
 
 def shard_mismatches(work: WorkDir, k: int, samples: list[dict], tokenizer, ends: frozenset[int],
-                     eos_ids: list[int]) -> list[Mismatch]:
-    """Shard k's mismatches as the text a verifier reads.
+                     eos_ids: list[int], context_tokens: int) -> list[Mismatch]:
+    """Shard k's mismatches as the text a verifier reads (rebuilt from the token ids a continuations shard keeps).
 
     Args:
         work: the run.
@@ -298,10 +279,15 @@ def shard_mismatches(work: WorkDir, k: int, samples: list[dict], tokenizer, ends
         samples: its step-0 samples.
         tokenizer: the pair's tokenizer.
         ends, eos_ids: sentence-end and end-of-answer ids.
+        context_tokens: how much of the answer before the sentence a judge sees (the run's setting).
     """
-    out = []
+    out, eos = [], frozenset(eos_ids)
     for i, m in enumerate(work.read(CONTINUATIONS, k)["mismatches"]):
-        texts = mismatch_texts(tokenizer, samples[m["sample"]], m, ends, frozenset(eos_ids))
-        out.append(Mismatch(index=i, context=m["context"], slm_sentence=m["slm_sentence"],
-                            llm_sentence=m["llm_sentence"], **texts))
+        sample = samples[m["sample"]]
+        texts = mismatch_texts(tokenizer, sample, m, ends, eos)
+        sentences = compare_sentences(tokenizer, sample["response_ids"], m["position"], m["slm_token"],
+                                      m["continuation"], ends, eos, context_tokens)
+        out.append(Mismatch(index=i, context=sentences.context, slm_sentence=sentences.slm_sentence,
+                            llm_sentence=sentences.llm_sentence, llm_logprob=m.get("llm_logprob"),
+                            llm_own_logprob=m.get("llm_own_logprob"), **texts))
     return out

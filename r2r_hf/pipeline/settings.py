@@ -5,6 +5,7 @@ Light on purpose (stdlib at import): ``r2r-hf label --help`` reads these declara
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ class LabelSettings:
         verifiers: the verifier chain, e.g. ``"code,llm"`` (``verifiers.KNOWN``).
         judge: Hub id or folder of the ``llm`` verifier's judge (None: the LLM).
         judge_threshold: the judge calls a mismatch divergent where its score reaches this.
+        logprob_threshold: the logprob verifier calls a mismatch neutral where the LLM's log-probability of the
+            SLM's token reaches this.
         labels: the label set's name (default: the chain, e.g. ``code+llm``).
     """
 
@@ -53,6 +56,9 @@ class LabelSettings:
     judge: str | None = setting(None, "judge model of the llm verifier (Hub id or folder; default: the LLM)")
     judge_threshold: float = setting(0.5, "the judge calls a difference divergent where its score "
                                           "P(1)/(P(0)+P(1)) reaches this", "fraction")
+    logprob_threshold: float = setting(-1.0, "the logprob verifier calls a difference neutral where the LLM's "
+                                             "log-probability of the SLM's token reaches this (at most 0)",
+                                       "finite_non_positive")
     labels: str | None = setting(None, "name of the label set to write (default: the chain, e.g. code+llm); "
                                        "relabeling a run with other verifiers writes a new set beside the old ones")
 
@@ -71,6 +77,9 @@ class LabelSettings:
         self.chain = parse_chain(self.verifiers)
         if not 0 <= self.judge_threshold <= 1:
             raise ValueError(f"judge_threshold must be in [0, 1], got {self.judge_threshold}.")
+        if not -math.inf < self.logprob_threshold <= 0:
+            raise ValueError(f"logprob_threshold is a log-probability, a finite number at most 0; got "
+                             f"{self.logprob_threshold}.")
         self.label_set = self.labels or "+".join(self.chain)
         if not self.label_set.replace("+", "").replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"The label set name {self.label_set!r} must be letters, digits, '+', '-' or '_'.")

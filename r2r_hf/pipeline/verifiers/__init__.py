@@ -4,6 +4,10 @@
   after the code, the same tokens or syntax tree); passes the rest on. Cheap and objective.
 * ``llm``: a judge model scores whether the two sentences lead the answer to different places (the
   paper's verifier), with a threshold on its probabilities.
+* ``maths``: in prose (a worked maths answer), neutral where both versions write the same numbers and operators;
+  passes the rest on.
+* ``logprob``: neutral where the LLM's own log-probability of the SLM's token reaches a threshold (``--logprob-threshold``,
+  chosen on hand-checked mismatches); passes the rest on.
 * ``divergent``: calls every mismatch it is asked about divergent; it ends a chain whose earlier
   verifiers only ever call differences neutral (``code,divergent``: the labels before any verifier,
   minus the differences the code verifier shows cannot matter).
@@ -17,10 +21,13 @@ from .base import Mismatch, Verdict, Verifier
 from .code import CodeVerifier
 from .divergent import DivergentVerifier
 from .judge import JudgeVerifier
+from .logprob import LogprobVerifier
+from .maths import MathsVerifier
 
-KNOWN = ("code", "llm", "divergent")
-# The verifiers that need no model: built from their name alone (``llm`` needs the judge).
-MODEL_FREE = {"code": CodeVerifier, "divergent": DivergentVerifier}
+KNOWN = ("code", "maths", "logprob", "llm", "divergent")
+# The verifiers that need no model, built from the run's label settings (``llm`` needs its judge loaded).
+MODEL_FREE = {"code": lambda s: CodeVerifier(), "maths": lambda s: MathsVerifier(),
+              "logprob": lambda s: LogprobVerifier(s.logprob_threshold), "divergent": lambda s: DivergentVerifier()}
 
 
 def parse_chain(names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -39,5 +46,5 @@ def parse_chain(names: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(parts)
 
 
-__all__ = ["KNOWN", "MODEL_FREE", "CodeVerifier", "DivergentVerifier", "JudgeVerifier", "Mismatch", "Verdict", "Verifier",
-           "parse_chain"]
+__all__ = ["KNOWN", "MODEL_FREE", "CodeVerifier", "DivergentVerifier", "JudgeVerifier", "LogprobVerifier", "MathsVerifier",
+           "Mismatch", "Verdict", "Verifier", "parse_chain"]

@@ -29,6 +29,8 @@ class Mismatch:
         context: the preceding sentences a judge sees (the end of ``prefix``, cut to a token budget).
         slm_sentence, llm_sentence: the two versions of the sentence, the differing token marked ``<<...>>``.
         response: the LLM's whole answer (for verifiers that look past the sentence).
+        llm_logprob, llm_own_logprob: the LLM's log-probability there of the SLM's token and of its own (None in
+            runs labelled before they were recorded).
     """
 
     index: int
@@ -42,6 +44,8 @@ class Mismatch:
     slm_sentence: str
     llm_sentence: str
     response: str
+    llm_logprob: float | None = None
+    llm_own_logprob: float | None = None
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The ``code`` verifier: a difference is neutral when it cannot change the program.
 
 The program is the answer's first fenced code block (what an evaluation runs; an answer with no
-fence is all code). A mismatch is judged neutral when
+fence is all code if it parses as Python). An answer that is no program (a worked maths answer in words) is passed on
+whole: its differences are prose. A mismatch is judged neutral when
 
 * it lies after that block closed (the prose around the code, further examples): the program is written;
 * it lies inside a comment, and neither model's token ends the comment line;
@@ -27,7 +28,7 @@ from .base import Mismatch, Verdict
 
 _FENCE = re.compile(r"^[ \t]*```", re.M)
 _STRING_PREFIX = re.compile(r"^[rRbBuU]{0,2}$")
-VERSION = 3  # bump when a rule changes: stored verdicts of an older version are not reused
+VERSION = 4  # bump when a rule changes: stored verdicts of an older version are not reused (4: prose answers)
 
 
 def program_region(response: str, prefix: str) -> tuple[str, str]:
@@ -46,6 +47,19 @@ def program_region(response: str, prefix: str) -> tuple[str, str]:
     if closing is not None and at > closing:
         return "after", ""
     return "code", prefix[body:]
+
+
+def looks_like_code(response: str) -> bool:
+    """Whether an answer is a program: it holds a fenced block, or it parses as Python as a whole."""
+    if _FENCE.search(response):
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        try:
+            ast.parse(response)
+        except (SyntaxError, ValueError):
+            return False
+    return True
 
 
 def _tokens(code: str) -> tuple[list[tuple[int, str]], str | None, tuple[int, int] | None]:
@@ -126,6 +140,8 @@ class CodeVerifier:
             return [self.judge_one(item) for item in items]
 
     def judge_one(self, m: Mismatch) -> Verdict:
+        if not looks_like_code(m.response):
+            return Verdict(None, "not a program")
         region, code = program_region(m.response, m.prefix)
         if region == "after":
             return Verdict(Decision.NEUTRAL, "after the program")
