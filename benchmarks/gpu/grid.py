@@ -43,6 +43,7 @@ from r2r_hf.core.choice import RowRule
 from r2r_hf.core.fast.fused import attended
 from r2r_hf.core.fast.fused_reads import regions_for
 from r2r_hf.core.fast.graphs import gc_paused
+from r2r_hf.core.fast.packed_reads import PackedSteps
 from r2r_hf.core.fast.slot_reads import PaddedSteps, capture_slots
 from r2r_hf.core.layouts.packed import inputs as packed_inputs, pack, tokens_buckets
 from r2r_hf.core.layouts.slot_cache import piece_inputs
@@ -118,7 +119,7 @@ class Grid:
 
     def _packed(self, section: str, key: str, slots: Slots, counts: list[int], start: int, every: bool) -> Point:
         reads, rows, tokens = slots.layout.path.llm.steps, list(range(len(counts))), slots.layout.tokens
-        if not getattr(reads, "packed", False):  # (the LLM could not be fused: its reads are HF's forward, padded)
+        if not isinstance(reads, PackedSteps):  # (the LLM could not be fused: its reads are HF's forward, padded)
             return Point(section, key, {"rows": len(rows), "tokens": sum(counts)}, _unpacked)
         wanted = [(r, start + n - 1) for r, n in zip(rows, counts)] if not every else [
             (r, start + j) for r, n in zip(rows, counts) for j in range(n)]

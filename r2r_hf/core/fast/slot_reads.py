@@ -149,7 +149,9 @@ class PaddedSteps:
         row's first read, ``Abilities.continues``)."""
         widths = BUCKETS if "recurrent" in layer_kinds(self.model) or stepwise else None
         computed = lambda rows, counts: math.prod(self.shape(rows, counts)[:2])  # noqa: E731
-        return PaddedReads(self.read, self.piece, self.cache, computed, steps=self, widths=widths, stepwise=stepwise)
+        # (``read`` looked up at each call, not bound here: the GPU check's read log wraps the class's method)
+        forward = lambda *args, **kwargs: self.read(*args, **kwargs)  # noqa: E731
+        return PaddedReads(forward, self.piece, self.cache, computed, steps=self, widths=widths, stepwise=stepwise)
 
     def shape(self, rows: list[int], counts: list[int]) -> tuple[int, int, bool]:
         """The rows and tokens buckets a read of ``rows`` replays, and whether it gathers: a read of the first slots
