@@ -32,7 +32,7 @@ from .protocol import APIError, ChatRequest, CompletionRequest, answer, chunk, n
     validation_error
 from .answers import choices
 from .limits import BodyLimit
-from .listen import DELIVERY
+from .listen import SENT
 from .metrics import CONTENT_TYPE
 from .settings import ServeSettings
 
@@ -136,7 +136,7 @@ class Service:
                     ended.append(event)
         finally:
             self.engine.cancel(work)  # a no-op once every row ended
-        self._settle_when_sent(work, request)
+        self._end_when_sent(work, request)
         return answer(chat, rid, self.name, texts, reasons, usage(prompt_tokens, generated, self._speculation(ended)),
                       routing_stats(llm, generated, **routing))
 
@@ -147,14 +147,14 @@ class Service:
         counts = [event[5].as_dict() for event in ended if event[5] is not None]
         return {name: sum(c[name] for c in counts) for name in Speculated().as_dict()}
 
-    def _settle_when_sent(self, work: Work, request: Request) -> None:
-        """``work`` is completed once its answer has left the server (``listen.Delivery``), cancelled where its
-        connection closes first; where the server cannot tell (no ``Delivery``: a Ray proxy's), completed now."""
-        delivery, metrics = request.scope.get(DELIVERY), self.engine.metrics
-        if delivery is None:
-            metrics.settle(work, "completed")
+    def _end_when_sent(self, work: Work, request: Request) -> None:
+        """``work`` is completed once its answer has left the server (``listen.Sent``), cancelled where its
+        connection closes first; where the server cannot tell (no ``Sent``: a Ray proxy's), completed now."""
+        sent, metrics = request.scope.get(SENT), self.engine.metrics
+        if sent is None:
+            metrics.request_ended(work, "completed")
         else:
-            delivery.then(lambda sent: metrics.settle(work, "completed" if sent else "cancelled"))
+            sent.then(lambda left: metrics.request_ended(work, "completed" if left else "cancelled"))
 
     async def _collect(self, work: Work, events: asyncio.Queue, request: Request) -> list[tuple]:
         """Every event of a whole answer; a client that goes away meanwhile ends it at once (``respond`` cancels its
@@ -204,11 +204,11 @@ class Service:
                                      r2r=routing_stats(llm, generated, **routing)))
             yield "data: [DONE]\n\n"
             done = True
-            self._settle_when_sent(work, request)
+            self._end_when_sent(work, request)
         finally:
             if not done:  # the client went away mid-stream: its rows stop at the next step
                 self.engine.cancel(work)
-                self.engine.metrics.settle(work, "cancelled")  # (where its rows had all ended)
+                self.engine.metrics.request_ended(work, "cancelled")  # (where its rows had all ended)
 
 
 async def _report_disconnect(request: Request, events: asyncio.Queue) -> None:

@@ -151,7 +151,7 @@ class Engine:
             if request.cancelled or not request.open:  # already answered (or failed): nothing to do
                 return
             request.cancelled = True
-            self.metrics.settle(request, "cancelled")
+            self.metrics.request_ended(request, "cancelled")
             if request in self.queue:
                 self.queue.remove(request)
 
@@ -284,7 +284,7 @@ class Engine:
     def _fail(self, request: Request, error: APIError) -> None:
         if not request.cancelled:
             request.tell(("error", error))
-            self.metrics.settle(request, "error")
+            self.metrics.request_ended(request, "error")
         request.cancelled = True  # its other rows leave at the next step
 
     def _shut(self, newcomers: list[Request]) -> None:

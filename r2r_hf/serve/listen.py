@@ -8,7 +8,7 @@ buffer to drain for ever, and so does a closing transport), and a cap on open co
 connection opens and counting each until its descriptor is closed (uvicorn's ``limit_concurrency`` counts a
 connection only once its headers are complete, and answers 503 to requests the engine's queue would take: the
 queue's own 429 is the right answer there). It also tells the app whether each answer left the server
-(``Delivery``, in the request's scope), so one its client never read is not counted completed.
+(``Sent``, in the request's scope), so one its client never read is not counted completed.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ logger = logging.getLogger(__name__)
 # Descriptors the process keeps for itself beside its connections (the idle CPU server holds ~16; CUDA, its
 # libraries and Ray's pipes add tens more).
 RESERVED_DESCRIPTORS = 128
-DELIVERY = "r2r.delivery"  # the scope key of a request's ``Delivery``
+SENT = "r2r.sent"  # the scope key of a request's ``Sent``
 
 
-class Delivery:
+class Sent:
     """Whether a response left the server, told once to whoever watches: True once its last byte left the server's
     buffers (or its client, reading, drained them, or sent its next request), False where the connection closed
     with some of it unsent (aborted unread, reset, or cut before the response was complete)."""
@@ -48,7 +48,7 @@ class Delivery:
         else:
             watcher(self.result)
 
-    def settle(self, delivered: bool) -> None:
+    def tell(self, delivered: bool) -> None:
         if self.result is None:
             self.result, watchers, self._watchers = delivered, self._watchers, []
             for watcher in watchers:
@@ -124,7 +124,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.refused, self.waiting_since, self.deadline, self.stall = False, None, None, None
-        self.delivery: Delivery | None = None  # the current request's
+        self.sent: Sent | None = None  # the current request's
         if len(self.connections) >= self.max_connections and not self._evict_one():
             self.refused, self.transport = True, transport
             transport.write(BUSY)
@@ -192,14 +192,14 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.abort()
 
     def _delivered(self, delivered: bool) -> None:
-        if self.delivery is not None:
-            self.delivery.settle(delivered)
+        if self.sent is not None:
+            self.sent.tell(delivered)
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.cycle is not None and DELIVERY not in self.cycle.scope:  # a new request (before its app runs)
+        if self.cycle is not None and SENT not in self.cycle.scope:  # a new request (before its app runs)
             self._delivered(True)  # its client read the previous answer
-            self.delivery = self.cycle.scope[DELIVERY] = Delivery()
+            self.sent = self.cycle.scope[SENT] = Sent()
         state = self.conn.their_state
         if state is not h11.IDLE:
             self.waiting_since = None  # its headers are in: no longer the first to go

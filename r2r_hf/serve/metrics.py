@@ -34,7 +34,7 @@ class ServeMetrics:
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self._lock = threading.Lock()  # (the decoding thread and the event loop both settle requests)
+        self._lock = threading.Lock()  # (the decoding thread and the event loop both end requests)
         self.registry = None
         if CollectorRegistry is None:
             return
@@ -52,7 +52,7 @@ class ServeMetrics:
         if self.registry is not None:
             self.requests.labels(outcome).inc()
 
-    def settle(self, request, outcome: str) -> None:
+    def request_ended(self, request, outcome: str) -> None:
         """Count how ``request`` (a ``work.Request``) ended, once: the first outcome told stands."""
         with self._lock:
             if request.outcome is not None:

@@ -1,9 +1,9 @@
 """A request's work as the decoding thread sees it: its answers' prompts and settings, where its events go, and how
 it ended.
 
-A request ends once, counted once on ``/metrics`` (``ServeMetrics.settle``: the first outcome told stands):
+A request ends once, counted once on ``/metrics`` (``ServeMetrics.request_ended``: the first outcome told stands):
 ``error`` (the engine failed it), ``cancelled`` (its client went away, or never took its answer: the connection
-closed with some of it unsent), or ``completed``: its answer left the server (``listen.Delivery``), not merely
+closed with some of it unsent), or ``completed``: its answer left the server (``listen.Sent``), not merely
 decoded. ``Admission`` is one turn's decision of the decoding thread: who joins the batch, who leaves.
 """
 
