@@ -109,12 +109,13 @@ def normalised_entropy(topk_logits: torch.Tensor) -> torch.Tensor:
 
 
 def signals(topk_logits: torch.Tensor, names: list[str]) -> torch.Tensor:
-    """The free signals ``names`` of the SLM's top-k logits [B, k] as [B, len(names)] float32: ``entropy``
-    (normalised, as the entropy baseline scores) and ``margin`` (the gap between the two largest raw logits)."""
+    """The free signals ``names`` of the SLM's top-k logits [..., k] as [..., len(names)] float32: ``entropy``
+    (normalised, as the entropy baseline scores) and ``margin`` (the gap between the two largest raw logits). Any
+    leading shape, as the router's other inputs (a model's embedding may keep a token axis: Gemma 3n's)."""
     if not names:
-        return topk_logits.new_zeros(topk_logits.shape[0], 0, dtype=torch.float32)
+        return topk_logits.new_zeros(*topk_logits.shape[:-1], 0, dtype=torch.float32)
     values = {"entropy": lambda: normalised_entropy(topk_logits),
-              "margin": lambda: (topk_logits[:, 0] - topk_logits[:, 1]).float()}
+              "margin": lambda: (topk_logits[..., 0] - topk_logits[..., 1]).float()}
     return torch.stack([values[name]() for name in names], dim=-1)
 
 

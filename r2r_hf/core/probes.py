@@ -111,6 +111,9 @@ def capture_problem(model: torch.nn.Module) -> str | None:
     rope = rope_type(model.config)
     if "dynamic" in rope or rope == "longrope":  # HF recomputes these frequencies from the length, on the host
         return f"its rotary embedding ({rope!r}) changes with the sequence length"
+    if getattr(model.config, "altup_num_inputs", None):  # (Gemma 3n: its recorded hidden states are the layers' own)
+        return "its decoder layers hand on a stack of hidden states (AltUp), not the one the router reads, which the " \
+               "captured read does not take"
     # Host work inside the forward is probed over HF's static cache where it holds attention alone (for a hybrid it
     # is not the cache a captured slot step reads: the hybrid tests replay those steps under the graph emulation,
     # which raises on host work).

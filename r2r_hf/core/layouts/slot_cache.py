@@ -133,6 +133,13 @@ class SlotCache:
     def is_recording_past(self, layer_idx: int | None = None) -> bool:
         return False  # (a rollback restores a checkpoint: ``slot_state.py``)
 
+    def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
+        return 0  # (transformers 5.25's per-token history: none kept, as ``is_recording_past`` says)
+
+    def increase_count(self, layer_idx: int, state_idx: int = 0) -> None:
+        """transformers 5.25 counts the tokens a one-token step's in-place conv update read; the slots count their
+        own (``used``, the book), and the updated state is the one ``get_conv_state`` handed out (``slot_state.py``)."""
+
     def finish(self, real: torch.Tensor) -> None:
         """After a forward: its rows' recurrent states written back where a row read a real token (``real`` [k, g])."""
         if self.states.handed:
