@@ -27,7 +27,7 @@ SLOWER = {"R2R runs eagerly": "✓ eager", "the server's steps run eagerly": "�
           "R2R reads": "✓ token by token"}
 # The abilities issue 56 turns on for hybrids, per pair, read off the cells above: (heading, cell, texts by outcome).
 ABILITIES = {"slots": ("served", {"✓ one at a time": "one at a time"}),
-             "captured steps": ("captured", {"✓ eager": "eager", "✓ SLM only": "SLM only"}),
+             "captured steps": ("served_captured", {"✓ eager": "eager", "✓ SLM only": "SLM only"}),
              "speculates": ("speculation", {"off": "off"})}
 RELEASE = "Generated on transformers "
 INTRO = """# Model families
@@ -50,7 +50,8 @@ another family sharing the vocabulary; answers are 40 tokens, windows 16.
   **served**: the server's answers (greedy and seeded, side by side) = `generate` alone, on the CPU's eager
   steps, speculating (`--speculate 4`) and captured (`--capture auto`); **save/load**: a saved router reloaded
   beside the same models answers the same. **slots**, **captured steps**, **speculates**: the abilities these
-  cells found (served in slots or one at a time, captured or eager, speculating or off).
+  cells found (served in slots or one at a time; the server's steps captured or eager, `generate`'s in the
+  captured column; speculating or off).
 * ✓: exact. ✓ eager / ✓ SLM only / ✓ one at a time / ✓ token by token: exact, on a slower path (R2R says why once
   per model, in the notes): uncaptured steps, only the SLM's steps captured, answers served one at a time on HF's
   own caches instead of slots, reads of several tokens split into one-token forwards. off: R2R turns the feature
