@@ -124,11 +124,12 @@ def capture_problem(model: torch.nn.Module) -> str | None:
 def static_problem(model: torch.nn.Module) -> str | None:
     """Why ``model``'s reads cannot be captured over HF's static cache (``generate``'s captured path:
     ``fast/static_reads.py``): its layers must all be attention, keeping their length in a device tensor (R2R's static
-    caches hold every column of a windowed layer too: ``model_calls.static_cache``), sized as the config declares."""
+    caches hold every column of a windowed layer too: ``model_calls.static_cache``), sized as the config declares.
+    Asked after ``capture_problem`` (``abilities``), which has probed such a model's forward for host work."""
     others = {type(layer).__name__ for layer in static_cache(model.config, 1).layers if type(layer) is not StaticLayer}
     if others:
         return f"its static cache has layers other than attention: {_kinds(others)}"
-    return host_work_problem(model)
+    return None
 
 
 def _kinds(names: set[str]) -> str:
