@@ -81,3 +81,17 @@ def test_the_committed_labels_match_their_prompts_and_stay_small():
     if (COMMITTED / "labels").is_dir():
         for summary in (COMMITTED / "labels").glob("*/summary.json"):
             assert json.loads(summary.read_text())["tokens"] > 0
+
+
+def test_the_training_prompts_mix_both_sources_in_every_shard_after_the_first():
+    """A labeling run stopped part-way (or labelled in parts) must train on code and maths differences alike."""
+    from benchmarks.router.gsm8k_prompts import KEPT as FIRST, interleave
+
+    merged = interleave(list("aaaaaa"), list("bbb"))
+    assert merged == list("aabaabaab") and interleave([], [1]) == [1] and interleave([1], []) == [1]
+    ids = [p.id for p in read_prompts(ROOT / "benchmarks" / "data" / "router_prompts.jsonl")]
+    stdlib = [json.loads(line)["id"] for line in (ROOT / "benchmarks" / "data" / "stdlib_prompts.jsonl").open()]
+    assert ids[:FIRST] == stdlib[:FIRST] and len(set(ids)) == len(ids) == 768
+    for start in range(FIRST, len(ids), 64):
+        maths = sum(i.startswith("gsm8k-train-") for i in ids[start : start + 64])
+        assert 30 <= maths <= 36, (start, maths)

@@ -1,7 +1,13 @@
-"""The router's training prompts: the standard-library prompts, then GSM8K *train* questions (maths in words).
+"""The router's training prompts: the standard-library prompts and GSM8K *train* questions (maths in words), mixed.
 
     python -m benchmarks.router.gsm8k_prompts [--count 368]
-        # -> benchmarks/data/router_prompts.jsonl: the 400 standard-library prompts, then the GSM8K ones
+        # -> benchmarks/data/router_prompts.jsonl: the first 64 standard-library prompts, then the other 336 and the
+        #    GSM8K ones interleaved in proportion
+
+The two sources are interleaved so that every shard of the labeling run (64 prompts) from the second on holds both:
+a run stopped part-way, or labelled in parts, trains on both kinds of difference. The first shard is the first 64
+standard-library prompts alone because the run had answered them before the order changed (a shard's prompts are
+fixed once answered).
 
 GSM8K's train split (``../shared/data/gsm8k/train.jsonl``, MIT; never its test split) gives answers whose
 differences are numbers and operators more than code: labels of another kind than the standard library's. The
@@ -22,6 +28,7 @@ GSM8K_SHA256 = "17f347dc51477c50d4efb83959dbb7c56297aba886e5544ee2aaed3024813465
 INSTRUCTION = ("Solve this problem step by step, in words and arithmetic (no code). End with the final answer on a "
                "line of its own, as: #### <number>\n\n{question}")
 STDLIB = Path("benchmarks/data/stdlib_prompts.jsonl")
+KEPT = 64  # the first shard, answered before the sources were interleaved
 COMBINED = Path("benchmarks/data/router_prompts.jsonl")
 
 
@@ -36,13 +43,28 @@ def gsm8k_prompts(count: int, path: Path = GSM8K_TRAIN, seed: int = 0) -> list[d
         question=rows[i]["question"].strip())}]} for i in picked]
 
 
+def interleave(a: list, b: list) -> list:
+    """``a`` and ``b`` merged in proportion, each in its own order (at every point each has given its share)."""
+    out, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        if j >= len(b) or (i < len(a) and (i + 1) * len(b) <= (j + 1) * len(a)):
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=368, help="GSM8K questions (400 + 368 = 24 shards of 32)")
     args = parser.parse_args(argv)
-    lines = [json.dumps(p, ensure_ascii=False) + "\n" for p in gsm8k_prompts(args.count)]
-    COMBINED.write_text(STDLIB.read_text(encoding="utf-8") + "".join(lines), encoding="utf-8")
-    print(f"wrote {COMBINED}: {STDLIB}, then {len(lines)} GSM8K train questions")
+    stdlib = STDLIB.read_text(encoding="utf-8").splitlines(keepends=True)
+    gsm8k = [json.dumps(p, ensure_ascii=False) + "\n" for p in gsm8k_prompts(args.count)]
+    COMBINED.write_text("".join(stdlib[:KEPT] + interleave(stdlib[KEPT:], gsm8k)), encoding="utf-8")
+    print(f"wrote {COMBINED}: the first {KEPT} of {STDLIB}, then its other {len(stdlib) - KEPT} and {len(gsm8k)} GSM8K "
+          "train questions interleaved")
 
 
 if __name__ == "__main__":
