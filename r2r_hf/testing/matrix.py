@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .models import EOS_ID, PAD_ID
-from .pairs import LOGITS, NEW, PROMPTS, SPECULATE, Mismatch, Pair, Refused, greedy, row, rows_alone, same
+from .pairs import LOGITS, NEW, PROMPTS, SPECULATE, Mismatch, Pair, Refused, greedy, row, same
 from .pairs import same_as_alone, same_logits
 from .served_cells import cell_served, cell_served_captured, cell_served_speculation, refused_speculation
 
@@ -60,24 +60,24 @@ def cell_generate(p: Pair) -> None:
             consistent &= torch.equal(want[r, width : width + hf_alone.shape[1] - alone["input_ids"].shape[1]],
                                       hf_alone[0, alone["input_ids"].shape[1]:])
     if consistent:
-        same_as_alone(p.mixed, rows_alone(p.model, p.batch, **greedy(), threshold=p.threshold), width, "mixed")
-    recompute(p, p.batch)
+        alone = [p.mixed_alone(r).sequences[0, len(row(p.batch, r)["input_ids"][0]):] for r in range(len(PROMPTS))]
+        same_as_alone(p.mixed, alone, width, "mixed")
+    recompute(p, p.batch, p.mixed_out)
 
 
 def cell_mixed_alone(p: Pair) -> None:
     """Mixed routing on each prompt alone (no padding): every token = a cache-free recompute of its writer."""
     for r in range(len(PROMPTS)):
-        recompute(p, row(p.batch, r), f"prompt {r} alone")
+        recompute(p, row(p.batch, r), p.mixed_alone(r), f"prompt {r} alone")
 
 
-def recompute(p: Pair, batch: dict, where: str = "the padded batch") -> None:
-    """Every token of ``batch``'s mixed answers is the argmax of the model that wrote it over the sequence before it,
-    read without a cache: one forward over the whole sequence (causal: each position sees what came before it), or
-    one per length for a long-RoPE model (its factors follow the length, as in its own generate)."""
+def recompute(p: Pair, batch: dict, out, where: str = "the padded batch") -> None:
+    """Every token of ``out``, ``batch``'s mixed answers, is the argmax of the model that wrote it over the sequence
+    before it, read without a cache: one forward over the whole sequence (causal: each position sees what came before
+    it), or one per length for a long-RoPE model (its factors follow the length, as in its own generate)."""
     from ..core.features import lm_forward, positions_from_mask
     from ..core.layouts.model_calls import long_rope_switch
 
-    out = p.model.generate(**batch, **greedy(), threshold=p.threshold, return_dict_in_generate=True)
     seq, start = out.sequences, batch["input_ids"].shape[1]
     mask = torch.cat([batch["attention_mask"], torch.ones_like(seq[:, start:])], 1)
     vocab, new = p.model.shared_vocab_size, seq.shape[1] - start
@@ -132,9 +132,8 @@ def cell_bf16(p: Pair) -> None:
 def cell_speculation(p: Pair) -> None:
     """Speculating (greedy, mixed threshold): the padded batch and one row = without speculation."""
     same(p.model.generate(**p.batch, **greedy(**SPECULATE), threshold=p.threshold), p.mixed, "speculating batch")
-    alone = row(p.batch, 2)
-    want = p.model.generate(**alone, **greedy(), threshold=p.threshold)
-    same(p.model.generate(**alone, **greedy(**SPECULATE), threshold=p.threshold), want, "speculating row")
+    same(p.model.generate(**row(p.batch, 2), **greedy(**SPECULATE), threshold=p.threshold),
+         p.mixed_alone(2).sequences, "speculating row")
     refused_speculation(p.slm, p.llm)
 
 
@@ -154,8 +153,8 @@ def cell_static(p: Pair) -> None:
     same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "static cache")
     for r in range(len(PROMPTS)):
         alone = row(p.batch, r)
-        same(p.model.generate(**alone, **static, threshold=p.threshold),
-             p.model.generate(**alone, **greedy(), threshold=p.threshold), f"static cache, prompt {r} alone")
+        same(p.model.generate(**alone, **static, threshold=p.threshold), p.mixed_alone(r).sequences,
+             f"static cache, prompt {r} alone")
 
 
 def cell_static_speculation(p: Pair) -> None:
@@ -165,8 +164,8 @@ def cell_static_speculation(p: Pair) -> None:
     same(p.model.generate(**p.batch, **static, threshold=p.threshold), p.mixed, "static, speculating")
     for r in range(len(PROMPTS)):
         alone = row(p.batch, r)
-        same(p.model.generate(**alone, **static, threshold=p.threshold),
-             p.model.generate(**alone, **greedy(), threshold=p.threshold), f"static, speculating, prompt {r} alone")
+        same(p.model.generate(**alone, **static, threshold=p.threshold), p.mixed_alone(r).sequences,
+             f"static, speculating, prompt {r} alone")
     refused_speculation(p.slm, p.llm)
 
 

@@ -42,6 +42,7 @@ class Pair:
         self.tok = make_tokenizer()
         self.batch = padded(PROMPTS)
         self._threshold: float | None = None
+        self._alone: dict[int, object] = {}
 
     @property
     def threshold(self) -> float:
@@ -57,9 +58,22 @@ class Pair:
         return self._threshold
 
     @functools.cached_property
+    def mixed_out(self):
+        """The eager, dynamic-cache mixed answers of the padded batch, with who wrote each token (``routed``)."""
+        return self.model.generate(**self.batch, **greedy(), threshold=self.threshold, return_dict_in_generate=True)
+
+    @property
     def mixed(self) -> torch.Tensor:
-        """The eager, dynamic-cache mixed answers of the padded batch (what the other paths must equal)."""
-        return self.model.generate(**self.batch, **greedy(), threshold=self.threshold)
+        """The eager mixed answers of the padded batch (what the other paths must equal)."""
+        return self.mixed_out.sequences
+
+    def mixed_alone(self, r: int):
+        """Prompt ``r``'s eager mixed answer alone, as ``mixed_out`` (computed once: several cells compare with it)."""
+        if r not in self._alone:
+            alone = row(self.batch, r)
+            self._alone[r] = self.model.generate(**alone, **greedy(), threshold=self.threshold,
+                                                 return_dict_in_generate=True)
+        return self._alone[r]
 
     @functools.cached_property
     def unrelated(self) -> Pair:
@@ -69,7 +83,7 @@ class Pair:
         from .builds import unrelated_llm
 
         other = object.__new__(Pair)
-        other.name, other.tok, other.batch, other._threshold = self.name, self.tok, self.batch, None
+        other.name, other.tok, other.batch, other._threshold, other._alone = self.name, self.tok, self.batch, None, {}
         other.slm, other.llm = self.slm, unrelated_llm(self.name)
         other.model = R2RForCausalLM(self.model.config).eval()
         other.model.router.load_state_dict(self.model.router.state_dict())
@@ -83,6 +97,7 @@ class Pair:
 
         other = object.__new__(Pair)
         other.name, other.tok, other.batch, other._threshold = self.name, self.tok, self.batch, self._threshold
+        other._alone = {}
         other.slm, other.llm = (copy.deepcopy(m).to(torch.bfloat16) for m in (self.slm, self.llm))
         other.model = R2RForCausalLM(self.model.config).eval()
         other.model.router.load_state_dict(self.model.router.state_dict())
