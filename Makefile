@@ -24,16 +24,17 @@ $(VENV)/.installed-demo: $(BIN)/python pyproject.toml
 # One pytest worker per core (pytest-xdist), as CI runs the suite: on 2 cores about half the serial time. Ray's node
 # start gives up after a fixed 30 s, too few beside other tests on 2 cores, so the Ray test runs alone afterwards.
 # The family matrix's wide part (-m families_full: every family, variant and mixed pair) is `make test-families`.
+# Each run lists its slowest tests (--durations): CI must stay under 20 minutes, and this shows where the time goes.
 test: $(VENV)/.installed-test
 	@echo "make test: the whole suite, one worker per core (pytest -n auto), then the Ray test alone"
 	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -q -n auto -m "not ray and not families_full" tests && $(BIN)/python -m pytest -q -m ray tests; \
+	$(BIN)/python -m pytest -q -n auto --durations=15 -m "not ray and not families_full" tests && $(BIN)/python -m pytest -q -m ray tests; \
 	rc=$$?; took=$$(( $$(date +%s) - start )); \
 	echo "make test: $$((took / 60)) min $$((took % 60)) s, $$([ $$rc = 0 ] && echo passed || echo FAILED)"; exit $$rc
 
 # The family matrix in full: the pairs make test leaves to the marker (about 13 minutes of CPU).
 test-families: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -n auto -m families_full tests/test_model_families.py
+	$(BIN)/python -m pytest -q -n auto --durations=10 -m families_full tests/test_model_families.py
 
 demo: $(VENV)/.installed-demo
 	$(BIN)/python -m benchmarks.demo
