@@ -32,6 +32,7 @@ def mismatches(run: str) -> list[dict]:
     """Every mismatch of ``run`` whose sentences differ, as a reader sees it, with what each cheap verifier says."""
     from transformers import AutoTokenizer
 
+    from r2r_hf.model.sources import resolve
     from r2r_hf.pipeline.runner import answer_ids, shard_mismatches
     from r2r_hf.pipeline.sentences import sentence_end_ids
     from r2r_hf.pipeline.store import WorkDir
@@ -39,7 +40,8 @@ def mismatches(run: str) -> list[dict]:
 
     work = WorkDir(run)
     manifest = work.manifest()
-    tok = AutoTokenizer.from_pretrained(manifest["llm"])
+    found, hub = resolve(manifest["llm"], "the LLM", {})  # a folder, the cache or a registered copy, as label reads it
+    tok = AutoTokenizer.from_pretrained(str(found), **hub)
     ends, (_, eos) = sentence_end_ids(tok), answer_ids(tok, manifest["llm"])
     code, maths, out = CodeVerifier(), MathsVerifier(), []
     for k in work.shards("continuations"):
