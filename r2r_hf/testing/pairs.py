@@ -146,15 +146,6 @@ def same_logits(got, want, width: int, who: str) -> None:
         ended |= got.sequences[:, width + step] == EOS_ID
 
 
-def rows_alone(model, batch: dict, **options) -> list[torch.Tensor]:
-    """Each row of ``batch`` generated alone (its answer tokens)."""
-    out = []
-    for r in range(len(batch["input_ids"])):
-        alone = row(batch, r)
-        out.append(model.generate(**alone, **options)[0, alone["input_ids"].shape[1]:])
-    return out
-
-
 def same_as_alone(batched: torch.Tensor, alone: list[torch.Tensor], width: int, what: str) -> None:
     """Each row of a batch's answers (after ``width`` prompt columns) equals the row's answer alone (up to its
     end: a row alone stops at its EOS where the batch pads after it)."""
