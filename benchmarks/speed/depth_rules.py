@@ -33,6 +33,8 @@ COSTS = {"slm": 0.209, "llm": {1: 0.526, 5: 0.504, 9: 0.544, 13: 0.551, 17: 0.55
 
 # A rule: (depth now, tail held, confirmed of it, rejected) -> depth next; its first depth; its bound is speculate.
 Rule = tuple[int, Callable[[int, int, int, bool], int]]
+GAIN = "expected gain: draft while the SLM's chance of the next confirmed token pays for an SLM step"
+FORESIGHT = "foresight (a bound, not a rule): each draft ends where the SLM will first disagree"
 
 
 def rules(bound: int) -> dict[str, Rule]:
@@ -64,13 +66,27 @@ def llm_cost(k: int) -> float:
     return points[-1][1] * k / points[-1][0]
 
 
+def _cycle(c: dict, n: int, at: int, drafted: int, agreed: int) -> int:
+    """Count one draft of ``drafted`` tokens, ``agreed`` of them confirmed, judged by one LLM forward at ``at`` of an
+    answer of ``n`` tokens; the position after it."""
+    c["slm"] += drafted  # (each drafted token was proposed by one SLM forward)
+    c["llm"] += 1
+    c["thrown"] += drafted - agreed
+    c["tokens"] += min(agreed + 1, n - at)
+    c["seconds"] += drafted * COSTS["slm"] + llm_cost(drafted + 1)
+    return at + agreed + 1
+
+
+def _counters() -> dict:
+    return dict(tokens=0, slm=0, llm=0, thrown=0, seconds=0.0)
+
+
 def replay(trace: dict, rule: Rule, bound: int, confidence: float, limit: int | None = None) -> dict:
     """One answer drafted by ``rule`` (see the module docstring): counters and the predicted seconds."""
     agree, chance = trace["agree"], trace["p"]
     n = len(agree) if limit is None else min(limit, len(agree))
     first, step = rule
-    depth, at = min(first, bound), 0
-    c = dict(tokens=0, slm=0, llm=0, thrown=0, seconds=0.0)
+    depth, at, c = min(first, bound), 0, _counters()
     while at < n:
         d = min(depth, bound)
         drafted = 0
@@ -79,32 +95,70 @@ def replay(trace: dict, rule: Rule, bound: int, confidence: float, limit: int | 
             if chance[at + drafted - 1] < confidence:
                 break  # the unsure token ends the draft (its frontier)
         agreed = next((j for j in range(drafted) if not agree[at + j]), drafted)
-        rejected = agreed < drafted
-        c["slm"] += drafted  # (each drafted token was proposed by one SLM forward)
-        c["llm"] += 1
-        c["thrown"] += drafted - agreed
-        c["tokens"] += min(agreed + 1, n - at)
-        c["seconds"] += drafted * COSTS["slm"] + llm_cost(drafted + 1)
-        depth = step(depth, drafted, agreed, rejected)
-        at += agreed + 1
+        depth = step(depth, drafted, agreed, agreed < drafted)
+        at = _cycle(c, n, at, drafted, agreed)
     return c
 
 
-def compare(traces: list[dict], bounds=(8, 16, 24, 32), confidences=(0.0, 0.4, 0.8), limit: int | None = None) -> list:
-    """Every rule at every bound and confidence over ``traces``: totals, per token, and x the LLM alone."""
+def expected_gain(trace: dict, bound: int, limit: int | None = None) -> dict:
+    """The cost model's rule: draft one more token while its expected gain pays for it. The SLM's probabilities so
+    far, multiplied, estimate the chance ``q`` that the draft is confirmed up to here; the next token is drafted
+    while ``q`` tokens gained are worth more than an SLM step at the draft's own rate (expected tokens over seconds),
+    so a draft stops early where the SLM doubts and late where it is sure, whatever the drafts before did."""
+    agree, chance = trace["agree"], trace["p"]
+    n = len(agree) if limit is None else min(limit, len(agree))
+    at, c = 0, _counters()
+    while at < n:
+        drafted, q, expected = 0, 1.0, 1.0
+        while drafted < bound and at + drafted < n:
+            drafted += 1
+            q *= chance[at + drafted - 1]
+            expected += q
+            if q * (drafted * COSTS["slm"] + llm_cost(drafted + 1)) < COSTS["slm"] * expected:
+                break
+        agreed = next((j for j in range(drafted) if not agree[at + j]), drafted)
+        at = _cycle(c, n, at, drafted, agreed)
+    return c
+
+
+def foresight(trace: dict, bound: int, limit: int | None = None) -> dict:
+    """No rule can do better (within ``bound``): each draft ends just before the SLM's first disagreement, which only
+    the trace knows, so nothing is thrown and every LLM forward writes the most it can (an LLM forward costs about
+    the same over 1 or 33 tokens here, so cutting a run of agreement in two never pays)."""
+    agree = trace["agree"]
+    n = len(agree) if limit is None else min(limit, len(agree))
+    at, c = 0, _counters()
+    while at < n:
+        drafted = 0
+        while drafted < bound and at + drafted < n and agree[at + drafted]:
+            drafted += 1
+        at = _cycle(c, n, at, drafted, drafted)
+    return c
+
+
+def _row(name: str, bound: int, confidence: float, answers: list[dict]) -> dict:
+    tot = _counters()
+    for counters in answers:
+        for k, v in counters.items():
+            tot[k] += v
+    alone = tot["tokens"] * COSTS["llm"][1]
+    return {"rule": name, "bound": bound, "confidence": confidence, **tot,
+            "llm_forwards_per_token": tot["llm"] / tot["tokens"], "slm_forwards_per_token": tot["slm"] / tot["tokens"],
+            "predicted_vs_llm_alone": alone / tot["seconds"]}
+
+
+def compare(traces: list[dict], bounds=(8, 16, 20, 24, 32), confidences=(0.0, 0.4, 0.8, 0.87),
+            limit: int | None = None) -> list:
+    """Every rule at every bound and confidence over ``traces`` (the expected-gain rule and the foresight bound,
+    which read the SLM's probabilities their own way, once per bound): totals, per token, and x the LLM alone."""
     out = []
     for confidence in confidences:
         for bound in bounds:
             for name, rule in rules(bound).items():
-                tot = dict(tokens=0, slm=0, llm=0, thrown=0, seconds=0.0)
-                for trace in traces:
-                    for k, v in replay(trace, rule, bound, confidence, limit).items():
-                        tot[k] += v
-                alone = tot["tokens"] * COSTS["llm"][1]
-                out.append({"rule": name, "bound": bound, "confidence": confidence, **tot,
-                            "llm_forwards_per_token": tot["llm"] / tot["tokens"],
-                            "slm_forwards_per_token": tot["slm"] / tot["tokens"],
-                            "predicted_vs_llm_alone": alone / tot["seconds"]})
+                out.append(_row(name, bound, confidence, [replay(t, rule, bound, confidence, limit) for t in traces]))
+    for bound in bounds:
+        out.append(_row(GAIN, bound, 0.0, [expected_gain(t, bound, limit) for t in traces]))
+        out.append(_row(FORESIGHT, bound, 0.0, [foresight(t, bound, limit) for t in traces]))
     return out
 
 
@@ -157,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
               "whole answers": compare(traces), "first 160 tokens": compare(traces, limit=160)}
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["whole answers"]:
-        print(f"conf {row['confidence']:.1f} bound {row['bound']:2d} {row['rule'][:60]:60s} "
+        print(f"conf {row['confidence']:.2f} bound {row['bound']:2d} {row['rule'][:60]:60s} "
               f"x{row['predicted_vs_llm_alone']:.3f}"
               f" LLM/token {row['llm_forwards_per_token']:.3f} SLM/token {row['slm_forwards_per_token']:.3f} "
               f"thrown {row['thrown']}")
