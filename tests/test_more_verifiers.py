@@ -81,3 +81,16 @@ def test_a_chain_with_maths_and_logprob_labels_and_relabels_from_kept_scores(mod
     assert {"name": "logprob", "version": 1, "threshold": -0.05} in settings
     with pytest.raises(ValueError, match="log-probability"):
         LabelSettings(slm="a", llm="b", logprob_threshold=0.2)
+
+
+def test_matching_the_checked_mismatches_twice_appends_them_once(tmp_path):
+    """``calibrate_verifiers match`` keeps the hand-checked set beside the labels: run again, it adds no duplicates."""
+    import json
+
+    from benchmarks.router.calibrate_verifiers import append_new
+
+    checked = tmp_path / "checked.jsonl"
+    checked.write_text(json.dumps({"id": "0:3", "label": 0}) + "\n", encoding="utf-8")
+    rows = [{"id": "0:3", "label": 0}, {"id": "2:17", "label": 1}]
+    assert append_new(checked, rows) == 1 and append_new(checked, rows) == 0
+    assert [json.loads(line)["id"] for line in checked.read_text().splitlines()] == ["0:3", "2:17"]

@@ -75,6 +75,18 @@ def match(run: str, checked: Path) -> list[dict]:
     return out
 
 
+def append_new(checked: Path, rows: list[dict]) -> int:
+    """Append to ``checked`` the rows whose mismatch (``id``) it does not hold yet, so that matching twice adds
+    nothing; how many were appended."""
+    have = set()
+    if checked.exists():
+        have = {json.loads(line)["id"] for line in checked.read_text(encoding="utf-8").splitlines() if line.strip()}
+    new = [r for r in rows if r["id"] not in have]
+    with open(checked, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in new))
+    return len(new)
+
+
 def calibrate(rows: list[dict]) -> dict:
     """Each verifier against the reader's labels; the logprob verifier's AUC and threshold (module docstring)."""
     labels = [r["label"] for r in rows]
@@ -121,9 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {len(rows)} mismatches to read to {args.out}")
     elif args.command == "match":
         rows = match(args.run, Path(args.checked))
-        with open(checked, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        print(f"found {len(rows)} of the checked mismatches again; appended to {checked}")
+        added = append_new(checked, rows)
+        print(f"found {len(rows)} of the checked mismatches again; appended the {added} not yet in {checked}")
     else:
         rows = [json.loads(line) for line in checked.read_text(encoding="utf-8").splitlines() if line.strip()]
         result = calibrate([r for r in rows if r.get("label") in (0, 1)])
