@@ -2,6 +2,7 @@
 
     python -m benchmarks.speed.depth_rules --record [--tasks 30]   # the traces (both models, teacher-forced)
     python -m benchmarks.speed.depth_rules                         # the rules over them (no model: seconds)
+    python -m benchmarks.speed.depth_rules --device h200           # ... with the first H200 run's costs (predicted)
 
 A trace is, per token of the LLM's recorded greedy answer to a HumanEval task (``results/humaneval/llm.jsonl``, the
 30 longest: 9,393 tokens), whether the SLM's argmax there (given the LLM's prefix) is the LLM's token and the SLM's
@@ -30,6 +31,17 @@ OUT = Path("benchmarks/results/depth_rules.json")
 # Seconds per forward on this CPU (bf16, one thread, a 300-token cache, load average ~9.5 from others' work: only
 # ratios matter): the SLM's one-token step, the LLM's forward over k tokens (``--costs`` measures them again).
 COSTS = {"slm": 0.209, "llm": {1: 0.526, 5: 0.504, 9: 0.544, 13: 0.551, 17: 0.553, 21: 0.561, 33: 0.690}}
+CALIBRATED = Path("benchmarks/results/gpu_calibrated.json")
+
+
+def h200_costs(path: Path = CALIBRATED) -> dict:
+    """The first device run's costs at one row (``gpu_calibrated.json``; R1-Distill-Qwen 1.5B + 32B on an H200), in
+    seconds: the fused SLM step and the 32B's captured read of k tokens, each with the host's time per step. A
+    **prediction** where the traces are another pair's (the coder pair's agreement with the H200 pair's costs)."""
+    costs = json.loads(path.read_text())["costs"]
+    host = costs["host_ms_per_step"]
+    return {"slm": (costs["slm_ms"]["1x1"] + host) / 1e3,
+            "llm": {int(k.split("x")[1]): (v + host) / 1e3 for k, v in costs["llm_ms"].items() if k.startswith("1x")}}
 
 # A rule: (depth now, tail held, confirmed of it, rejected) -> depth next; its first depth; its bound is speculate.
 Rule = tuple[int, Callable[[int, int, int, bool], int]]
@@ -57,23 +69,23 @@ def rules(bound: int) -> dict[str, Rule]:
     }
 
 
-def llm_cost(k: int) -> float:
-    """The LLM's forward over ``k`` tokens, interpolated in ``COSTS``."""
-    points = sorted(COSTS["llm"].items())
+def llm_cost(k: int, costs: dict = COSTS) -> float:
+    """The LLM's forward over ``k`` tokens, interpolated in ``costs``."""
+    points = sorted(costs["llm"].items())
     for (a, x), (b, y) in zip(points, points[1:]):
         if k <= b:
             return x + (y - x) * (max(k, a) - a) / (b - a)
     return points[-1][1] * k / points[-1][0]
 
 
-def _cycle(c: dict, n: int, at: int, drafted: int, agreed: int) -> int:
+def _cycle(c: dict, n: int, at: int, drafted: int, agreed: int, costs: dict) -> int:
     """Count one draft of ``drafted`` tokens, ``agreed`` of them confirmed, judged by one LLM forward at ``at`` of an
     answer of ``n`` tokens; the position after it."""
     c["slm"] += drafted  # (each drafted token was proposed by one SLM forward)
     c["llm"] += 1
     c["thrown"] += drafted - agreed
     c["tokens"] += min(agreed + 1, n - at)
-    c["seconds"] += drafted * COSTS["slm"] + llm_cost(drafted + 1)
+    c["seconds"] += drafted * costs["slm"] + llm_cost(drafted + 1, costs)
     return at + agreed + 1
 
 
@@ -81,7 +93,8 @@ def _counters() -> dict:
     return dict(tokens=0, slm=0, llm=0, thrown=0, seconds=0.0)
 
 
-def replay(trace: dict, rule: Rule, bound: int, confidence: float, limit: int | None = None) -> dict:
+def replay(trace: dict, rule: Rule, bound: int, confidence: float, limit: int | None = None,
+           costs: dict = COSTS) -> dict:
     """One answer drafted by ``rule`` (see the module docstring): counters and the predicted seconds."""
     agree, chance = trace["agree"], trace["p"]
     n = len(agree) if limit is None else min(limit, len(agree))
@@ -96,11 +109,11 @@ def replay(trace: dict, rule: Rule, bound: int, confidence: float, limit: int | 
                 break  # the unsure token ends the draft (its frontier)
         agreed = next((j for j in range(drafted) if not agree[at + j]), drafted)
         depth = step(depth, drafted, agreed, agreed < drafted)
-        at = _cycle(c, n, at, drafted, agreed)
+        at = _cycle(c, n, at, drafted, agreed, costs)
     return c
 
 
-def expected_gain(trace: dict, bound: int, limit: int | None = None) -> dict:
+def expected_gain(trace: dict, bound: int, limit: int | None = None, costs: dict = COSTS) -> dict:
     """The cost model's rule: draft one more token while its expected gain pays for it. The SLM's probabilities so
     far, multiplied, estimate the chance ``q`` that the draft is confirmed up to here; the next token is drafted
     while ``q`` tokens gained are worth more than an SLM step at the draft's own rate (expected tokens over seconds),
@@ -114,14 +127,14 @@ def expected_gain(trace: dict, bound: int, limit: int | None = None) -> dict:
             drafted += 1
             q *= chance[at + drafted - 1]
             expected += q
-            if q * (drafted * COSTS["slm"] + llm_cost(drafted + 1)) < COSTS["slm"] * expected:
+            if q * (drafted * costs["slm"] + llm_cost(drafted + 1, costs)) < costs["slm"] * expected:
                 break
         agreed = next((j for j in range(drafted) if not agree[at + j]), drafted)
-        at = _cycle(c, n, at, drafted, agreed)
+        at = _cycle(c, n, at, drafted, agreed, costs)
     return c
 
 
-def foresight(trace: dict, bound: int, limit: int | None = None) -> dict:
+def foresight(trace: dict, bound: int, limit: int | None = None, costs: dict = COSTS) -> dict:
     """No rule can do better (within ``bound``): each draft ends just before the SLM's first disagreement, which only
     the trace knows, so nothing is thrown and every LLM forward writes the most it can (an LLM forward costs about
     the same over 1 or 33 tokens here, so cutting a run of agreement in two never pays)."""
@@ -132,33 +145,34 @@ def foresight(trace: dict, bound: int, limit: int | None = None) -> dict:
         drafted = 0
         while drafted < bound and at + drafted < n and agree[at + drafted]:
             drafted += 1
-        at = _cycle(c, n, at, drafted, drafted)
+        at = _cycle(c, n, at, drafted, drafted, costs)
     return c
 
 
-def _row(name: str, bound: int, confidence: float, answers: list[dict]) -> dict:
+def _row(name: str, bound: int, confidence: float, answers: list[dict], costs: dict) -> dict:
     tot = _counters()
     for counters in answers:
         for k, v in counters.items():
             tot[k] += v
-    alone = tot["tokens"] * COSTS["llm"][1]
+    alone = tot["tokens"] * costs["llm"][1]
     return {"rule": name, "bound": bound, "confidence": confidence, **tot,
             "llm_forwards_per_token": tot["llm"] / tot["tokens"], "slm_forwards_per_token": tot["slm"] / tot["tokens"],
             "predicted_vs_llm_alone": alone / tot["seconds"]}
 
 
 def compare(traces: list[dict], bounds=(8, 16, 20, 24, 32), confidences=(0.0, 0.4, 0.8, 0.87),
-            limit: int | None = None) -> list:
+            limit: int | None = None, costs: dict = COSTS) -> list:
     """Every rule at every bound and confidence over ``traces`` (the expected-gain rule and the foresight bound,
     which read the SLM's probabilities their own way, once per bound): totals, per token, and x the LLM alone."""
     out = []
     for confidence in confidences:
         for bound in bounds:
             for name, rule in rules(bound).items():
-                out.append(_row(name, bound, confidence, [replay(t, rule, bound, confidence, limit) for t in traces]))
+                out.append(_row(name, bound, confidence,
+                                [replay(t, rule, bound, confidence, limit, costs) for t in traces], costs))
     for bound in bounds:
-        out.append(_row(GAIN, bound, 0.0, [expected_gain(t, bound, limit) for t in traces]))
-        out.append(_row(FORESIGHT, bound, 0.0, [foresight(t, bound, limit) for t in traces]))
+        out.append(_row(GAIN, bound, 0.0, [expected_gain(t, bound, limit, costs) for t in traces], costs))
+        out.append(_row(FORESIGHT, bound, 0.0, [foresight(t, bound, limit, costs) for t in traces], costs))
     return out
 
 
@@ -197,6 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", action="store_true", help="record the traces (loads both models)")
     parser.add_argument("--tasks", type=int, default=30)
+    parser.add_argument("--device", choices=("cpu", "h200"), default="cpu",
+                        help="whose costs: this CPU's (COSTS) or the first H200 run's (predicted; depth_rules_h200.json)")
     args = parser.parse_args(argv)
     if args.record:
         import torch
@@ -205,11 +221,14 @@ def main(argv: list[str] | None = None) -> dict:
         TRACES.write_text(json.dumps({"conditions": {"dtype": "bfloat16", "date": time.strftime("%Y-%m-%d"),
                                                      "load": os.getloadavg()}, "traces": record(args.tasks)}) + "\n")
     traces = json.loads(TRACES.read_text())["traces"]
+    costs, out = (COSTS, OUT) if args.device == "cpu" else (h200_costs(), OUT.with_name("depth_rules_h200.json"))
+    bounds = (8, 16, 20, 24, 32) if args.device == "cpu" else (8, 16, 32, 64)
     result = {"conditions": {"traces": str(TRACES), "answers": len(traces), "tokens": sum(t["tokens"] for t in traces),
                              "agreement": sum(sum(t["agree"]) for t in traces) / sum(t["tokens"] for t in traces),
-                             "costs_s": COSTS},
-              "whole answers": compare(traces), "first 160 tokens": compare(traces, limit=160)}
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+                             "device": args.device, "costs_s": costs},
+              "whole answers": compare(traces, bounds, costs=costs),
+              "first 160 tokens": compare(traces, bounds, limit=160, costs=costs)}
+    out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["whole answers"]:
         print(f"conf {row['confidence']:.2f} bound {row['bound']:2d} {row['rule'][:60]:60s} "
               f"x{row['predicted_vs_llm_alone']:.3f}"
