@@ -9,7 +9,9 @@ Greedy, chat template, bf16 weights, 384 new tokens, one torch thread. **Batches
 file: in bf16 an answer depends on the rows it is batched with (padding, kernel shapes), so every system answers the
 same batches in the same order, and a resumed run answers a batch exactly as a whole run does (a batch is answered
 whole; only its missing tasks are written). Answers are appended per batch to
-``benchmarks/results/code563/[TAG/]SYSTEM.jsonl``; an interrupted run resumes at its first unanswered batch.
+``benchmarks/results/code563/[TAG/]SYSTEM.jsonl``; an interrupted run resumes at its first unanswered batch, with
+the threads it started with (``--threads``: in bf16 the thread count moves rounding too, so a router's threshold
+placed with two threads is not the one placed with one; a resumed run that finds another threshold refuses).
 
 Thresholds, as ``humaneval.py`` places them (no outcome is looked at): ``r2r@P`` routes a share P of the tokens of
 the SLM's own answers to all 563 tasks, teacher-forced through the SLM; ``entropy@P`` routes, over ``r2r@P``'s
