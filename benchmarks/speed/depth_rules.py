@@ -78,38 +78,37 @@ def llm_cost(k: int, costs: dict = COSTS) -> float:
     return points[-1][1] * k / points[-1][0]
 
 
-def _cycle(c: dict, n: int, at: int, drafted: int, agreed: int, costs: dict) -> int:
-    """Count one draft of ``drafted`` tokens, ``agreed`` of them confirmed, judged by one LLM forward at ``at`` of an
-    answer of ``n`` tokens; the position after it."""
+def _judged(c: dict, trace: dict, n: int, at: int, drafted: int, costs: dict) -> tuple[int, int]:
+    """One draft of ``drafted`` tokens from position ``at`` (of ``n``) judged by one LLM forward: counted into ``c``;
+    the position after it and how many drafted tokens the LLM confirmed (up to the SLM's first disagreement)."""
+    agreed = next((j for j in range(drafted) if not trace["agree"][at + j]), drafted)
     c["slm"] += drafted  # (each drafted token was proposed by one SLM forward)
     c["llm"] += 1
     c["thrown"] += drafted - agreed
     c["tokens"] += min(agreed + 1, n - at)
     c["seconds"] += drafted * costs["slm"] + llm_cost(drafted + 1, costs)
-    return at + agreed + 1
+    return at + agreed + 1, agreed
 
 
-def _counters() -> dict:
-    return dict(tokens=0, slm=0, llm=0, thrown=0, seconds=0.0)
+def _start(trace: dict, limit: int | None) -> tuple[int, int, dict]:
+    """An answer's length (its first ``limit`` tokens), the position it starts at and empty counters."""
+    n = len(trace["agree"]) if limit is None else min(limit, len(trace["agree"]))
+    return n, 0, dict(tokens=0, slm=0, llm=0, thrown=0, seconds=0.0)
 
 
 def replay(trace: dict, rule: Rule, bound: int, confidence: float, limit: int | None = None,
            costs: dict = COSTS) -> dict:
     """One answer drafted by ``rule`` (see the module docstring): counters and the predicted seconds."""
-    agree, chance = trace["agree"], trace["p"]
-    n = len(agree) if limit is None else min(limit, len(agree))
-    first, step = rule
-    depth, at, c = min(first, bound), 0, _counters()
+    chance, (first, step) = trace["p"], rule
+    (n, at, c), depth = _start(trace, limit), min(first, bound)
     while at < n:
-        d = min(depth, bound)
-        drafted = 0
+        d, drafted = min(depth, bound), 0
         while drafted < d and at + drafted < n:
             drafted += 1
             if chance[at + drafted - 1] < confidence:
                 break  # the unsure token ends the draft (its frontier)
-        agreed = next((j for j in range(drafted) if not agree[at + j]), drafted)
+        at, agreed = _judged(c, trace, n, at, drafted, costs)
         depth = step(depth, drafted, agreed, agreed < drafted)
-        at = _cycle(c, n, at, drafted, agreed, costs)
     return c
 
 
@@ -118,9 +117,7 @@ def expected_gain(trace: dict, bound: int, limit: int | None = None, costs: dict
     far, multiplied, estimate the chance ``q`` that the draft is confirmed up to here; the next token is drafted
     while ``q`` tokens gained are worth more than an SLM step at the draft's own rate (expected tokens over seconds),
     so a draft stops early where the SLM doubts and late where it is sure, whatever the drafts before did."""
-    agree, chance = trace["agree"], trace["p"]
-    n = len(agree) if limit is None else min(limit, len(agree))
-    at, c = 0, _counters()
+    chance, (n, at, c) = trace["p"], _start(trace, limit)
     while at < n:
         drafted, q, expected = 0, 1.0, 1.0
         while drafted < bound and at + drafted < n:
@@ -129,8 +126,7 @@ def expected_gain(trace: dict, bound: int, limit: int | None = None, costs: dict
             expected += q
             if q * (drafted * costs["slm"] + llm_cost(drafted + 1, costs)) < costs["slm"] * expected:
                 break
-        agreed = next((j for j in range(drafted) if not agree[at + j]), drafted)
-        at = _cycle(c, n, at, drafted, agreed, costs)
+        at, _ = _judged(c, trace, n, at, drafted, costs)
     return c
 
 
@@ -138,19 +134,17 @@ def foresight(trace: dict, bound: int, limit: int | None = None, costs: dict = C
     """No rule can do better (within ``bound``): each draft ends just before the SLM's first disagreement, which only
     the trace knows, so nothing is thrown and every LLM forward writes the most it can (an LLM forward costs about
     the same over 1 or 33 tokens here, so cutting a run of agreement in two never pays)."""
-    agree = trace["agree"]
-    n = len(agree) if limit is None else min(limit, len(agree))
-    at, c = 0, _counters()
+    agree, (n, at, c) = trace["agree"], _start(trace, limit)
     while at < n:
         drafted = 0
         while drafted < bound and at + drafted < n and agree[at + drafted]:
             drafted += 1
-        at = _cycle(c, n, at, drafted, drafted, costs)
+        at, _ = _judged(c, trace, n, at, drafted, costs)
     return c
 
 
 def _row(name: str, bound: int, confidence: float, answers: list[dict], costs: dict) -> dict:
-    tot = _counters()
+    tot = dict.fromkeys(answers[0], 0)
     for counters in answers:
         for k, v in counters.items():
             tot[k] += v
