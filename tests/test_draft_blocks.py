@@ -156,6 +156,32 @@ def test_blocks_end_drafts_where_the_slm_is_unsure(identity, tok):
     assert 0 < pending[median] < pending[0.0] and longest[1.0] == 1 < longest[0.0], "the identity pair confirms all"
 
 
+def test_blocks_end_drafts_by_the_expected_gain_rule_as_steps_do(identity, tok):
+    """``draft_cost`` on the device: a draft block carries each row's tail probabilities (``Standing.chance``,
+    ``expected``) from step to step and ends its draft where the host's rule would: drafting in blocks of 4 or step
+    by step, the rows resolve, confirm and take frontier tokens alike, fewer than without the rule; answers
+    unchanged. (A first token ends its draft where the SLM's probability p of it has p * cost < 1: a cost of 1 / the
+    median probability ends about half of them there.)"""
+    enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        chances = identity.slm(**enc).logits.float().softmax(-1).amax(-1)[enc["attention_mask"].bool()]
+    counted = {}
+    for block, cost in ((1, 0.0), (1, 1 / float(chances.median())), (4, 1 / float(chances.median()))):
+        policy = WaitPolicy((3,), 16, speculate=8, block=block, draft_cost=cost)
+        run = _drafting(identity, tok, policy, slots=3, prefill=None)
+        for i in range(3):
+            run.join(i, i, max_new_tokens=20, do_sample=False, threshold=0.0)
+        run.run(steps=400)
+        for i in range(3):
+            assert run.out[i] == _alone(identity, tok, i, max_new_tokens=20, do_sample=False, threshold=0.0), block
+        c = run.batch.counters
+        counted[block, bool(cost)] = {f: getattr(c, f) for f in ("resolutions", "agreed", "rejected",
+                                                                  "frontier_tokens", "llm_forwards")}
+        assert block == 1 or c.host_syncs < c.steps, "it drafted in blocks"
+    assert counted[4, True] == counted[1, True], "blocks and steps end the same drafts"
+    assert counted[1, True]["agreed"] < counted[1, False]["agreed"], "the rule ended drafts early"
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_a_row_that_ends_inside_a_block_leaves_its_neighbours_tokens_to_arrive(identity, tok, depth):
     """A row that never routes ends at its end token inside a block (the device drafts on for it), while a row at

@@ -329,6 +329,25 @@ def test_a_draft_ends_where_the_slm_is_unsure_and_the_answer_stays_the_llms(rela
     assert n["frontier_tokens"] > 0 and n["llm_forwards"] < o["llm_forwards"]
 
 
+def test_drafts_that_end_by_the_expected_gain_rule_give_the_llms_answer(related, tok):
+    """``draft_cost``: a row at threshold 0 ends each draft where one more token no longer pays for itself by the
+    SLM's probabilities of its tail (``moves.draft_ends``). Answers are the LLM's at every cost; a dear LLM (a huge
+    cost) never ends a draft early, so its drafts are those of a free row; a cheap one (cost -> 0) ends every draft at
+    its first token, as ``draft_confidence=1`` does; in between, fewer positions are drafted than without it."""
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    want = _llm(related, enc, GREEDY)
+    runs = {cost: _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, fixed_depth=cost is None,
+                       **({} if cost is None else {"draft_cost": cost})) for cost in (None, 1e9, 2.5, 1e-9)}
+    for out in runs.values():
+        assert torch.equal(out.sequences, want)
+    drafted = {cost: out.counters["speculative_agreed"] + out.counters["speculative_rejected"]
+               for cost, out in runs.items()}
+    assert runs[1e9].counters == runs[None].counters, "a dear LLM: drafts as deep as without the rule"
+    assert 0 < drafted[2.5] < drafted[None]
+    single = runs[1e-9].counters
+    assert 0 < single["pending_resolved_per_llm_call"] <= len(SHORT) and single["frontier_tokens"] > 0, "one per row"
+
+
 def test_speculate_below_holds_back_routed_rows_not_those_that_route_everywhere(identity, tok):
     """Where a row routed by the router runs it, a row at threshold 0 beside it is not held back by the router's
     score (``speculate_below`` decides nothing where every position routes, as where the router does not run)."""

@@ -12,8 +12,9 @@ import random
 import pytest
 import torch
 
-from r2r_hf.core.fast.drafts import device_move, draft_fn, inputs, read_back
-from r2r_hf.core.moves import BlockPlan, Move, Standing, draft_on_host, move
+from r2r_hf.core.fast.drafts import device_draft_ends, device_move, draft_fn, inputs, read_back
+from r2r_hf.core.moves import BlockPlan, Move, Standing, draft_ends, draft_on_host, move
+from r2r_hf.core.staging import CHANCE_UNIT
 
 WRITES, SPECULATES, WAITS, FRONTIER = Move.WRITES, Move.SPECULATES, Move.WAITS, Move.FRONTIER
 
@@ -47,9 +48,58 @@ TABLE = [
 ]
 
 
+# The expected-gain rule (why, standing, the SLM's probability of the proposal, whether the draft ends with it). A
+# tail's ``chance`` and ``expected`` are what its tokens' probabilities make them (``Standing.of``); cost 2.5 is this
+# CPU's LLM forward in SLM steps for the coder pair.
+GAIN = [
+    ("off (cost 0): never", Standing(3, 32, 99, True, False, 0.1, 1.5, 0.0), 0.01, False),
+    ("the router decides the row's tokens: never", Standing(3, 32, 99, False, False, 0.1, 1.5, 2.5), 0.01, False),
+    ("a sure first token goes on", Standing(0, 32, 99, True, False, 1.0, 1.0, 2.5), 0.99, False),
+    ("a doubtful first token ends a draft of one", Standing(0, 32, 99, True, False, 1.0, 1.0, 2.5), 0.3, True),
+    ("at 0.5 the first token: 0.5 * 3.5 = 1.75 >= 1.5 goes on", Standing(0, 32, 99, True, False, 1.0, 1.0, 2.5), 0.5,
+     False),
+    ("ten sure tokens: a sure eleventh goes on", Standing(10, 32, 99, True, False, 0.99**10,
+                                                        1 + sum(0.99**k for k in range(1, 11)), 2.5), 0.99, False),
+    ("a draft of 0.9s ends where 0.9^d * (d + 2.5) drops under what it expects (d = 5 on)",
+     Standing(5, 32, 99, True, False, 0.9**5, 1 + sum(0.9**k for k in range(1, 6)), 2.5), 0.9, True),
+    ("a dear LLM (cost 5.6, an H200) keeps the 0.9s going longer (to d = 8)",
+     Standing(5, 32, 99, True, False, 0.9**5, 1 + sum(0.9**k for k in range(1, 6)), 5.6), 0.9, False),
+]
+
+
+@pytest.mark.parametrize("why,standing,chance,want", GAIN, ids=[row[0] for row in GAIN])
+def test_the_expected_gain_rule(why, standing, chance, want):
+    assert draft_ends(standing, chance) is want
+
+
+def test_the_expected_gain_rule_on_the_device_reads_the_same_table():
+    columns = [torch.tensor(c, dtype=torch.float64) for c in zip(*[(s.chance, s.expected, s.pending, s.cost, c)
+                                                                    for _, s, c, _ in GAIN])]
+    chance, expected, pending, cost, proposal = columns
+    everywhere = torch.tensor([s.everywhere for _, s, _, _ in GAIN])
+    got = device_draft_ends(chance, expected, pending.long(), everywhere, cost, proposal).tolist()
+    assert got == [want for *_, want in GAIN]
+
+
+def test_a_tail_stands_where_its_tokens_probabilities_put_it():
+    """``Standing.of`` over a row's pending tokens and ``Standing.after`` step by step give the same floats (the
+    host's steps and a draft block's moves agree on where a draft ends)."""
+    from r2r_hf.core.ledger import Pending, RowState
+
+    chances = [0.97, 0.5, 0.999, 0.8]
+    row = RowState(routes=True, pending=[Pending(i, i, chance=c) for i, c in enumerate(chances)])
+    stepped = Standing(0, 8, row.max_new + 4, True, False, cost=2.5)
+    for c in chances:
+        stepped = stepped.after(Move.SPECULATES, False, c)
+    assert Standing.of(row, 8, 2.5) == stepped
+    assert stepped.chance == 0.97 * 0.5 * 0.999 * 0.8
+    assert stepped.expected == 1 + 0.97 + 0.97 * 0.5 + 0.97 * 0.5 * 0.999 + 0.97 * 0.5 * 0.999 * 0.8
+    assert Standing(0, 8, 9, True, False).after(Move.WRITES, False, 0.1).chance == 1.0  # (not pending: unmoved)
+
+
 def on_device(cases: list[tuple[Standing, bool, bool]]) -> list[Move]:
     """Each case's move as the draft block decides it on the device, read back as the block's read-back reads it."""
-    columns = list(zip(*[(*s, routed, sure) for s, routed, sure in cases]))
+    columns = list(zip(*[(*s[:5], routed, sure) for s, routed, sure in cases]))
     pending, depth, left, everywhere, ended, routed, sure = (torch.tensor(c) for c in columns)
     commit, frontier = device_move(routed, sure, pending, depth, left, everywhere, ended,
                                    active=torch.ones(len(cases), dtype=torch.bool))
@@ -87,7 +137,7 @@ class ScriptedSLM:
     def __init__(self, rng: random.Random, slots: int, steps: int, lengths: list[int]) -> None:
         shape = (slots, steps + 1)
         self.token = torch.tensor([[rng.randrange(self.VOCAB) for _ in range(shape[1])] for _ in range(slots)])
-        self.sharp = torch.tensor([[rng.choice((1.0, 12.0)) for _ in range(shape[1])] for _ in range(slots)])
+        self.sharp = torch.tensor([[rng.choice((1.0, 3.0, 5.0, 12.0)) for _ in range(shape[1])] for _ in range(slots)])
         self.score = torch.tensor([[rng.choice((0.1, 0.6, 0.95)) for _ in range(shape[1])] for _ in range(slots)])
         self.lengths = torch.tensor(lengths)
 
@@ -103,11 +153,13 @@ class ScriptedSLM:
         return self.outputs(position[:, 0] - self.lengths + 1)
 
     def propose(self, r: int, written: int, threshold: float, below: float, everywhere: bool, confidence: float):
-        """What the device proposes for slot ``r`` after ``written`` tokens: (token, routed, sure)."""
+        """What the device proposes for slot ``r`` after ``written`` tokens: (token, routed, sure, chance as the host
+        reads it back)."""
         logits, _, score = (v[r] for v in self.outputs(torch.full((len(self.lengths),), written)))
-        chance = float(logits.float().softmax(-1).amax())
+        top = logits.float().softmax(-1).amax()
         return (int(self.token[r, min(written, self.token.shape[1] - 1)]), float(score) >= threshold,
-                (float(score) >= below and not everywhere) or chance < confidence)
+                (float(score) >= below and not everywhere) or float(top) < confidence,
+                int((top * CHANCE_UNIT).round()) / CHANCE_UNIT)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -115,11 +167,12 @@ def test_a_block_drafted_on_the_device_is_the_hosts(seed):
     """Random blocks (tails, depths, lengths left, rows at threshold 0, ends in a tail or in the token before the
     block, rows that do not draft): the device's moves, tokens, routing and sure flags at every drafting row are the
     host's, step by step."""
-    rng, slots, steps, made = random.Random(seed), 5, 4, set()
+    rng, slots, steps, made, gained = random.Random(seed), 5, 4, set(), set()
     for _ in range(40):
-        standing = tuple(None if rng.random() < 0.2 else Standing(rng.randrange(4), rng.randrange(1, 5),
-                                                                  rng.randrange(1, 7), rng.random() < 0.4,
-                                                                  rng.random() < 0.15) for _ in range(slots))
+        cost = rng.choice((0.0, 2.5, 5.6))
+        standing = tuple(None if rng.random() < 0.2 else tail(rng, Standing(0, rng.randrange(1, 5), rng.randrange(1, 7),
+                                                                           rng.random() < 0.4, rng.random() < 0.15,
+                                                                           cost=cost)) for _ in range(slots))
         ends = tuple(frozenset(rng.sample(range(ScriptedSLM.VOCAB), rng.randrange(3))) for _ in range(slots))
         plan = BlockPlan(steps, standing, ends, below=0.9, confidence=rng.choice((0.0, 0.5)))
         lengths = [rng.randrange(3, 9) for _ in range(slots)]
@@ -132,12 +185,23 @@ def test_a_block_drafted_on_the_device_is_the_hosts(seed):
                        previous=torch.tensor(previous))
         tokens = torch.zeros(slots, max(lengths) + steps + 2, dtype=torch.long)
         out = draft_fn(slm.read, steps, ScriptedSLM.VOCAB, tokens.shape[1] - 1, tokens)(**given)
-        device = read_back(given["previous"], out[:6])
+        device = read_back(given["previous"], out[:7])
         host = draft_on_host(plan, previous, lambda r, written: slm.propose(
             r, written, float(thresholds[r]), plan.below, everywhere[r], plan.confidence))
         assert device.moves == host.moves, (plan, previous)
         for i, step in enumerate(host.moves):
-            assert {r: (device.token[i][r], device.routed[i][r], device.sure[i][r]) for r in step} == \
-                   {r: (host.token[i][r], host.routed[i][r], host.sure[i][r]) for r in step}
+            assert {r: (device.token[i][r], device.routed[i][r], device.sure[i][r], device.chance[i][r])
+                    for r in step} == {r: (host.token[i][r], host.routed[i][r], host.sure[i][r], host.chance[i][r])
+                                       for r in step}
             made |= set(step.values())
+            gained |= {r for r in step if standing[r].cost and standing[r].everywhere and host.sure[i][r]
+                       and host.routed[i][r]}
     assert made == set(Move), "the blocks make every move"
+    assert gained, "some drafts end by the expected-gain rule"
+
+
+def tail(rng: random.Random, standing: Standing) -> Standing:
+    """``standing`` holding a random tail of up to 3 pending tokens (their probabilities moved on as a row's are)."""
+    for _ in range(rng.randrange(4)):
+        standing = standing.after(Move.SPECULATES, False, rng.choice((0.3, 0.6, 0.9, 0.99)))
+    return standing

@@ -165,6 +165,25 @@ def test_the_depth_a_row_may_hold_is_the_least_of_the_load_the_request_and_its_o
     assert not serving_policy("cuda", 4, speculate=8).adapts, "a GPU's depth by load is its default (the prediction)"
 
 
+def test_a_draft_cost_replaces_the_depth_by_acceptance_in_generate_and_the_server():
+    """``draft_cost`` (the expected-gain rule) decides where a draft ends: a row's depth by acceptance no longer caps
+    it (its depth is the policy's), the policy says so, and ``generate``'s and the server's settings carry it."""
+    from types import SimpleNamespace
+
+    from r2r_hf.core.plan import depth
+    from r2r_hf.core.policy import call_policy, serving_policy
+
+    gaining = WaitPolicy((2,), 16, speculate=16, adapts=True, draft_cost=2.5)
+    assert depth(RowState(routes=True, drafting=2), gaining, 1) == 16
+    assert "no longer pays for itself (an LLM forward costing 2.5 SLM steps)" in gaining.said()
+    served = serving_policy("cpu", 4, speculate=8, draft_cost=5.6)
+    assert (served.draft_cost, served.adapts) == (5.6, False)
+    assert serving_policy("cpu", 4, draft_cost=5.6).draft_cost == 0.0, "no speculation, no drafts"
+    config = SimpleNamespace(speculate=8, draft_cost=2.5, do_sample=False, return_dict_in_generate=False)
+    called = call_policy(config, 2)
+    assert (called.draft_cost, called.adapts) == (2.5, False)
+
+
 def test_the_ledger_moves_a_rows_depth_only_when_the_llm_judges_its_tail():
     """The rule's one home is the ledger's resolution (``Ledger.apply``): steps without the LLM leave the depth alone
     (the tail fills to it, the frontier last); a resolution that confirms a full tail whole deepens it, one that

@@ -262,6 +262,7 @@ def test_the_server_speculates_streams_confirmed_tokens_and_counts_what_it_did(r
     ("speculate_below", float("nan"), "speculate_below must be a router"),
     ("draft_confidence", 1.5, "draft_confidence must be a probability"),
     ("fixed_depth", "yes", "fixed_depth must be True or False"),
+    ("draft_cost", -1.0, "draft_cost must be an LLM forward's cost in SLM steps"),
 ])
 def test_speculations_options_are_checked_with_speculation_off(model, tok, option, value, words):
     """Issue 52, item 8: with speculation off they were accepted whatever they were."""
@@ -273,6 +274,8 @@ def test_speculations_options_are_checked_with_speculation_off(model, tok, optio
     (dict(speculate_below=0.9), "speculate_below=0.9 has no effect without speculate"),
     (dict(draft_confidence=0.4), "draft_confidence=0.4 has no effect without speculate"),
     (dict(fixed_depth=True), "fixed_depth=True has no effect without speculate"),
+    (dict(draft_cost=2.5), "draft_cost=2.5 has no effect without speculate"),
+    (dict(speculate=4, draft_cost=2.5, fixed_depth=True), "fixed_depth and draft_cost each choose where a draft ends"),
     (dict(speculate=4, llm_max_wait=0), "never speculates: with llm_max_wait=0"),
     (dict(speculate=4, llm_min_rows=(1,)), "never speculates: with llm_min_rows=(1,)"),
 ])

@@ -289,8 +289,8 @@ def drafted_block(ledger: Ledger, book: SlotBook, plan: BlockPlan, previous: lis
     tokens it committed and the SLM's read of them (``SlotLayout.drafted``)."""
     start = {r: len(ledger.rows[r].owner.routed) - ledger.rows[r].max_new for r in plan.rows}
 
-    def recorded(r: int, written: int) -> tuple[int, bool, bool]:  # (token, routed, sure)
-        return 0, ledger.rows[r].owner.routed[start[r] + written], False
+    def recorded(r: int, written: int) -> tuple[int, bool, bool, float]:  # (token, routed, sure, chance: sure)
+        return 0, ledger.rows[r].owner.routed[start[r] + written], False, 1.0
 
     drafted = draft_on_host(plan, previous, recorded)
     for committed, read in zip(drafted.committed, drafted.read):

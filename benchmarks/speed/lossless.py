@@ -2,7 +2,7 @@
 SLM as assistant, and R2R at threshold 0 speculating (the LLM's own answer), on this CPU at batch 1.
 
     python -m benchmarks.speed.lossless [--dtype bfloat16] [--lengths 160:1,512:1] [--repeats 3]
-                                        [--systems assisted,adaptive,confident] [--once llm,fixed8]
+                                        [--systems assisted,adaptive,confident,gain] [--once llm,fixed8]
 
 Qwen2.5-Coder 0.5B + 1.5B Instruct (``benchmarks/models.py``) with the shipped router, greedy, chat template.
 ``--lengths N:K`` answers K HumanEval tasks with ``max_new_tokens`` N each, those whose recorded LLM answer
@@ -37,7 +37,7 @@ from benchmarks.record import hardware, versions
 WAIT = 64  # steps the oldest pending position may wait (a batch-1 draft never waits that long: its depth ends it)
 
 
-def systems(runner: Runner, confidence: float, deep: int) -> dict:
+def systems(runner: Runner, confidence: float, deep: int, cost: float = 2.5) -> dict:
     """name -> a function of (input ids, attention mask, greedy options) -> (sequences, counters or None)."""
     def llm(ids, mask, greedy):
         return runner.llm.generate(input_ids=ids, attention_mask=mask, **greedy), None
@@ -45,11 +45,11 @@ def systems(runner: Runner, confidence: float, deep: int) -> dict:
     def assisted(ids, mask, greedy):
         return runner.llm.generate(input_ids=ids, attention_mask=mask, assistant_model=runner.slm, **greedy), None
 
-    def r2r(depth, fixed=False, floor=None):
+    def r2r(depth, fixed=False, floor=None, gain=None):
         def run(ids, mask, greedy):
             out = runner.r2r.generate(input_ids=ids, attention_mask=mask, **greedy, threshold=0.0, speculate=depth,
                                       llm_max_wait=WAIT, return_dict_in_generate=True, draft_confidence=floor,
-                                      fixed_depth=fixed)
+                                      fixed_depth=fixed, draft_cost=gain)
             return out.sequences, out.counters
         return run
 
@@ -59,7 +59,10 @@ def systems(runner: Runner, confidence: float, deep: int) -> dict:
             "confident": (f"r2r, depth by acceptance up to {deep}, drafts end under {confidence}",
                           r2r(deep, floor=confidence)),
             "fixed-confident": (f"r2r, fixed depth {deep}, drafts end under {confidence}",
-                                r2r(deep, fixed=True, floor=confidence))}
+                                r2r(deep, fixed=True, floor=confidence)),
+            "gain": (f"r2r, drafts end by the expected-gain rule (cost {cost:g}) up to {deep}",
+                     r2r(deep, gain=cost)),
+            "gain16": (f"r2r, drafts end by the expected-gain rule (cost {cost:g}) up to 16", r2r(16, gain=cost))}
 
 
 def tasks(lengths: str) -> list[tuple[dict, int]]:
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--once", default="llm,fixed8", help="systems timed in the first round only")
     parser.add_argument("--confidence", type=float, default=0.8, help="draft_confidence of the 'confident' runs")
     parser.add_argument("--deep", type=int, default=32, help="speculate of the 'confident' runs")
+    parser.add_argument("--cost", type=float, default=2.5,
+                        help="draft_cost of the 'gain' runs: an LLM forward in SLM steps (2.5: this CPU, bf16)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/lossless_<dtype>.json")
     args = parser.parse_args(argv)
@@ -159,13 +164,14 @@ def main(argv: list[str] | None = None) -> dict:
     work = tasks(args.lengths)
     runner = Runner(args.router, None, max(n for _, n in work), getattr(torch, args.dtype))
     runner.slm.generation_config.assistant_confidence_threshold = 0.4  # HF's default (see the module docstring)
-    every = systems(runner, args.confidence, args.deep)
+    every = systems(runner, args.confidence, args.deep, args.cost)
     runs = {name: every[name] for name in args.systems.split(",")}
     with torch.inference_mode():
         found = side_by_side(runner, work, runs, set(args.once.split(",")), args.repeats)
     threshold = float(runner.slm.generation_config.assistant_confidence_threshold)
     result = {"conditions": {"tasks": [(p["task_id"], n) for p, n in work], "dtype": args.dtype,
                              "threads": args.threads, "repeats": args.repeats, "once": args.once, "batch": 1,
+                             "draft_cost": args.cost,
                              "greedy": True, "wait": WAIT, "router": args.router, "cpus": os.cpu_count(),
                              "assisted_threshold_after": threshold,
                              **versions(), "cpu": hardware()}, **found}

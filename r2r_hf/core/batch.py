@@ -32,8 +32,8 @@ from .pair import RoutedPair
 from .plan import Outcome, StepPlan
 from .policy import WaitPolicy
 from .routing import Routing, fixed_routing
-from .speculation import resolve, roll_back, waits
-from .staging import in_order, staged
+from .speculation import chances, resolve, roll_back, waits
+from .staging import CHANCE_UNIT, in_order, in_units, staged
 from .step import LLMRead, Proposal, Synced
 
 
@@ -197,8 +197,12 @@ class RunningBatch:
             budget_rows = None if index is None else index.to(self.budget.share.device)
             routed &= self.budget.allows(router_scores, budget_rows)
             self.budget.spend(router_scores, routed, live, budget_rows)
+        if not speculate:
+            return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after)
+        chance = chances(policy, scores, token)
         return Proposal(rows, index, logits, scores, token, ok, router_scores, routed, states, after,
-                        waits(policy, router_scores, scores, token, thresholds) if speculate else None)
+                        waits(policy, router_scores, chance, thresholds),
+                        in_units(chance) if policy.draft_cost > 0 else None)
 
     def _route(self, rows: list[int], index: torch.Tensor | None, logits: torch.Tensor, hidden: torch.Tensor,
                token: torch.Tensor, thresholds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,8 +229,8 @@ class RunningBatch:
         flags = self.choice.flags()
         parts = [proposal.routed, self.last_token.to(device)]  # (cat promotes bool to long: no cast kernel)
         parts += [part.reshape(-1).to(device) for part in (proposal.ok, flags, *extra) if part is not None]
-        if proposal.sure is not None:
-            parts.append(proposal.sure)  # last: n entries, like routed
+        tail = [part for part in (proposal.sure, proposal.chance) if part is not None]
+        parts += [part.to(device) for part in tail]  # last: n entries each, like routed
         flat = torch.cat(parts).tolist()
         self.counters.host_syncs += 1
         end = n + s
@@ -238,9 +242,11 @@ class RunningBatch:
             failed |= {r for r, v in enumerate(flat[end : end + s]) if v}
             end += s
         delivered = self.ledger.arrive(flat[n : n + s])
-        stop = len(flat) - (n if proposal.sure is not None else 0)
+        stop = len(flat) - n * len(tail)
         sure = [bool(flat[stop + i]) for i in at] if proposal.sure is not None else []
-        return Synced([bool(flat[i]) for i in at], delivered, failed, flat[end:stop], sure)
+        units = len(flat) - n  # (the chances, where read, come last)
+        chance = [flat[units + i] / CHANCE_UNIT for i in at] if proposal.chance is not None else []
+        return Synced([bool(flat[i]) for i in at], delivered, failed, flat[end:stop], sure, chance)
 
     def read_llm(self, plan: StepPlan, proposal: Proposal) -> LLMRead:
         """The LLM's read ``plan`` asks for: a resolution (``speculation.resolve``), or its catch-up, in which it

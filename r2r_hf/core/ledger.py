@@ -25,12 +25,14 @@ class Pending:
         index: the token's index in the row's answer.
         step: the step it was routed (and committed) at.
         before, after: the row's random stream before and after the SLM's draw there (None: greedy).
+        chance: the SLM's probability of its token (``moves.Standing.chance``; 1 where the policy does not read it).
     """
 
     index: int
     step: int
     before: Any = None
     after: Any = None
+    chance: float = 1.0
 
 
 @dataclass
@@ -232,13 +234,15 @@ class Ledger:
         return out
 
     def apply(self, plan: StepPlan, outcome: Outcome, before: Mapping[int, Any] = {},  # noqa: B006 (read only)
-              after: Mapping[int, Any] = {}, streams: Mapping[int, Any] = {}) -> Applied:  # noqa: B006
+              after: Mapping[int, Any] = {}, streams: Mapping[int, Any] = {},  # noqa: B006
+              chances: Mapping[int, float] = {}) -> Applied:  # noqa: B006
         """The step ran ``plan`` and committed ``outcome``: routed rows not written now wait from where their stream
         stood before the SLM's draw (``before``), the plan's frontier rows from the next step, where it stood after
         this step's draw (``after``); rows are cut back where the LLM rejected a pending token; the
         LLM's rows stop waiting; every writer has one token more (a speculating row's is pending, with its stream
-        before and after the SLM's draw: ``before``, ``after``; ``streams``: each writer's stream after the step,
-        where the batch keeps them); what is confirmed moves on. The one writer of a row's progress."""
+        before and after the SLM's draw: ``before``, ``after``, and the SLM's probability of it, ``chances``;
+        ``streams``: each writer's stream after the step, where the batch keeps them); what is confirmed moves on.
+        The one writer of a row's progress."""
         for r in plan.routed:
             if r not in plan.ended and r not in plan.speculating:
                 self.rows[r].waiting_since, self.rows[r].rng = plan.step, before.get(r)
@@ -256,7 +260,7 @@ class Ledger:
             row = self.rows[r]
             row.by_llm = kept[r] if r in kept else r in llm or r in plan.speculating
             if r in plan.speculating:
-                row.pending.append(Pending(row.written, plan.step, before.get(r), after.get(r)))
+                row.pending.append(Pending(row.written, plan.step, before.get(r), after.get(r), chances.get(r, 1.0)))
             row.tail.append(Written(row.written, plan.step, row.by_llm, streams.get(r)))
             written[r] = row.written
             row.written += 1

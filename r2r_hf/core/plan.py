@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .moves import BlockPlan, Move, Standing, move
+from .moves import BlockPlan, Move, Standing, draft_ends, move
 from .policy import WaitPolicy
 
 
@@ -70,7 +70,8 @@ class StepPlan:
 
 
 def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequence[bool], ended: set[int],
-              policy: WaitPolicy, lockstep: bool = False, sure: Sequence[bool] = ()) -> StepPlan:
+              policy: WaitPolicy, lockstep: bool = False, sure: Sequence[bool] = (),
+              chance: Sequence[float] = ()) -> StepPlan:
     """Decide one step from host values (see the module docstring).
 
     Args:
@@ -83,14 +84,22 @@ def plan_step(rows: Sequence, step: int, proposed: Sequence[int], routed: Sequen
         lockstep: the rows move together (HF's rectangle): the LLM reads every row whenever it runs, and a routed
             row cannot wait with no token (the LLM runs instead).
         sure: for each proposing row, whether the router is surer than ``policy.speculate_below`` (it then waits).
+        chance: for each proposing row, the SLM's probability of its token (where ``policy.draft_cost`` reads it:
+            a row that routes everywhere is unsure too where its draft ends, ``moves.draft_ends``).
     """
     occupied = [r for r, row in enumerate(rows) if row is not None and r not in ended]
-    # (a row that did not route writes whatever it stands: its standing is worked out where it routed only)
-    sure = sure or [False] * len(proposed)
-    moves = {r: move(Standing.of(rows[r], depth(rows[r], policy, len(occupied))) if hit else None, hit, certain)
-             for r, hit, certain in zip(proposed, routed, sure) if r not in ended}
-    made = _made(_in_lockstep(rows, moves, {r for r, certain in zip(proposed, sure) if certain}) if lockstep
-                 else moves, ended)
+    sure, chance = sure or [False] * len(proposed), chance or [1.0] * len(proposed)
+    moves, unsure = {}, set()
+    for r, hit, certain, p in zip(proposed, routed, sure, chance):
+        if r in ended:
+            continue
+        # (a row that did not route writes whatever it stands: its standing is worked out where it routed only)
+        standing = Standing.of(rows[r], depth(rows[r], policy, len(occupied)), policy.draft_cost) if hit else None
+        certain = certain or (hit and draft_ends(standing, p))
+        moves[r] = move(standing, hit, certain)
+        if certain:
+            unsure.add(r)
+    made = _made(_in_lockstep(rows, moves, unsure) if lockstep else moves, ended)
     speculating = sorted(made.speculates + made.frontier)
     since = {r: rows[r].waiting_since for r in occupied if rows[r].waiting_since is not None}
     since.update(dict.fromkeys(made.waits, step))
@@ -165,7 +174,7 @@ def depth(row, policy: WaitPolicy, running: int) -> int:
     ``WaitPolicy.depth``), less where it routes everywhere and its own drafts say so (``RowState.drafting``, where the
     policy ``adapts``), or less where its request asked (``RowState.depth``)."""
     most = policy.depth(running, bool(row.routes))
-    if policy.adapts and row.routes:
+    if policy.adapts and row.routes and not policy.draft_cost:
         most = min(most, row.drafting)
     return most if row.depth is None else min(most, row.depth)
 
@@ -208,7 +217,7 @@ def plan_block(ledger, policy: WaitPolicy) -> BlockPlan | None:
     if policy.block < 2 or not rows or _llm_due(ledger, policy):
         return None
     drafting, running = set(rows), len(ledger.occupied())
-    standing = tuple(Standing.of(row, depth(row, policy, running)) if r in drafting else None
+    standing = tuple(Standing.of(row, depth(row, policy, running), policy.draft_cost) if r in drafting else None
                      for r, row in enumerate(ledger.rows))
     ends = tuple(row.ends if r in drafting else frozenset() for r, row in enumerate(ledger.rows))
     return BlockPlan(policy.block, standing, ends, policy.speculate_below, policy.draft_confidence)

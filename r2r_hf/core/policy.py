@@ -67,6 +67,16 @@ def check_confidence(value: object) -> float:
     return float(value)
 
 
+def check_draft_cost(value: object) -> float:
+    """An LLM forward's cost in SLM steps for the expected-gain rule (``WaitPolicy.draft_cost``; None: off)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"draft_cost must be an LLM forward's cost in SLM steps (a number >= 0, e.g. 2.5; 0: off), "
+                         f"got {value!r}.")
+    return float(value)
+
+
 def check_fixed_depth(value: object) -> bool:
     """Whether rows at threshold 0 draft to their full depth every time (None: no, their depth follows their
     acceptance: ``WaitPolicy.adapts``)."""
@@ -111,6 +121,9 @@ class WaitPolicy:
         adapts: a row that routes everywhere drafts as deep as its own acceptance says (``plan.adapted``: short after
             a rejection, deeper while its drafts are confirmed whole), within the depths above; False: every draft
             may reach them.
+        draft_cost: where above 0, a row that routes everywhere ends each draft where one more token no longer pays
+            for itself by the cost model's expected-gain rule (``moves.draft_ends``), an LLM forward costing this
+            many SLM steps; its drafts may then reach the depths above (it replaces ``adapts``). 0: off.
     """
 
     min_rows: tuple[int, ...] = (1,)
@@ -121,6 +134,7 @@ class WaitPolicy:
     depths: tuple[int, ...] = ()
     draft_confidence: float = 0.0
     adapts: bool = False
+    draft_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if check_min_rows(self.min_rows) != self.min_rows:
@@ -130,6 +144,7 @@ class WaitPolicy:
         check_speculate_below(self.speculate_below)
         check_block(self.block)
         check_confidence(self.draft_confidence)
+        check_draft_cost(self.draft_cost)
         if any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in self.depths):
             raise ValueError(f"depths must be whole numbers of pending positions >= 1, got {self.depths!r}.")
 
@@ -151,6 +166,8 @@ class WaitPolicy:
             return f"the LLM runs once {self.min_rows} rows wait or the oldest waited {self.max_wait} steps"
         by_load = f"; answers at threshold 0: {', '.join(map(str, self.depths))} by running rows" if self.depths else ""
         by_load += "; answers at threshold 0 draft as deep as their own acceptance says" if self.adapts else ""
+        by_load += (f"; answers at threshold 0 end each draft where one more token no longer pays for itself (an LLM "
+                    f"forward costing {self.draft_cost:g} SLM steps)") if self.draft_cost else ""
         return (f"answers speculate up to {self.speculate} pending positions{by_load}; the LLM resolves once "
                 f"{self.min_rows} rows wait or hold full tails, the oldest is {self.max_wait} steps old, or none "
                 "can go on")
@@ -195,9 +212,10 @@ def default_policy(device_type: str, max_rows: int) -> WaitPolicy:
 def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | None = None,
                    max_wait: int | None = None, speculate: int = 0, speculate_below: float | None = None,
                    block: int | None = None, draft_confidence: float | None = None,
-                   adapts: bool = True) -> WaitPolicy:
+                   adapts: bool = True, draft_cost: float | None = None) -> WaitPolicy:
     """The server's policy: what its settings name, the rest from the device's default (``default_policy``, or with
-    ``speculate`` ``speculative_policy``; draft blocks of ``DRAFT_BLOCK`` steps on a GPU)."""
+    ``speculate`` ``speculative_policy``; draft blocks of ``DRAFT_BLOCK`` steps on a GPU). With ``draft_cost`` the
+    expected-gain rule ends the drafts at threshold 0, up to the depths by load (it replaces ``adapts``)."""
     if speculate:
         default = speculative_policy(device_type, max_rows, speculate)
     elif min_rows is None and max_wait is None:
@@ -208,7 +226,8 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
         block = DRAFT_BLOCK if device_type == "cuda" else 1
     return WaitPolicy(min_rows or default.min_rows, default.max_wait if max_wait is None else max_wait, speculate,
                       check_speculate_below(speculate_below), block, default.depths, check_confidence(draft_confidence),
-                      adapts and bool(speculate) and not default.depths)
+                      adapts and bool(speculate) and not default.depths and not draft_cost,
+                      check_draft_cost(draft_cost) if speculate else 0.0)
 
 
 # Steps a server drafts per host synchronisation on a GPU (``fast/drafts.py``). Chosen with the cost model
@@ -274,6 +293,9 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     below = check_speculate_below(getattr(generation_config, "speculate_below", None))
     confidence = check_confidence(getattr(generation_config, "draft_confidence", None))
     fixed = check_fixed_depth(getattr(generation_config, "fixed_depth", None))
+    cost = check_draft_cost(getattr(generation_config, "draft_cost", None))
+    if fixed and cost:
+        raise ValueError("fixed_depth and draft_cost each choose where a draft ends at threshold 0; give one of them.")
     if not speculate:
         return IMMEDIATE
     why = None
@@ -286,4 +308,4 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
         say_once(f"speculation is off for this call: {why}.")
         return IMMEDIATE
     return WaitPolicy((rows + 1,), SPECULATE_WAIT if wait is None else wait, speculate, below,
-                      draft_confidence=confidence, adapts=not fixed)
+                      draft_confidence=confidence, adapts=not fixed and not cost, draft_cost=cost)

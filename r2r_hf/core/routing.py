@@ -130,4 +130,4 @@ def speculation_for(policy: WaitPolicy, pair: RoutedPair, slots: bool = False) -
     if problem is None:
         return policy
     say_once(problem)
-    return replace(policy, speculate=0, speculate_below=math.inf, draft_confidence=0.0, depths=())
+    return replace(policy, speculate=0, speculate_below=math.inf, draft_confidence=0.0, depths=(), draft_cost=0.0)

@@ -103,17 +103,26 @@ def _first_rejections(layout, pending: dict, verified: dict, device: torch.devic
     return out
 
 
-def waits(policy: WaitPolicy, router_scores: torch.Tensor, scores: torch.Tensor, token: torch.Tensor,
+def waits(policy: WaitPolicy, router_scores: torch.Tensor, chance: torch.Tensor | None,
           thresholds: torch.Tensor) -> torch.Tensor | None:
     """Where a routed row waits rather than speculate (``Proposal.sure``): the router is surer than
     ``speculate_below`` (not where a row's threshold, ``thresholds``, routes every position: there the router's score
-    decides nothing, as where it does not run), or the SLM's probability of its token is under ``draft_confidence``;
-    None: neither bound."""
+    decides nothing, as where it does not run), or the SLM's probability of its token (``chance``: ``chances``) is
+    under ``draft_confidence``; None: neither bound. (Where a draft ends by the expected-gain rule the host decides:
+    it knows the row's tail, ``plan.plan_step``.)"""
     sure = None
     if policy.speculate_below < math.inf:
         sure = (router_scores >= policy.speculate_below) & (thresholds.to(router_scores.device) > 0)
     if policy.draft_confidence > 0:
-        chance = scores.float().softmax(-1).gather(-1, token[:, None].to(scores.device))[:, 0]
         unsure = (chance < policy.draft_confidence).to(router_scores.device)
         sure = unsure if sure is None else sure | unsure
     return sure
+
+
+def chances(policy: WaitPolicy, scores: torch.Tensor, token: torch.Tensor) -> torch.Tensor | None:
+    """The SLM's probability of each proposal (``scores`` [n, V] its scores, ``token`` [n]) where the policy reads
+    it (``draft_confidence``, ``draft_cost``); None: nowhere."""
+    if not (policy.draft_confidence > 0 or policy.draft_cost > 0):
+        return None
+    return scores.float().softmax(-1).gather(-1, token[:, None].to(scores.device))[:, 0]
+

@@ -50,6 +50,8 @@ class Proposal:
         sure: where a routed row waits rather than speculate: the router's score reaches
             ``WaitPolicy.speculate_below`` or the SLM's probability of its token is under ``draft_confidence``;
             placed like routed (None: no row speculates, or neither bound applies).
+        chance: the SLM's probability of each proposal in ``staging.CHANCE_UNIT``s where the policy ends drafts by
+            the expected-gain rule (``WaitPolicy.draft_cost``), placed like routed; None: it does not.
     """
 
     rows: list[int]
@@ -63,6 +65,7 @@ class Proposal:
     states: Mapping[int, Any]
     after: Mapping[int, Any]
     sure: torch.Tensor | None = None
+    chance: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Synced:
         extra: the values the caller's stop rule asked to read (``turn.Stops.reads``).
         sure: per proposing row, whether it waits rather than speculate where it routes (``Proposal.sure``; empty:
             no row speculates).
+        chance: per proposing row, the SLM's probability of its token (``Proposal.chance``; empty: not read).
     """
 
     routed: list[bool]
@@ -85,6 +89,7 @@ class Synced:
     failed: set[int]
     extra: list[int]
     sure: list[bool] = ()
+    chance: list[float] = ()
 
 
 @dataclass(frozen=True)

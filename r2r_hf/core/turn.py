@@ -130,11 +130,13 @@ def decode_step(batch: DeviceStep, policy: WaitPolicy, stops: Stops = NoStops())
     proposal = batch.propose(policy)  # device: choices, router, budget
     synced = batch.sync(proposal, stops.reads())  # the one host synchronisation
     ended = _delivered(batch.counters, stops.ended(synced), synced) | synced.failed
-    plan = plan_step(ledger.rows, ledger.step_no, proposal.rows, synced.routed, ended, policy, lockstep, synced.sure)
+    plan = plan_step(ledger.rows, ledger.step_no, proposal.rows, synced.routed, ended, policy, lockstep, synced.sure,
+                     synced.chance)
     read = batch.read_llm(plan, proposal)  # device: the catch-up, or a resolution and its read-back
     outcome = settle(ledger.rows, plan, read.rejected, lockstep)  # what the step commits
     token, streams = batch.commit(proposal, plan, outcome, read)  # device: rollbacks, commits, the SLM's read
-    applied = ledger.apply(plan, outcome, proposal.states, proposal.after, streams)
+    applied = ledger.apply(plan, outcome, proposal.states, proposal.after, streams,
+                           dict(zip(proposal.rows, synced.chance)))
     batch.counters.step(plan, outcome)
     return StepResult(plan, outcome, synced, token, proposal, read, applied)
 
@@ -172,7 +174,7 @@ def decode_block(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepRes
         ended = _delivered(batch.counters, stops.ended(synced), synced)
         plan = plan_moves(ledger.rows, ledger.step_no, rows, ended, moves)
         outcome = settle(ledger.rows, plan, {}, False)
-        applied = ledger.apply(plan, outcome)
+        applied = ledger.apply(plan, outcome, chances=drafted.chances(i))
         batch.counters.step(plan, outcome)
         batch.leave(list(plan.ended))
         ended_all |= set(plan.ended)

@@ -87,6 +87,10 @@ R2R_OPTIONS = {
                         "threshold 0 a draft ends with that token",
     "fixed_depth": "with speculate: rows at threshold 0 draft up to speculate positions every time (default False: "
                    "each row's depth follows its own acceptance, r2r_hf/core/plan.py adapted)",
+    "draft_cost": "with speculate: rows at threshold 0 end each draft where one more token no longer pays for itself "
+                  "(the expected-gain rule, r2r_hf/core/moves.py draft_ends), an LLM forward costing this many SLM "
+                  "steps (measured: 2.5 for Qwen2.5-Coder 0.5B + 1.5B on a CPU, 5.6 for R1-Distill 1.5B + 32B on "
+                  "an H200); their depth is then at most speculate (default: off)",
 }
 ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 

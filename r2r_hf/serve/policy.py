@@ -2,9 +2,9 @@
 
 Three sources name it, each read here and nowhere else: the flags (``ServeSettings``: ``--llm-min-rows``,
 ``--llm-max-wait``, ``--speculate``, ``--speculate-below``, ``--draft-block``, ``--draft-confidence``,
-``--fixed-depth``, checked when the settings are made), what the router was saved with (``speculate_below``, as ``generate`` reads it from
-``model.generation_config``), and what the pair can do (``core.abilities``: a pair that cannot be cut back where it
-decodes does not speculate, said once). A request's own ``speculate`` field is checked against the result
+``--fixed-depth``, ``--draft-cost``, checked when the settings are made), what the router was saved with
+(``speculate_below``, as ``generate`` reads it from ``model.generation_config``), and what the pair can do
+(``core.abilities``: a pair that cannot be cut back where it decodes does not speculate, said once). A request's own ``speculate`` field is checked against the result
 (``request_depth``).
 """
 
@@ -25,7 +25,7 @@ def served_policy(settings, model, pair, device_type: str) -> WaitPolicy:
     below = getattr(model.generation_config, "speculate_below", None) if below is None else below
     policy = serving_policy(device_type, settings.max_batch_size, settings.llm_min_rows, settings.llm_max_wait,
                             settings.speculate, below, settings.draft_block, settings.draft_confidence,
-                            not settings.fixed_depth)
+                            not settings.fixed_depth, settings.draft_cost)
     policy = speculation_for(policy, pair, slots=pair.abilities.slots is None)
     if policy.speculate:  # (the pair may not speculate whatever the flag says: ``speculation_for``)
         logger.info("speculating: %s.", policy.said())

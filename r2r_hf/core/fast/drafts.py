@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ..moves import BlockPlan, Drafted, Move, Standing
-from ..staging import staged
+from ..staging import CHANCE_UNIT, in_units, staged
 from .fused import attended
 from .graphs import Step
 
@@ -46,30 +46,46 @@ def device_move(routed: torch.Tensor, sure: torch.Tensor, pending: torch.Tensor,
     return commit, frontier
 
 
+def device_draft_ends(chance: torch.Tensor, expected: torch.Tensor, pending: torch.Tensor, everywhere: torch.Tensor,
+                      cost: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
+    """``moves.draft_ends`` on the device, for every slot at once (``Standing``'s fields [S], float64 as the host's
+    floats; ``proposal``: the SLM's probability of each slot's proposal): where a row's draft ends with it."""
+    q = chance * proposal
+    return (cost > 0) & everywhere & (q * (pending + 1 + cost) < expected + q)
+
+
 def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens: torch.Tensor) -> Step:
     """The block's step function: ``read`` (ids, position, column, real [S, 1]) -> (logits [S, V], hidden [S, H],
     folded scores [S]) is the SLM's read of every slot, run after each of the ``k`` drafted steps; ``tokens`` [S, C]
     is the slots' token buffer the drafted tokens are written into (in place). Returns, per drafted step [k, S], the
-    argmax proposals, where they routed, where the router was sure, where they were committed, which rows proposed
-    and where the SLM read the committed token; then each slot's SLM outputs after its last read token (logits,
-    hidden, folded scores)."""
+    argmax proposals, where they routed, where they were sure (the router, or where a draft ended), where they were
+    committed, which rows proposed, where the SLM read the committed token and the SLM's probability of each
+    proposal (in ``staging.CHANCE_UNIT``s); then each slot's SLM outputs after its last read token (logits, hidden,
+    folded scores)."""
 
     def draft(logits, hidden, scores, thresholds, below, confidence, depth, pending, active, remaining, lengths,
-              everywhere, ends, ended, previous):
-        steps = {name: [] for name in ("token", "routed", "sure", "commit", "active", "read")}
+              everywhere, ends, ended, previous, chance, expected, cost):
+        steps = {name: [] for name in ("token", "routed", "sure", "commit", "active", "read", "chance")}
         rows = torch.arange(len(lengths), device=lengths.device)
         ended = ended | ((pending > 0) & (previous[:, None] == ends).any(-1))  # the host sees it at the first step
         for _ in range(k):
             token = logits[:, :vocab].argmax(-1)
             routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
-            sure = sure | (logits[:, :vocab].float().softmax(-1).amax(-1) < confidence)  # the SLM unsure: it ends
+            top = logits[:, :vocab].float().softmax(-1).amax(-1)  # the SLM's probability of its argmax
+            units = in_units(top)
+            proposal = units.double() / CHANCE_UNIT
+            sure = sure | (top < confidence)  # the SLM unsure: it ends
+            sure = sure | (routed & device_draft_ends(chance, expected, pending, everywhere, cost, proposal))
             commit, frontier = device_move(routed, sure, pending, depth, remaining, everywhere, ended, active)
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
-            pending = pending + (commit & routed).long()  # where each row stands after its move (``Standing.after``)
+            held = commit & routed  # where each row stands after its move (``Standing.after``)
+            pending = pending + held.long()
+            kept = chance * proposal
+            chance, expected = torch.where(held, kept, chance), torch.where(held, expected + kept, expected)
             remaining = remaining - commit.long()
             reads = commit & ~frontier
-            for name, value in zip(steps, (token, routed, sure, commit, active, reads)):
+            for name, value in zip(steps, (token, routed, sure, commit, active, reads, units)):
                 steps[name].append(value)
             ended = ended | (commit & (pending > 0) & (token[:, None] == ends).any(-1))  # seen at the next step
             active = reads & (remaining > 0)  # a row that waits for the LLM, or drained, drafts no more
@@ -100,7 +116,7 @@ class CapturedDrafts:
         read back once: what it drafted, and each slot's SLM outputs after it (device values)."""
         given = inputs(plan, lengths, **outputs)
         out = self._step(max(lengths) + plan.steps + 1, given)
-        return read_back(given["previous"], out[:6]), out[6:]
+        return read_back(given["previous"], out[:7]), out[7:]
 
     def warm(self, spans: tuple[int, ...], example: dict[str, torch.Tensor]) -> int:
         """Capture a block per span (``spans``), largest first, with inputs that write nothing."""
@@ -141,23 +157,26 @@ def inputs(plan: BlockPlan, lengths: list[int], **outputs: torch.Tensor) -> dict
     device = outputs["previous"].device
     pending, active, remaining, length, depth, everywhere, ended, *ends_t = staged(host, device).unbind(0)
     below, confidence = staged([plan.below, plan.confidence], device, torch.float32).unbind(0)
+    chance, expected, cost = staged([[s.chance for s in standing], [s.expected for s in standing],
+                                     [s.cost for s in standing]], device, torch.float64).unbind(0)
     return {**outputs, "pending": pending, "active": active.bool(), "remaining": remaining, "lengths": length,
             "depth": depth, "everywhere": everywhere.bool(), "ended": ended.bool(), "ends": torch.stack(ends_t, 1),
-            "below": below, "confidence": confidence}
+            "below": below, "confidence": confidence, "chance": chance, "expected": expected, "cost": cost}
 
 
 def read_back(previous: torch.Tensor, drafted: tuple[torch.Tensor, ...]) -> Drafted:
     """The block's one host synchronisation: the tokens committed before it (``previous`` [S]) and its proposals,
-    routing, sure, committed, proposing and read flags [k, S]; each proposing row's move (``Move.of``)."""
+    routing, sure, committed, proposing and read flags and chances [k, S]; each proposing row's move
+    (``Move.of``)."""
     flat = torch.cat([previous.to(drafted[0].device), *(part.flatten().long() for part in drafted)]).tolist()
     slots, steps = len(previous), drafted[0].shape[0]
     parts = [[flat[slots + (j * steps + i) * slots: slots + (j * steps + i + 1) * slots] for i in range(steps)]
              for j in range(len(drafted))]
-    token, (routed, sure, committed, active, read) = parts[0], ([[bool(v) for v in step] for step in part]
-                                                               for part in parts[1:])
+    token, chance = parts[0], [[units / CHANCE_UNIT for units in step] for step in parts[6]]
+    routed, sure, committed, active, read = ([[bool(v) for v in step] for step in part] for part in parts[1:6])
     moves = [{r: Move.of(c[r], h[r], s[r]) for r in range(slots) if a[r]}
              for c, h, s, a in zip(committed, routed, read, active)]
-    return Drafted(flat[:slots], token, routed, sure, moves)
+    return Drafted(flat[:slots], token, routed, sure, moves, chance)
 
 
 _NOTHING = Standing(0, 0, 0, False, False)  # what the device reads for a slot that does not draft
