@@ -85,3 +85,19 @@ def test_r2r_is_paired_with_entropy_at_its_rate(tmp_path, monkeypatch):
     assert result["systems"]["r2r@0.04"]["llm_token_rate"] == pytest.approx(0.04)
     with pytest.raises(ValueError, match="--tag"):
         code_tasks.system_file("r2r@0.04", None)
+
+
+def test_two_routers_are_compared_task_by_task(tmp_path, monkeypatch):
+    """``compare``: the first router's system against another router's and an anchor, paired per task."""
+    monkeypatch.setattr(code_tasks, "RESULTS", tmp_path)
+    outcomes = {"old/r2r@0.04": "ppffp", "new/r2r@0.04": "pppff", "slm": "pffff"}
+    for name, passes in outcomes.items():
+        rows = [{"task_id": f"T/{i}", "suite": "mbpp+", "generated_tokens": 50, "routed_tokens": 2, "threshold": 0.5,
+                 "status": "passed" if c == "p" else "failed"} for i, c in enumerate(passes)]
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = code_tasks.compare("r2r@0.04", ["new", "old"], ["slm"])
+    against_old, against_slm = result["pairs"]["new/r2r@0.04 vs old/r2r@0.04"], result["pairs"]["new/r2r@0.04 vs slm"]
+    assert (against_old["only_first"], against_old["only_second"], against_old["only_first_tasks"]) == (1, 1, ["T/2"])
+    assert (against_slm["only_first"], against_slm["only_second"]) == (2, 0)
+    assert result["systems"]["old/r2r@0.04"]["passed"] == 3

@@ -4,6 +4,7 @@
     python -m benchmarks.quality.code_tasks run --systems slm,llm      # the anchors (kept once for every router)
     python -m benchmarks.quality.code_tasks run --router DIR --tag NAME --systems r2r@0.04,entropy@0.04
     python -m benchmarks.quality.code_tasks report --tag NAME --systems slm,llm,r2r@0.04,entropy@0.04
+    python -m benchmarks.quality.code_tasks compare --systems r2r@0.04 --tags shipped,NAME --against NAME/entropy@0.04
 
 Greedy, chat template, bf16 weights, 384 new tokens, one torch thread. **Batches are planned once** and kept as a
 file: in bf16 an answer depends on the rows it is batched with (padding, kernel shapes), so every system answers the
@@ -152,12 +153,28 @@ def report(systems: list[str], tag: str | None, total: int) -> dict:
     return out
 
 
+def compare(system: str, tags: list[str], others: list[str]) -> dict:
+    """One router system across routers (``tags``: the first against each other), and the first router's against
+    ``others`` (``TAG/SYSTEM`` or an anchor): passes, LLM token rates, paired counts and McNemar p-values."""
+    first, rest = tags[0], tags[1:]
+    rows = {f"{tag}/{system}": read_rows(system_file(system, tag)) for tag in tags}
+    for other in others:
+        tag, _, name = other.rpartition("/")
+        rows[other] = read_rows(system_file(name, tag or None))
+    head = f"{first}/{system}"
+    return {"benchmark": "HumanEval (164) + MBPP+ (399)", "systems": {k: summary(r) for k, r in rows.items()},
+            "pairs": {f"{head} vs {k}": paired(rows[head], rows[k]) for k in rows if k != head},
+            "routers": [f"{tag}/{system}" for tag in rest]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("plan", "run", "report"))
+    parser.add_argument("command", choices=("plan", "run", "report", "compare"))
     parser.add_argument("--systems", default="slm,llm")
     parser.add_argument("--router", help="the router folder (router systems)")
     parser.add_argument("--tag", help="names the router's results (benchmarks/results/code563/TAG/)")
+    parser.add_argument("--tags", help="compare: routers' tags, the first against the rest (e.g. shipped,new)")
+    parser.add_argument("--against", default="", help="compare: more systems, TAG/SYSTEM or an anchor (slm, llm)")
     parser.add_argument("--max-new-tokens", type=int, default=384)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -170,6 +187,13 @@ def main(argv: list[str] | None = None) -> None:
         out = RESULTS.parent / f"code563-{args.tag or 'anchors'}.json"
         out.write_text(json.dumps(result, indent=1))
         print(json.dumps({k: v for k, v in result.items()}, indent=1)[:4000])
+        return
+    if args.command == "compare":
+        tags = args.tags.split(",")
+        result = compare(systems[0], tags, [o for o in args.against.split(",") if o])
+        out = RESULTS.parent / f"code563-compare-{'-vs-'.join(tags)}.json"
+        out.write_text(json.dumps(result, indent=1))
+        print(json.dumps({k: v for k, v in result["pairs"].items()}, indent=1)[:3000])
         return
     if args.command == "plan":
         from transformers import AutoTokenizer
