@@ -21,7 +21,7 @@ def _drafting(model, tok, policy: WaitPolicy, fuse: str | bool = "plain", slots:
     run = Driver(model, tok, slots=slots, policy=policy, capacity=96, prefill=prefill)
     pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
     report = capture_slots(run.batch.layout, lambda fn, example: EmulatedGraphStep(fn, example, pool), warm=False,
-                           fuse=fuse, speculate=policy.speculate, block=policy.block)
+                           fuse=fuse, speculate=policy.speculate, block=policy.block, gains=policy.draft_cost > 0)
     assert report["block"] == policy.block
     return run
 
@@ -180,6 +180,19 @@ def test_blocks_end_drafts_by_the_expected_gain_rule_as_steps_do(identity, tok):
         assert block == 1 or c.host_syncs < c.steps, "it drafted in blocks"
     assert counted[4, True] == counted[1, True], "blocks and steps end the same drafts"
     assert counted[1, True]["agreed"] < counted[1, False]["agreed"], "the rule ended drafts early"
+
+
+def test_blocks_captured_without_the_expected_gain_rule_refuse_rows_that_ask_for_it(identity, tok):
+    """A block captured without the rule would draft past where its rows' drafts end (it reads no probabilities):
+    it says so rather than draft otherwise than the steps would."""
+    policy = WaitPolicy((3,), 16, speculate=8, block=4, draft_cost=2.5)
+    run = Driver(identity, tok, slots=2, policy=policy, capacity=96, prefill=None)
+    pool = EmulatedGraphStep.new_pool(torch.device("cpu"))
+    capture_slots(run.batch.layout, lambda fn, example: EmulatedGraphStep(fn, example, pool), warm=False,
+                  fuse="plain", speculate=8, block=4)  # (gains left out)
+    run.join(0, 0, max_new_tokens=12, do_sample=False, threshold=0.0)
+    with pytest.raises(RuntimeError, match="captured without the expected-gain rule"):
+        run.run(steps=50)
 
 
 @pytest.mark.parametrize("depth", [1, 2, 3])

@@ -7,7 +7,8 @@ generation one request after another (it refuses batches) and ``llm.generate`` o
 The real pair (``benchmarks/models.py``), greedy, chat template, the ``max(--users)`` HumanEval tasks with the
 shortest prompts among those whose recorded LLM answer is at least ``--max-new-tokens`` long (answers of that
 length). Per count of users N: the first N tasks, sent to the engine at once (in-process, its own decoding thread,
-``ServeSettings(speculate=...)``: adaptive depths, ``--draft-confidence``), and given to ``llm.generate`` as one
+``ServeSettings(speculate=...)``: adaptive depths, ``--draft-confidence``, or ``--draft-cost``: the expected-gain
+rule), and given to ``llm.generate`` as one
 batch; assisted generation answers each task once (request by request: its time for N users is the sum over the
 first N). Every answer's text is compared with assisted generation's (greedy: ``llm.generate``'s answer alone) and
 the batch's. The load (``os.getloadavg``) is recorded with each run.
@@ -30,7 +31,8 @@ from benchmarks.record import hardware, versions
 from benchmarks.speed.lossless import tasks
 
 
-def served(runner: Runner, prompts: list[list[int]], new: int, speculate: int, confidence: float | None) -> dict:
+def served(runner: Runner, prompts: list[list[int]], new: int, speculate: int, confidence: float | None,
+           cost: float | None = None) -> dict:
     """R2R's engine answering ``prompts`` at once at threshold 0: texts, seconds, its counters."""
     from benchmarks.synthetic import request
     from r2r_hf.model.row_settings import resolve_row
@@ -38,7 +40,7 @@ def served(runner: Runner, prompts: list[list[int]], new: int, speculate: int, c
     from r2r_hf.serve.settings import ServeSettings
 
     settings = ServeSettings(max_batch_size=len(prompts), batch_wait_ms=50, capture="off", speculate=speculate,
-                             draft_confidence=confidence)
+                             draft_confidence=confidence, draft_cost=cost)
     engine = Engine(runner.r2r, runner.tok, settings)
     texts, done = [""] * len(prompts), threading.Semaphore(0)
 
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--speculate", type=int, default=16)
     parser.add_argument("--draft-confidence", type=float, default=None)
+    parser.add_argument("--draft-cost", type=float, default=None, help="the expected-gain rule's LLM forward in SLM "
+                        "steps (2.5: this CPU, bf16); default: drafts by acceptance")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/lossless_served_<dtype>.json")
     args = parser.parse_args(argv)
@@ -115,7 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
             runs.append({"users": n, "load_before": os.getloadavg(), "batched": batched(runner, prompts[:n], new)})
             print(n, "users: batched llm.generate", round(runs[-1]["batched"]["seconds"], 1), "s", flush=True)
         for run in runs:
-            run["r2r"] = served(runner, prompts[: run["users"]], new, args.speculate, args.draft_confidence)
+            run["r2r"] = served(runner, prompts[: run["users"]], new, args.speculate, args.draft_confidence,
+                                args.draft_cost)
             run["load_after"] = os.getloadavg()
             print(run["users"], "users: r2r", round(run["r2r"]["seconds"], 1), "s", flush=True)
     for run in runs:
@@ -133,7 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"(to assisted): r2r {run['r2r']['same_as_assisted']}, batched {run['batched']['same_as_assisted']}")
     result = {"conditions": {"tasks": [p["task_id"] for p, _ in work], "max_new_tokens": new, "dtype": args.dtype,
                              "threads": args.threads, "speculate": args.speculate,
-                             "draft_confidence": args.draft_confidence, "router": args.router, "greedy": True,
+                             "draft_confidence": args.draft_confidence, "draft_cost": args.draft_cost,
+                             "router": args.router, "greedy": True,
                              "cpus": os.cpu_count(), **versions(), "cpu": hardware()}, "runs": runs}
     path = Path(args.out or f"benchmarks/results/lossless_served_{args.dtype}.json")
     path.write_text(json.dumps(result, indent=1) + "\n")

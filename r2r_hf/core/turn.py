@@ -174,7 +174,7 @@ def decode_block(batch, policy: WaitPolicy, stops: Stops = NoStops()) -> StepRes
         ended = _delivered(batch.counters, stops.ended(synced), synced)
         plan = plan_moves(ledger.rows, ledger.step_no, rows, ended, moves)
         outcome = settle(ledger.rows, plan, {}, False)
-        applied = ledger.apply(plan, outcome, chances=drafted.chances(i))
+        applied = ledger.apply(plan, outcome, chances=drafted.chances(i) if policy.draft_cost else {})
         batch.counters.step(plan, outcome)
         batch.leave(list(plan.ended))
         ended_all |= set(plan.ended)

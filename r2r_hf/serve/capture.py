@@ -89,7 +89,7 @@ def capture_batch(batch, model, settings, capturer: Callable[[Step, dict], Step]
     with torch.inference_mode(), gc_paused(collect=True):
         report = capture_slots(batch.layout, capturer, warm=True, fuse=fuse,
                                router_dtype=model.capture_store.router_dtype, speculate=policy.speculate,
-                               block=policy.block)
+                               block=policy.block, gains=policy.draft_cost > 0)
     path = settings.capture if settings.capture != "auto" else "graphs"
     report = {"path": path, **report, "graph_memory_bytes": memory() - before}
     logger.info("%s %d steps at start-up in %.1f s (%d slots x %d tokens, %.0f MB)",

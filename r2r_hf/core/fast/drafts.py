@@ -54,10 +54,13 @@ def device_draft_ends(chance: torch.Tensor, expected: torch.Tensor, pending: tor
     return (cost > 0) & everywhere & (q * (pending + 1 + cost) < expected + q)
 
 
-def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens: torch.Tensor) -> Step:
+def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens: torch.Tensor,
+             gains: bool = False) -> Step:
     """The block's step function: ``read`` (ids, position, column, real [S, 1]) -> (logits [S, V], hidden [S, H],
     folded scores [S]) is the SLM's read of every slot, run after each of the ``k`` drafted steps; ``tokens`` [S, C]
-    is the slots' token buffer the drafted tokens are written into (in place). Returns, per drafted step [k, S], the
+    is the slots' token buffer the drafted tokens are written into (in place); ``gains``: rows may end drafts by the
+    expected-gain rule (``WaitPolicy.draft_cost``; without it the block leaves its kernels out and reads back no
+    probabilities: zeros). Returns, per drafted step [k, S], the
     argmax proposals, where they routed, where they were sure (the router, or where a draft ended), where they were
     committed, which rows proposed, where the SLM read the committed token and the SLM's probability of each
     proposal (in ``staging.CHANCE_UNIT``s); then each slot's SLM outputs after its last read token (logits, hidden,
@@ -67,22 +70,25 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
               everywhere, ends, ended, previous, chance, expected, cost):
         steps = {name: [] for name in ("token", "routed", "sure", "commit", "active", "read", "chance")}
         rows = torch.arange(len(lengths), device=lengths.device)
+        unread = torch.zeros_like(lengths)  # (the probabilities read back without the rule)
         ended = ended | ((pending > 0) & (previous[:, None] == ends).any(-1))  # the host sees it at the first step
         for _ in range(k):
             token = logits[:, :vocab].argmax(-1)
             routed, sure = scores >= thresholds, (scores >= below) & ~everywhere  # (fixed routing: never sure)
             top = logits[:, :vocab].float().softmax(-1).amax(-1)  # the SLM's probability of its argmax
-            units = in_units(top)
-            proposal = units.double() / CHANCE_UNIT
             sure = sure | (top < confidence)  # the SLM unsure: it ends
-            sure = sure | (routed & device_draft_ends(chance, expected, pending, everywhere, cost, proposal))
+            units = in_units(top) if gains else unread
+            if gains:
+                proposal = units.double() / CHANCE_UNIT
+                sure = sure | (routed & device_draft_ends(chance, expected, pending, everywhere, cost, proposal))
             commit, frontier = device_move(routed, sure, pending, depth, remaining, everywhere, ended, active)
             at = lengths.clamp(max=tokens.shape[1] - 1)
             tokens[rows, at] = torch.where(commit, token, tokens[rows, at])
             held = commit & routed  # where each row stands after its move (``Standing.after``)
             pending = pending + held.long()
-            kept = chance * proposal
-            chance, expected = torch.where(held, kept, chance), torch.where(held, expected + kept, expected)
+            if gains:
+                kept = chance * proposal
+                chance, expected = torch.where(held, kept, chance), torch.where(held, expected + kept, expected)
             remaining = remaining - commit.long()
             reads = commit & ~frontier
             for name, value in zip(steps, (token, routed, sure, commit, active, reads, units)):
@@ -106,14 +112,18 @@ class CapturedDrafts:
     ``capture``; ``reads`` gives the SLM's (uncaptured, folded) read function of every slot at a span."""
 
     def __init__(self, reads: Callable[[int], Callable], capture: Callable[[Step, dict], Step], k: int, vocab: int,
-                 trash: int, tokens: torch.Tensor) -> None:
+                 trash: int, tokens: torch.Tensor, gains: bool = False) -> None:
         self.reads, self.capture, self.k, self.vocab, self.trash, self.tokens = reads, capture, k, vocab, trash, tokens
+        self.gains = gains
         self.steps: dict[int, Step] = {}
 
     def run(self, plan: BlockPlan, lengths: list[int], **outputs: torch.Tensor) -> tuple[Drafted, tuple]:
         """``plan``'s block over slots of ``lengths`` tokens (its attention span: the columns they fill with the
         block's, ``fused.attended``) from each slot's SLM outputs, threshold and last token (``outputs``: ``inputs``),
         read back once: what it drafted, and each slot's SLM outputs after it (device values)."""
+        if not self.gains and any(st is not None and st.cost > 0 for st in plan.standing):
+            raise RuntimeError("these draft blocks were captured without the expected-gain rule its rows ask for "
+                               "(WaitPolicy.draft_cost); capture them with gains=True (capture_slots).")
         given = inputs(plan, lengths, **outputs)
         out = self._step(max(lengths) + plan.steps + 1, given)
         return read_back(given["previous"], out[:7]), out[7:]
@@ -128,7 +138,7 @@ class CapturedDrafts:
         """``draft_fn``'s outputs, its step captured per span on first use."""
         span = attended(filled, self.trash)
         if span not in self.steps:
-            fn = draft_fn(self.reads(span), self.k, self.vocab, self.trash, self.tokens)
+            fn = draft_fn(self.reads(span), self.k, self.vocab, self.trash, self.tokens, self.gains)
             idle = {**inputs, "active": torch.zeros_like(inputs["active"])}  # capture writes nothing
             self.steps[span] = self.capture(fn, idle)
         return self.steps[span](**inputs)

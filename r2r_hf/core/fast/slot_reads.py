@@ -264,13 +264,14 @@ class CapturedRouter:
 
 
 def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = True, fuse: bool | str = False,
-                  router_dtype: str = "float32", speculate: int = 0, block: int = 1) -> dict:
+                  router_dtype: str = "float32", speculate: int = 0, block: int = 1, gains: bool = False) -> dict:
     """From now on every read of the slot ``layout`` (a ``layouts.slot_layout.SlotLayout``) replays a captured call:
     the slots become static (their current size), every bucket is captured now with ``warm`` (with ``speculate``
     pending positions per row, also the LLM's reads that keep their logits), fused reads where ``fuse`` and the model
     can be fused (its ``Abilities.fuse``; the LLM's packed: ``packed_reads.py``; ``"plain"``: the fused regions
     uncompiled, for tests), the router in ``router_dtype`` (``router_copy.py``), and with ``block`` > 1 and the
-    router folded, draft blocks of that many steps (``drafts.py``). The layout is handed the captured ``SlotPath``
+    router folded, draft blocks of that many steps (``drafts.py``; ``gains``: they end drafts by the expected-gain
+    rule where rows ask, ``WaitPolicy.draft_cost``). The layout is handed the captured ``SlotPath``
     once it is built; what it took."""
     p = layout.pair
     for model, cache in ((p.slm, layout.slm_cache), (p.llm, layout.llm_cache)):  # allocate outside any capture
@@ -288,7 +289,7 @@ def capture_slots(layout, capture: Callable[[Step, dict], Step], warm: bool = Tr
     drafts = None
     if block > 1 and fold is not None:
         drafts = CapturedDrafts(lambda span: slm.function(layout.slots, span), capture, block, p.vocab_size,
-                                layout.slm_cache.trash, layout.tokens)
+                                layout.slm_cache.trash, layout.tokens, gains)
     report = {"slots": layout.slots, "columns": layout.capacity, "steps": 0, "seconds": 0.0}
     if warm:
         start = time.perf_counter()
