@@ -60,11 +60,10 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
     folded scores [S]) is the SLM's read of every slot, run after each of the ``k`` drafted steps; ``tokens`` [S, C]
     is the slots' token buffer the drafted tokens are written into (in place); ``gains``: rows may end drafts by the
     expected-gain rule (``WaitPolicy.draft_cost``; without it the block leaves its kernels out and reads back no
-    probabilities: zeros). Returns, per drafted step [k, S], the
-    argmax proposals, where they routed, where they were sure (the router, or where a draft ended), where they were
-    committed, which rows proposed, where the SLM read the committed token and the SLM's probability of each
-    proposal (in ``staging.CHANCE_UNIT``s); then each slot's SLM outputs after its last read token (logits, hidden,
-    folded scores)."""
+    probabilities: zeros). Returns, per drafted step [k, S], the argmax proposals, where they routed, where they were
+    sure (the router, or where a draft ended), where they were committed, which rows proposed, where the SLM read
+    the committed token and the SLM's probability of each proposal (in ``staging.CHANCE_UNIT``s); then each slot's
+    SLM outputs after its last read token (logits, hidden, folded scores)."""
 
     def draft(logits, hidden, scores, thresholds, below, confidence, depth, pending, active, remaining, lengths,
               everywhere, ends, ended, previous, chance, expected, cost):
