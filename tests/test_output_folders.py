@@ -97,6 +97,7 @@ def test_saving_over_links_replaces_them_and_leaves_their_targets(model, synthet
 
 def test_a_hugging_face_cache_snapshot_is_refused_as_an_output(model, synthetic, tmp_path, capsys):
     folder, blobs, before = _linked_router(model, tmp_path, "hub/models--org--router/snapshots/0123abcd")
+    capsys.readouterr()  # (what saving the setup printed — a progress bar, where no earlier command turned them off)
     rc = cli_main(["calibrate", "--router", str(folder), "--data", str(synthetic), "--llm-rate", "0.3"])
     one_line_error(capsys, rc, "is a Hugging Face cache snapshot", "write the router to a folder of your own")
     with pytest.raises(ValueError, match="cache snapshot"):
