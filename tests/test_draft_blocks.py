@@ -133,24 +133,33 @@ def test_the_replay_drafts_blocks_at_threshold_0_as_the_batch_does(identity, tok
     assert {f: getattr(got, f) for f in fields} == {f: getattr(real, f) for f in fields}
 
 
+def _median_chance(model, tok) -> float:
+    """The median of the SLM's probability of its argmax over the three prompts' tokens (about half are under it)."""
+    enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        chances = model.slm(**enc).logits.float().softmax(-1).amax(-1)[enc["attention_mask"].bool()]
+    return float(chances.median())
+
+
+def _three_lossless_rows(model, tok, policy: WaitPolicy, new: int):
+    """Three rows at threshold 0 drafted under ``policy``, each answer held to generate's alone; the counters."""
+    run = _drafting(model, tok, policy, slots=3, prefill=None)
+    for i in range(3):
+        run.join(i, i, max_new_tokens=new, do_sample=False, threshold=0.0)
+    run.run(steps=400)
+    for i in range(3):
+        assert run.out[i] == _alone(model, tok, i, max_new_tokens=new, do_sample=False, threshold=0.0), (policy, i)
+    return run.batch.counters
+
+
 def test_blocks_end_drafts_where_the_slm_is_unsure(identity, tok):
     """``draft_confidence`` on the device: where the SLM's probability of its token is under it, a row at threshold 0
     ends its draft inside the block with that token, as it would step by step (fewer pending positions than without
     it; at 1 every draft holds one); answers unchanged."""
-    enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        chances = identity.slm(**enc).logits.float().softmax(-1).amax(-1)[enc["attention_mask"].bool()]
-    median = float(chances.median())  # about half the positions unsure
+    median = _median_chance(identity, tok)  # about half the positions unsure
     pending, blocks, longest = {}, {}, {}
     for floor in (0.0, median, 1.0):
-        policy = WaitPolicy((3,), 16, speculate=8, block=4, draft_confidence=floor)
-        run = _drafting(identity, tok, policy, slots=3, prefill=None)
-        for i in range(3):
-            run.join(i, i, max_new_tokens=14, do_sample=False, threshold=0.0)
-        run.run(steps=400)
-        for i in range(3):
-            assert run.out[i] == _alone(identity, tok, i, max_new_tokens=14, do_sample=False, threshold=0.0), i
-        c = run.batch.counters
+        c = _three_lossless_rows(identity, tok, WaitPolicy((3,), 16, speculate=8, block=4, draft_confidence=floor), 14)
         pending[floor], blocks[floor], longest[floor] = c.agreed + c.rejected, c.steps - c.host_syncs, c.accepted.max
     assert blocks[0.0] > 0 and blocks[median] > 0, "it drafted in blocks"
     assert 0 < pending[median] < pending[0.0] and longest[1.0] == 1 < longest[0.0], "the identity pair confirms all"
@@ -162,20 +171,11 @@ def test_blocks_end_drafts_by_the_expected_gain_rule_as_steps_do(identity, tok):
     by step, the rows resolve, confirm and take frontier tokens alike, fewer than without the rule; answers
     unchanged. (A first token ends its draft where the SLM's probability p of it has p * cost < 1: a cost of 1 / the
     median probability ends about half of them there.)"""
-    enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        chances = identity.slm(**enc).logits.float().softmax(-1).amax(-1)[enc["attention_mask"].bool()]
+    cost = 1 / _median_chance(identity, tok)
     counted = {}
-    for block, cost in ((1, 0.0), (1, 1 / float(chances.median())), (4, 1 / float(chances.median()))):
-        policy = WaitPolicy((3,), 16, speculate=8, block=block, draft_cost=cost)
-        run = _drafting(identity, tok, policy, slots=3, prefill=None)
-        for i in range(3):
-            run.join(i, i, max_new_tokens=20, do_sample=False, threshold=0.0)
-        run.run(steps=400)
-        for i in range(3):
-            assert run.out[i] == _alone(identity, tok, i, max_new_tokens=20, do_sample=False, threshold=0.0), block
-        c = run.batch.counters
-        counted[block, bool(cost)] = {f: getattr(c, f) for f in ("resolutions", "agreed", "rejected",
+    for block, rule in ((1, 0.0), (1, cost), (4, cost)):
+        c = _three_lossless_rows(identity, tok, WaitPolicy((3,), 16, speculate=8, block=block, draft_cost=rule), 20)
+        counted[block, bool(rule)] = {f: getattr(c, f) for f in ("resolutions", "agreed", "rejected",
                                                                   "frontier_tokens", "llm_forwards")}
         assert block == 1 or c.host_syncs < c.steps, "it drafted in blocks"
     assert counted[4, True] == counted[1, True], "blocks and steps end the same drafts"

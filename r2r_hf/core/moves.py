@@ -82,8 +82,8 @@ class Standing(NamedTuple):
         """A ``ledger.RowState``'s standing, ``depth`` its pending positions at most, ``cost`` the policy's
         ``draft_cost``."""
         chance, expected = 1.0, 1.0
-        for p in row.pending:  # (in the order a draft block moves them on: its device form gives the same floats)
-            chance *= p.chance
+        for p in row.pending if cost > 0 else ():  # (the rule off: no walk of the tail at every step)
+            chance *= p.chance  # (in the order a draft block moves them on: its device form gives the same floats)
             expected += chance
         return cls(len(row.pending), depth, row.max_new, bool(row.routes), row.ended_in_tail(), chance, expected,
                    cost)

@@ -77,6 +77,12 @@ def check_draft_cost(value: object) -> float:
     return float(value)
 
 
+def check_one_depth_rule(fixed: bool, cost: float) -> None:
+    """``fixed_depth`` and ``draft_cost`` each choose where a draft ends at threshold 0: at most one of them."""
+    if fixed and cost:
+        raise ValueError("fixed_depth and draft_cost each choose where a draft ends at threshold 0; give one of them.")
+
+
 def check_fixed_depth(value: object) -> bool:
     """Whether rows at threshold 0 draft to their full depth every time (None: no, their depth follows their
     acceptance: ``WaitPolicy.adapts``)."""
@@ -294,8 +300,7 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     confidence = check_confidence(getattr(generation_config, "draft_confidence", None))
     fixed = check_fixed_depth(getattr(generation_config, "fixed_depth", None))
     cost = check_draft_cost(getattr(generation_config, "draft_cost", None))
-    if fixed and cost:
-        raise ValueError("fixed_depth and draft_cost each choose where a draft ends at threshold 0; give one of them.")
+    check_one_depth_rule(fixed, cost)
     if not speculate:
         return IMMEDIATE
     why = None

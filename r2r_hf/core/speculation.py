@@ -125,4 +125,3 @@ def chances(policy: WaitPolicy, scores: torch.Tensor, token: torch.Tensor) -> to
     if not (policy.draft_confidence > 0 or policy.draft_cost > 0):
         return None
     return scores.float().softmax(-1).gather(-1, token[:, None].to(scores.device))[:, 0]
-

@@ -4,8 +4,8 @@ Three sources name it, each read here and nowhere else: the flags (``ServeSettin
 ``--llm-max-wait``, ``--speculate``, ``--speculate-below``, ``--draft-block``, ``--draft-confidence``,
 ``--fixed-depth``, ``--draft-cost``, checked when the settings are made), what the router was saved with
 (``speculate_below``, as ``generate`` reads it from ``model.generation_config``), and what the pair can do
-(``core.abilities``: a pair that cannot be cut back where it decodes does not speculate, said once). A request's own ``speculate`` field is checked against the result
-(``request_depth``).
+(``core.abilities``: a pair that cannot be cut back where it decodes does not speculate, said once). A request's
+own ``speculate`` field is checked against the result (``request_depth``).
 """
 
 from __future__ import annotations

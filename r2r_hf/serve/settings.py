@@ -186,8 +186,8 @@ class ServeSettings:
 
             check_budget(self.llm_budget)
         from ..core.policy import (  # stdlib only, like this module
-            check_block, check_confidence, check_draft_cost, check_max_wait, check_min_rows, check_speculate,
-            check_speculate_below)
+            check_block, check_confidence, check_draft_cost, check_max_wait, check_min_rows, check_one_depth_rule,
+            check_speculate, check_speculate_below)
 
         if self.llm_min_rows is not None:
             self.llm_min_rows = check_min_rows(self.llm_min_rows)
@@ -196,10 +196,7 @@ class ServeSettings:
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
         check_confidence(self.draft_confidence)
-        check_draft_cost(self.draft_cost)
-        if self.draft_cost and self.fixed_depth:
-            raise ValueError("fixed_depth and draft_cost each choose where a draft ends at threshold 0; give one of "
-                             "them.")
+        check_one_depth_rule(self.fixed_depth, check_draft_cost(self.draft_cost))
         if self.draft_block is not None:
             check_block(self.draft_block, "draft_block")
         self._check_speculation()

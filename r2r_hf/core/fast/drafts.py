@@ -69,7 +69,7 @@ def draft_fn(read: Callable[..., tuple], k: int, vocab: int, trash: int, tokens:
               everywhere, ends, ended, previous, chance, expected, cost):
         steps = {name: [] for name in ("token", "routed", "sure", "commit", "active", "read", "chance")}
         rows = torch.arange(len(lengths), device=lengths.device)
-        unread = torch.zeros_like(lengths)  # (the probabilities read back without the rule)
+        unread = None if gains else torch.zeros_like(lengths)  # (the probabilities read back without the rule)
         ended = ended | ((pending > 0) & (previous[:, None] == ends).any(-1))  # the host sees it at the first step
         for _ in range(k):
             token = logits[:, :vocab].argmax(-1)
