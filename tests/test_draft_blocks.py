@@ -133,6 +133,26 @@ def test_the_replay_drafts_blocks_at_threshold_0_as_the_batch_does(identity, tok
     assert {f: getattr(got, f) for f in fields} == {f: getattr(real, f) for f in fields}
 
 
+def test_the_replay_ends_drafts_by_the_recorded_probabilities_as_blocks_and_steps_do():
+    """The replay reads each answer's recorded SLM probabilities (``Routed.chances``) for the expected-gain rule, in
+    its steps and its draft blocks alike: where the SLM is sure a draft runs to the row's depth, where it doubts
+    (0.3 against a cost of 2.5: ``0.3 * (1 + 2.5) < 1 + 0.3``) every draft ends with its first token; without
+    recorded probabilities the SLM counts as sure."""
+    costs = Costs(slm=(0.01, 0.0, 0.0), llm=(0.1, 0.0, 0.0), router=(0.001, 0.0), step=0.0)
+    fields = ("steps", "resolutions", "agreed", "frontier_tokens", "generated", "llm_forwards")
+    got = {}
+    for chances in ([1.0] * 40, [0.3] * 40, None):
+        for block in (1, 4):
+            policy = WaitPolicy((1,), 16, speculate=8, block=block, draft_cost=2.5)
+            answers = [(20, Routed([True] * 40, [True] * 40, chances)) for _ in range(2)]
+            c = replay(answers, 2, policy, costs, slots=2, routes=True)[0].counters
+            got[None if chances is None else chances[0], block] = {f: getattr(c, f) for f in fields}, c.accepted.max
+    for chance in (1.0, 0.3, None):
+        assert got[chance, 4] == got[chance, 1], f"blocks and steps end the same drafts (chance {chance})"
+    assert got[1.0, 1][1] == 8 and got[0.3, 1][1] == 1, "sure: as deep as the row may; doubting: one token"
+    assert got[None, 1] == got[1.0, 1], "no recorded probabilities: sure"
+
+
 def _median_chance(model, tok) -> float:
     """The median of the SLM's probability of its argmax over the three prompts' tokens (about half are under it)."""
     enc = tok([PROMPTS[i] for i in range(3)], return_tensors="pt", padding=True)

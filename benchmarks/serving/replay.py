@@ -41,6 +41,7 @@ from r2r_hf.core.ledger import Ledger, RowState
 from r2r_hf.core.moves import BlockPlan, Drafted, draft_on_host
 from r2r_hf.core.plan import Outcome, StepPlan
 from r2r_hf.core.policy import WaitPolicy
+from r2r_hf.core.staging import CHANCE_UNIT
 from r2r_hf.core.step import LLMRead, Synced
 from r2r_hf.core.turn import turn
 
@@ -60,15 +61,18 @@ class Costs(Protocol):
 
 
 class Routed(list):
-    """An answer's routing: who wrote each token (True: the LLM), as a list, and ``agrees``: at each token, whether
+    """An answer's routing: who wrote each token (True: the LLM), as a list, ``agrees``: at each token, whether
     the LLM's token there equals the SLM's proposal (read at routed positions only; None: recorded nowhere, taken
-    as agreeing everywhere)."""
+    as agreeing everywhere), and ``chances``: the SLM's probability of its proposal at each token (what the
+    expected-gain rule reads, ``WaitPolicy.draft_cost``; None: not recorded, 1.0 everywhere)."""
 
-    def __init__(self, flags=(), agrees: list[bool] | None = None) -> None:
+    def __init__(self, flags=(), agrees: list[bool] | None = None, chances: list[float] | None = None) -> None:
         super().__init__(flags)
         self.agrees = None if agrees is None else list(agrees)
-        if self.agrees is not None and len(self.agrees) != len(self):
-            raise ValueError(f"{len(self.agrees)} agreement flags for {len(self)} tokens")
+        self.chances = None if chances is None else list(chances)
+        for name, values in (("agreement flags", self.agrees), ("probabilities", self.chances)):
+            if values is not None and len(values) != len(self):
+                raise ValueError(f"{len(values)} {name} for {len(self)} tokens")
 
 
 @dataclass
@@ -82,10 +86,17 @@ class Answer:
     agrees: list[bool] | None = None
     times: list[float] = field(default_factory=list)
     routes: bool | None = None  # its routing is fixed (``RowState.routes``: True at threshold 0, no router step)
+    chances: list[float] | None = None  # the SLM's probability of each proposal (``Routed.chances``)
 
     def __post_init__(self) -> None:
         if self.agrees is None:  # no disagreement recorded
             self.agrees = [True] * len(self.routed)
+        # (as the host reads them back from the device: whole CHANCE_UNITs, so the rule reads the server's numbers)
+        self.chances = [round(p * CHANCE_UNIT) / CHANCE_UNIT for p in self.chances or [1.0] * len(self.routed)]
+
+    def at(self, max_new: int) -> int:
+        """The index of the token a row with ``max_new`` tokens left proposes next."""
+        return len(self.routed) - max_new
 
 
 class Clock:
@@ -228,12 +239,13 @@ class ReplayBatch:
         rows = [(r, self.ledger.rows[r]) for r in self.ledger.proposing()]
         if scored := sum(row.routes is None for _, row in rows):  # (fixed routing: no router step)
             self.clock.spend("router", self.clock.costs.router[0] + self.clock.costs.router[1] * scored)
-        routed = [row.owner.routed[len(row.owner.routed) - row.max_new] for _, row in rows]
-        return SimpleNamespace(rows=[r for r, _ in rows], routed=routed, states={}, after={})
+        routed = [row.owner.routed[row.owner.at(row.max_new)] for _, row in rows]
+        chance = [row.owner.chances[row.owner.at(row.max_new)] for _, row in rows] if policy.draft_cost else []
+        return SimpleNamespace(rows=[r for r, _ in rows], routed=routed, chance=chance, states={}, after={})
 
     def sync(self, proposal: SimpleNamespace, extra: tuple = ()) -> Synced:
         self.counters.host_syncs += 1
-        return Synced(list(proposal.routed), self.ledger.arrive(self.last), set(), [])
+        return Synced(list(proposal.routed), self.ledger.arrive(self.last), set(), [], chance=proposal.chance)
 
     def read_llm(self, plan: StepPlan, proposal: SimpleNamespace) -> LLMRead:
         """As the running batch's: a catch-up, or a resolution (``resolution``: one host synchronisation)."""
@@ -287,10 +299,11 @@ def drafted_block(ledger: Ledger, book: SlotBook, plan: BlockPlan, previous: lis
     (``core.moves.draft_on_host``), each row proposing its recorded routing at its next token (the router is never
     sure: the recording has no scores; the tokens are not recorded), each slot's length in ``book`` moved on by the
     tokens it committed and the SLM's read of them (``SlotLayout.drafted``)."""
-    start = {r: len(ledger.rows[r].owner.routed) - ledger.rows[r].max_new for r in plan.rows}
+    owner = {r: ledger.rows[r].owner for r in plan.rows}
+    start = {r: owner[r].at(ledger.rows[r].max_new) for r in plan.rows}
 
-    def recorded(r: int, written: int) -> tuple[int, bool, bool, float]:  # (token, routed, sure, chance: sure)
-        return 0, ledger.rows[r].owner.routed[start[r] + written], False, 1.0
+    def recorded(r: int, written: int) -> tuple[int, bool, bool, float]:  # (token, routed, sure, chance)
+        return 0, owner[r].routed[start[r] + written], False, owner[r].chances[start[r] + written]
 
     drafted = draft_on_host(plan, previous, recorded)
     for committed, read in zip(drafted.committed, drafted.read):
@@ -331,8 +344,8 @@ def replay(answers: list[tuple[int, list[bool]]], concurrency: int, policy: Wait
     routes, the router never runs, confirmed tails take their frontier token)."""
     batch = ReplayBatch(slots, costs)
     batch.counters.shapes = [] if trace else None
-    queue = collections.deque(Answer(prompt, list(routed), getattr(routed, "agrees", None), routes=routes)
-                              for prompt, routed in answers)
+    queue = collections.deque(Answer(prompt, list(routed), getattr(routed, "agrees", None), routes=routes,
+                                     chances=getattr(routed, "chances", None)) for prompt, routed in answers)
     arrivals = Arrivals(batch)
     most = 32 * sum(len(routed) + prompt for prompt, routed in answers) + 1000  # far more turns than any replay takes
     for _ in range(most):
