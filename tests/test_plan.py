@@ -119,12 +119,14 @@ def test_a_row_that_routes_everywhere_waits_for_its_frontier_token_once_it_holds
 def test_rows_at_threshold_0_hold_as_many_pending_positions_as_the_load_allows():
     """Depth by load (``WaitPolicy.depths``, the server's on a GPU from the cost model): a row that routes everywhere
     holds at most the depth for the running rows, capped by ``speculate``; other rows hold ``speculate``."""
-    from r2r_hf.core.policy import LOSSLESS_DEPTHS, speculative_policy
+    from r2r_hf.core.policy import LOSSLESS_DEPTHS, serving_policy, speculative_policy
 
     policy = speculative_policy("cuda", 16, 16, adapts=False)  # (the depth by load alone: no row's own acceptance)
     assert policy.depths == LOSSLESS_DEPTHS and policy.depth(1, True) == 8 and policy.depth(12, True) == 6
     assert policy.depth(12) == 16 and speculative_policy("cuda", 16, 4).depth(1, True) == 4
     assert speculative_policy("cpu", 16, 16).depth(1, True) == 16, "on a CPU: --speculate"
+    gains = serving_policy("cuda", 16, speculate=32, draft_cost=8.0)  # (the expected-gain rule ends the drafts)
+    assert [gains.depth(n, True) for n in (1, 2, 3, 12)] == [32, 32, 6, 6] and not gains.adapts
     six = [Pending(i, i) for i in range(5)]
     alone = plan_step(_rows({"routes": True, "pending": list(six)}), 9, [0], [True], set(), policy)
     crowd = plan_step(_rows({"routes": True, "pending": list(six)}, {}, {}), 9, [0, 1, 2], [True, False, False],

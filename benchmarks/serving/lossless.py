@@ -30,6 +30,7 @@ from r2r_hf.core.policy import DRAFT_BLOCK, serving_policy, speculative_policy
 
 from .calibrated import first_run_costs, measured_costs
 from .cost_model import alone_on_the_engine, llm_alone, simulate, synthetic
+from .replay import Routed
 from .speculative import VLLM_LOSSLESS, by_fraction
 
 SLOTS = 16
@@ -92,11 +93,55 @@ def traced(concurrency: int, tokens: int = 256, prompt: int = 64) -> list:
     """The load of one cell with the real pair's agreement where the synthetic one is i.i.d.: 4 x ``concurrency``
     answers (at least 8), each the first ``tokens`` of a teacher-forced HumanEval trace
     (``results/depth_traces_bfloat16.json``: where the LLM's token is the SLM's, 0.98 of them, in clusters)."""
-    from .replay import Routed
-
     traces = json.loads(Path("benchmarks/results/depth_traces_bfloat16.json").read_text())["traces"]
-    agrees = [traces[i % len(traces)]["agree"][:tokens] for i in range(max(4 * concurrency, 8))]
-    return [(prompt, Routed([True] * len(a), a)) for a in agrees]
+    picked = [traces[i % len(traces)] for i in range(max(4 * concurrency, 8))]
+    return [(prompt, Routed([True] * len(t["agree"][:tokens]), t["agree"][:tokens], t["p"][:tokens])) for t in picked]
+
+
+def calibrated(load: list, agreement: float) -> list:
+    """``load`` (i.i.d. agreement) with the SLM's probability of every proposal ``agreement``: calibrated but blind
+    (it cannot tell the tokens the LLM rejects), so the expected-gain rule reads one number everywhere."""
+    return [(prompt, Routed(routed, routed.agrees, [agreement] * len(routed))) for prompt, routed in load]
+
+
+def draft_cost(costs, tokens: int = 9) -> float:
+    """An LLM forward's cost in SLM steps as ``costs`` price them at one row (``WaitPolicy.draft_cost``): the LLM's
+    read of ``tokens`` (a draft of 8 and its bonus token) over an SLM step, its host time per step included."""
+    return costs.forward("llm", 1, tokens) / (costs.forward("slm", 1, 1) + costs.step / DRAFT_BLOCK)
+
+
+def gains(first: dict, fused: dict, agreements=("real pair", 0.9, 0.99), concurrencies=(1, 8, 16)) -> dict:
+    """The expected-gain rule (``core.moves.draft_ends``, ``WaitPolicy.draft_cost``) on today's server (``today``'s
+    costs and fair LLM alone), beside the GPU default (fixed depths by load) and depth by acceptance up to 16, the
+    rule's cost the ratio the same costs give (``draft_cost``) and half and twice it, alone (up to 32 tokens) or
+    within depths by load; on the real pair's traces (the SLM's own probabilities, ``traced``) and on i.i.d.
+    agreement with a calibrated, blind SLM (``calibrated``)."""
+    costs = first_run_costs(first, fused)
+    ratio = draft_cost(costs["r2r"])
+    fixed = serving_policy("cuda", SLOTS, speculate=16)  # (on a GPU: fixed depths by load)
+    policies = {"fixed depths by load (8, 8, 6)": fixed,
+                "adapting up to 16 at any load": replace(fixed, adapts=True, depths=())}
+    for scale in (0.5, 1.0, 2.0):  # (the rule bounds drafts by speculate only: deeper where the SLM is sure)
+        policies[f"expected gain, cost {scale * ratio:.1f}, up to 32"] = replace(
+            fixed, speculate=32, depths=(), adapts=False, draft_cost=scale * ratio)
+    policies[f"expected gain, cost {ratio:.1f}, within the depths by load (8, 8, 6)"] = replace(
+        fixed, speculate=32, adapts=False, draft_cost=ratio)
+    server = serving_policy("cuda", SLOTS, speculate=32, draft_cost=ratio)  # (--speculate 32 --draft-cost)
+    policies[f"expected gain, cost {ratio:.1f}: the server's (depths {server.depths})"] = server
+    out = []
+    for agreement in agreements:
+        for c in concurrencies:
+            load = traced(c) if agreement == "real pair" else calibrated(answers(c, agreement), agreement)
+            alone = alone_on_the_engine(load, c, costs["alone"], SLOTS, DRAFT_BLOCK)
+            for name, policy in policies.items():
+                got = simulate(load, c, policy, costs["r2r"], SLOTS, routes=True)
+                out.append({"concurrency": c, "agreement": agreement, "policy": name, "vs_llm_alone":
+                            got["tokens_per_s"] / alone, "tokens_per_s": got["tokens_per_s"],
+                            "llm_alone_tokens_per_s": alone, "llm_calls_per_token": got["llm_calls_per_token"],
+                            "thrown_per_token": got["thrown_per_token"]})
+            print(f"gains: {c:2d} users, agreement {agreement}: " + ", ".join(
+                f"{r['policy']} {r['vs_llm_alone']:.2f}x" for r in out[-len(policies):]), flush=True)
+    return {"draft_cost": ratio, "rows": out}
 
 
 def adaptive(first: dict, fused: dict, agreements=(0.99, 0.9, 0.8, "real pair"), concurrencies=(1, 8, 16)) -> list:
@@ -132,11 +177,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--today", action="store_true", help="only today's server (packed, blocks) into --out's today")
     parser.add_argument("--adaptive", action="store_true", help="only drafts that adapt on today's server into --out's "
                                                                 "adaptive")
+    parser.add_argument("--gains", action="store_true", help="only the expected-gain rule on today's server into "
+                                                             "--out's gains")
     args = parser.parse_args(argv)
     first, fused = (json.loads(Path(p).read_text()) for p in (args.first, args.fused))
-    if args.today or args.adaptive:
+    part = next((name for name in ("today", "adaptive", "gains") if getattr(args, name)), None)
+    if part:
         result = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-        result["adaptive" if args.adaptive else "today"] = (adaptive if args.adaptive else today)(first, fused)
+        result[part] = {"today": today, "adaptive": adaptive, "gains": gains}[part](first, fused)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         return result
     costs = replace(measured_costs(first, fused), gathered_rows=True)

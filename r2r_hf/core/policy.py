@@ -221,9 +221,10 @@ def serving_policy(device_type: str, max_rows: int, min_rows: tuple[int, ...] | 
                    adapts: bool = True, draft_cost: float | None = None) -> WaitPolicy:
     """The server's policy: what its settings name, the rest from the device's default (``default_policy``, or with
     ``speculate`` ``speculative_policy``; draft blocks of ``DRAFT_BLOCK`` steps on a GPU). With ``draft_cost`` the
-    expected-gain rule ends the drafts at threshold 0, up to the depths by load (it replaces ``adapts``)."""
+    expected-gain rule ends the drafts at threshold 0, up to the depths by load (``speculative_policy``'s with
+    ``gains``; it replaces ``adapts``)."""
     if speculate:
-        default = speculative_policy(device_type, max_rows, speculate)
+        default = speculative_policy(device_type, max_rows, speculate, gains=bool(draft_cost))
     elif min_rows is None and max_wait is None:
         return default_policy(device_type, max_rows)
     else:
@@ -251,9 +252,16 @@ DRAFT_BLOCK = 4
 # (``benchmarks/serving/lossless.py``, ``results/lossless_h200_predicted.json``): 8 at 1-2 rows, 6 from 3 (at 0.99,
 # the real pair's on HumanEval, 16 -> 12; at 0.8, 4 -> 3). A server's --speculate caps it.
 LOSSLESS_DEPTHS = (8, 8, 6)
+# With the expected-gain rule (``draft_cost``) ending each draft, one or two rows draft as deep as --speculate lets
+# them: within 8 the rule rarely ends a draft (the real pair's traces: 3.71x the LLM alone at one user either way),
+# up to 32 it gives 4.49x; from three rows the depth by load stays (the rule alone, uncapped, rows of unequal tails
+# waiting for each other at the shared resolution: 2.52x against 2.77x at 16 users). Cost model, first H200 run's
+# costs (``benchmarks/serving/lossless.py --gains``).
+GAIN_ROWS = 2
 
 
-def speculative_policy(device_type: str, max_rows: int, speculate: int, adapts: bool = True) -> WaitPolicy:
+def speculative_policy(device_type: str, max_rows: int, speculate: int, adapts: bool = True,
+                       gains: bool = False) -> WaitPolicy:
     """Where rows speculate: the LLM resolves once every running row (and at least two: one row alone never
     resolves at once, which would be m = 1) holds a pending position or waits, once the oldest pending position is
     ``SERVE_SPECULATE_WAIT`` steps old, or when no row can go on without it (a row that holds ``speculate`` pending
@@ -266,8 +274,11 @@ def speculative_policy(device_type: str, max_rows: int, speculate: int, adapts: 
     (``adapts``, ``plan.adapted``) where no depth by load is set: on a GPU the depth by load is the default, since the
     cost model with the H200's costs predicts per-row depths losing there (``benchmarks/serving/lossless.py
     --adaptive``: 3-15 % at 1-16 users, 0.8-0.99 agreement; rows that fill a shallow tail wait for deep ones at the
-    shared resolution, and an LLM forward is dear against an SLM step)."""
+    shared resolution, and an LLM forward is dear against an SLM step). With ``gains`` (the expected-gain rule ends
+    the drafts) the first ``GAIN_ROWS`` depths are ``speculate``'s."""
     depths = LOSSLESS_DEPTHS if device_type != "cpu" else ()
+    if depths and gains:
+        depths = (speculate,) * GAIN_ROWS + depths[GAIN_ROWS:]
     return WaitPolicy(tuple(max(2, rows) for rows in range(1, max_rows + 1)), SERVE_SPECULATE_WAIT, speculate,
                       depths=depths, adapts=adapts and not depths)
 
