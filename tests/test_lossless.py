@@ -348,6 +348,22 @@ def test_drafts_that_end_by_the_expected_gain_rule_give_the_llms_answer(related,
     assert 0 < single["pending_resolved_per_llm_call"] <= len(SHORT) and single["frontier_tokens"] > 0, "one per row"
 
 
+def test_draft_cost_auto_is_the_pairs_own_measured_ratio(related, tok):
+    """``draft_cost="auto"``: the LLM's read of a draft over the SLM's step, timed once per model on its device
+    (``core/costs.py``) and kept: the call drafts as with that number given, and answers as the LLM."""
+    from r2r_hf.core.costs import VERIFY_TOKENS, forward_seconds, measured_draft_cost
+
+    enc = tok(SHORT, return_tensors="pt", padding=True)
+    auto = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_cost="auto")
+    cost = measured_draft_cost(related.routed_pair())  # (kept from the call's measurement: the same float)
+    assert cost == forward_seconds(related.llm, VERIFY_TOKENS) / forward_seconds(related.slm, 1) > 0
+    given = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64, draft_cost=cost)
+    assert torch.equal(auto.sequences, _llm(related, enc, GREEDY)) and torch.equal(auto.sequences, given.sequences)
+    assert auto.counters == given.counters
+    unpriced = _r2r(related, enc, GREEDY, speculate=8, llm_max_wait=64)  # (the depth by acceptance)
+    assert unpriced.counters != auto.counters, "the setup: the rule drafts otherwise than the default"
+
+
 def test_speculate_below_holds_back_routed_rows_not_those_that_route_everywhere(identity, tok):
     """Where a row routed by the router runs it, a row at threshold 0 beside it is not held back by the router's
     score (``speculate_below`` decides nothing where every position routes, as where the router does not run)."""

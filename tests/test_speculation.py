@@ -202,6 +202,25 @@ def test_the_server_speculates_below_what_the_router_was_saved_with_unless_told(
         saved.stop(0), told.stop(0)  # (never started: nothing to wait for)
 
 
+def test_a_server_started_with_draft_cost_auto_times_its_pair(model, tok):
+    """``--draft-cost auto``: the server's policy weighs the pair's own ratio, timed when it starts
+    (``core/costs.py``), and the command line takes the word or a number only."""
+    from r2r_hf.cli.main import build_parser
+    from r2r_hf.core.costs import measured_draft_cost
+    from r2r_hf.serve.engine import Engine
+    from r2r_hf.serve.settings import ServeSettings
+
+    engine = Engine(model, tok, ServeSettings(speculate=4, capture="off", draft_cost="auto"))
+    try:
+        assert engine.policy.draft_cost == measured_draft_cost(model.routed_pair()) > 0
+    finally:
+        engine.stop(0)  # (never started: nothing to wait for)
+    parse = lambda *flag: build_parser().parse_args(["serve", "r", "--speculate", "4", *flag])  # noqa: E731
+    assert parse("--draft-cost", "auto").draft_cost == "auto" and parse("--draft-cost", "2.5").draft_cost == 2.5
+    with pytest.raises(SystemExit):
+        parse("--draft-cost", "measure")
+
+
 @pytest.mark.parametrize("value", [-1, 1.5, True, "4"])
 def test_a_speculation_depth_that_is_not_a_count_is_refused(model, tok, value):
     with pytest.raises(ValueError, match="speculate must be a whole number"):
@@ -263,6 +282,7 @@ def test_the_server_speculates_streams_confirmed_tokens_and_counts_what_it_did(r
     ("draft_confidence", 1.5, "draft_confidence must be a probability"),
     ("fixed_depth", "yes", "fixed_depth must be True or False"),
     ("draft_cost", -1.0, "draft_cost must be an LLM forward's cost in SLM steps"),
+    ("draft_cost", "measure", "e.g. 2.5; 0: off. or 'auto' .measured on the pair's device., got 'measure'"),
 ])
 def test_speculations_options_are_checked_with_speculation_off(model, tok, option, value, words):
     """Issue 52, item 8: with speculation off they were accepted whatever they were."""
@@ -286,3 +306,4 @@ def test_server_settings_under_which_speculation_cannot_happen_are_refused(setti
     with pytest.raises(ValueError, match=re.escape(words)):
         ServeSettings(**settings)
     ServeSettings(speculate=4, llm_min_rows=(1, 2), llm_max_wait=1)  # a count that waits: it can speculate
+    ServeSettings(speculate=4, draft_cost="auto")  # (timed when the server starts: ``serve.policy``)

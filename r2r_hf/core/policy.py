@@ -67,17 +67,26 @@ def check_confidence(value: object) -> float:
     return float(value)
 
 
+MEASURED_COST = "auto"  # draft_cost: the pair's own, timed on its device before its policy is made (core/costs.py)
+
+
 def check_draft_cost(value: object) -> float:
     """An LLM forward's cost in SLM steps for the expected-gain rule (``WaitPolicy.draft_cost``; None: off)."""
     if value is None:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ValueError(f"draft_cost must be an LLM forward's cost in SLM steps (a number >= 0, e.g. 2.5; 0: off), "
-                         f"got {value!r}.")
+        raise ValueError(f"draft_cost must be an LLM forward's cost in SLM steps (a number >= 0, e.g. 2.5; 0: off) "
+                         f"or {MEASURED_COST!r} (measured on the pair's device), got {value!r}.")
     return float(value)
 
 
-def check_one_depth_rule(fixed: bool, cost: float) -> None:
+def check_cost_setting(value: object) -> float | str:
+    """A ``draft_cost`` as a caller gives it: ``MEASURED_COST`` as is (measured where the pair runs), else a number
+    (``check_draft_cost``)."""
+    return value if value == MEASURED_COST else check_draft_cost(value)
+
+
+def check_one_depth_rule(fixed: bool, cost: float | str) -> None:
     """``fixed_depth`` and ``draft_cost`` each choose where a draft ends at threshold 0: at most one of them."""
     if fixed and cost:
         raise ValueError("fixed_depth and draft_cost each choose where a draft ends at threshold 0; give one of them.")
@@ -310,7 +319,7 @@ def call_policy(generation_config, rows: int) -> WaitPolicy:
     below = check_speculate_below(getattr(generation_config, "speculate_below", None))
     confidence = check_confidence(getattr(generation_config, "draft_confidence", None))
     fixed = check_fixed_depth(getattr(generation_config, "fixed_depth", None))
-    cost = check_draft_cost(getattr(generation_config, "draft_cost", None))
+    cost = check_cost_setting(getattr(generation_config, "draft_cost", None))  # ("auto": timed before, if speculating)
     check_one_depth_rule(fixed, cost)
     if not speculate:
         return IMMEDIATE

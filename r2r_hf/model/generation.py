@@ -90,7 +90,8 @@ R2R_OPTIONS = {
     "draft_cost": "with speculate: rows at threshold 0 end each draft where one more token no longer pays for itself "
                   "(the expected-gain rule, r2r_hf/core/moves.py draft_ends), an LLM forward costing this many SLM "
                   "steps (measured: 2.5 for Qwen2.5-Coder 0.5B + 1.5B on a CPU, 5.6 for R1-Distill 1.5B + 32B on "
-                  "an H200); their depth is then at most speculate (default: off)",
+                  "an H200), or 'auto': timed on the pair's device at the first such call (r2r_hf/core/costs.py); "
+                  "their depth is then at most speculate (default: off)",
 }
 ROUTER_ENTRIES = tuple(R2R_OPTIONS)
 

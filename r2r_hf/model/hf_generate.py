@@ -13,6 +13,7 @@ import torch
 from transformers import GenerationConfig, GenerationMixin
 from transformers.generation.stopping_criteria import MaxLengthCriteria, StoppingCriteriaList
 
+from ..core.costs import resolved_draft_cost
 from ..core.decoding import r2r_decode
 from ..core.routing import Routing
 from .generation import generation_options, pop_call_options, refuse_unsupported, set_call_options
@@ -104,8 +105,10 @@ class R2RGenerationMixin(GenerationMixin):
         # Private HF hook: generate() dispatches greedy and sampling here.
         if synced_gpus:
             raise ValueError("R2RForCausalLM.generate does not support synced_gpus (DeepSpeed ZeRO-3 / FSDP).")
-        routing = Routing.for_call(self.routed_pair(), generation_config, logits_processor, input_ids,
-                                   self.capture_store)
+        pair = self.routed_pair()
+        if getattr(generation_config, "speculate", None):  # (draft_cost "auto": timed once per model)
+            generation_config.draft_cost = resolved_draft_cost(getattr(generation_config, "draft_cost", None), pair)
+        routing = Routing.for_call(pair, generation_config, logits_processor, input_ids, self.capture_store)
         try:
             return r2r_decode(routing, input_ids, stopping_criteria, generation_config,
                               attention_mask=model_kwargs.get("attention_mask"),

@@ -2,7 +2,8 @@
 
 Three sources name it, each read here and nowhere else: the flags (``ServeSettings``: ``--llm-min-rows``,
 ``--llm-max-wait``, ``--speculate``, ``--speculate-below``, ``--draft-block``, ``--draft-confidence``,
-``--fixed-depth``, ``--draft-cost``, checked when the settings are made), what the router was saved with
+``--fixed-depth``, ``--draft-cost``, checked when the settings are made; ``--draft-cost auto`` timed here, on the
+pair: ``core/costs.py``), what the router was saved with
 (``speculate_below``, as ``generate`` reads it from ``model.generation_config``), and what the pair can do
 (``core.abilities``: a pair that cannot be cut back where it decodes does not speculate, said once). A request's
 own ``speculate`` field is checked against the result (``request_depth``).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from ..core.costs import resolved_draft_cost
 from ..core.policy import WaitPolicy, serving_policy
 from ..core.routing import speculation_for
 from .errors import APIError
@@ -23,9 +25,10 @@ def served_policy(settings, model, pair, device_type: str) -> WaitPolicy:
     """The policy a server of ``model`` (its routed ``pair``) on ``device_type`` runs by (see the module docstring)."""
     below = settings.speculate_below  # the flag, else what the router was saved with (as generate reads it)
     below = getattr(model.generation_config, "speculate_below", None) if below is None else below
+    cost = resolved_draft_cost(settings.draft_cost, pair) if settings.speculate else None
     policy = serving_policy(device_type, settings.max_batch_size, settings.llm_min_rows, settings.llm_max_wait,
                             settings.speculate, below, settings.draft_block, settings.draft_confidence,
-                            not settings.fixed_depth, settings.draft_cost)
+                            not settings.fixed_depth, cost)
     policy = speculation_for(policy, pair, slots=pair.abilities.slots is None)
     if policy.speculate:  # (the pair may not speculate whatever the flag says: ``speculation_for``)
         logger.info("speculating: %s.", policy.said())

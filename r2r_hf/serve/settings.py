@@ -91,7 +91,8 @@ class ServeSettings:
             one's depth follows its own acceptance (``core.policy.WaitPolicy.adapts``) where the device has no depth
             by load (a CPU: ``core.policy.speculative_policy``).
         draft_cost: with ``speculate``, answers at threshold 0 end each draft by the expected-gain rule
-            (``core.moves.draft_ends``), an LLM forward costing this many SLM steps (``WaitPolicy.draft_cost``).
+            (``core.moves.draft_ends``), an LLM forward costing this many SLM steps (``WaitPolicy.draft_cost``), or
+            ``"auto"``: the pair's own ratio, timed when the server starts (``core/costs.py``).
         read_timeout: seconds a client may take to send a request, headers and body (slower ones are closed).
         write_timeout: seconds a client may leave its answer unread while the server's buffer for it is full (or
             its connection closes with bytes unsent); then the connection is aborted and the answer stops.
@@ -144,11 +145,11 @@ class ServeSettings:
     fixed_depth: bool = setting(False, "with --speculate: answers at threshold 0 draft up to their depth every time "
                                        "(default: each answer's depth follows its own acceptance on a CPU; on a GPU "
                                        "the depth by load)")
-    draft_cost: float | None = setting(None, "with --speculate: answers at threshold 0 end each draft where one more "
-                                             "token no longer pays for itself (the expected-gain rule), an LLM "
-                                             "forward costing this many SLM steps (2.5 for Qwen2.5-Coder 0.5B + 1.5B "
-                                             "on a CPU, 5.6 for R1-Distill 1.5B + 32B on an H200; default: off)",
-                                       parse="finite_non_negative")
+    draft_cost: float | str | None = setting(None, "with --speculate: answers at threshold 0 end each draft where one "
+                                                   "more token no longer pays for itself (the expected-gain rule), an "
+                                                   "LLM forward costing this many SLM steps, or 'auto': timed on the "
+                                                   "pair's device at start-up (2.5 for Qwen2.5-Coder 0.5B + 1.5B on a "
+                                                   "CPU; default: off)", parse="draft_cost")
     draft_block: int | None = setting(None, "with captured steps: steps drafted on the device per host "
                                             "synchronisation while every running answer is greedy (1: a "
                                             "synchronisation per step; default: 4 on a GPU, 1 elsewhere)",
@@ -186,7 +187,7 @@ class ServeSettings:
 
             check_budget(self.llm_budget)
         from ..core.policy import (  # stdlib only, like this module
-            check_block, check_confidence, check_draft_cost, check_max_wait, check_min_rows, check_one_depth_rule,
+            check_block, check_confidence, check_cost_setting, check_max_wait, check_min_rows, check_one_depth_rule,
             check_speculate, check_speculate_below)
 
         if self.llm_min_rows is not None:
@@ -196,7 +197,7 @@ class ServeSettings:
         check_speculate(self.speculate)
         check_speculate_below(self.speculate_below)
         check_confidence(self.draft_confidence)
-        check_one_depth_rule(self.fixed_depth, check_draft_cost(self.draft_cost))
+        check_one_depth_rule(self.fixed_depth, check_cost_setting(self.draft_cost))
         if self.draft_block is not None:
             check_block(self.draft_block, "draft_block")
         self._check_speculation()
