@@ -37,7 +37,7 @@ from benchmarks.record import hardware, versions
 WAIT = 64  # steps the oldest pending position may wait (a batch-1 draft never waits that long: its depth ends it)
 
 
-def systems(runner: Runner, confidence: float, deep: int, cost: float = 2.5) -> dict:
+def systems(runner: Runner, confidence: float, deep: int, cost: float | str = 2.5) -> dict:
     """name -> a function of (input ids, attention mask, greedy options) -> (sequences, counters or None)."""
     def llm(ids, mask, greedy):
         return runner.llm.generate(input_ids=ids, attention_mask=mask, **greedy), None
@@ -60,9 +60,9 @@ def systems(runner: Runner, confidence: float, deep: int, cost: float = 2.5) -> 
                           r2r(deep, floor=confidence)),
             "fixed-confident": (f"r2r, fixed depth {deep}, drafts end under {confidence}",
                                 r2r(deep, fixed=True, floor=confidence)),
-            "gain": (f"r2r, drafts end by the expected-gain rule (cost {cost:g}) up to {deep}",
+            "gain": (f"r2r, drafts end by the expected-gain rule (cost {cost}) up to {deep}",
                      r2r(deep, gain=cost)),
-            "gain16": (f"r2r, drafts end by the expected-gain rule (cost {cost:g}) up to 16", r2r(16, gain=cost))}
+            "gain16": (f"r2r, drafts end by the expected-gain rule (cost {cost}) up to 16", r2r(16, gain=cost))}
 
 
 def tasks(lengths: str) -> list[tuple[dict, int]]:
@@ -155,8 +155,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--once", default="llm,fixed8", help="systems timed in the first round only")
     parser.add_argument("--confidence", type=float, default=0.8, help="draft_confidence of the 'confident' runs")
     parser.add_argument("--deep", type=int, default=32, help="speculate of the 'confident' runs")
-    parser.add_argument("--cost", type=float, default=2.5,
-                        help="draft_cost of the 'gain' runs: an LLM forward in SLM steps (2.5: this CPU, bf16)")
+    parser.add_argument("--cost", type=lambda t: t if t == "auto" else float(t), default=2.5,
+                        help="draft_cost of the 'gain' runs: an LLM forward in SLM steps (2.5: this CPU, bf16), or "
+                             "'auto': timed on the pair (core/costs.py)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: benchmarks/results/lossless_<dtype>.json")
     args = parser.parse_args(argv)
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     threshold = float(runner.slm.generation_config.assistant_confidence_threshold)
     result = {"conditions": {"tasks": [(p["task_id"], n) for p, n in work], "dtype": args.dtype,
                              "threads": args.threads, "repeats": args.repeats, "once": args.once, "batch": 1,
-                             "draft_cost": args.cost,
+                             "draft_cost": args.cost, "draft_cost_timed": _timed_cost(runner, args.cost),
                              "greedy": True, "wait": WAIT, "router": args.router, "cpus": os.cpu_count(),
                              "assisted_threshold_after": threshold,
                              **versions(), "cpu": hardware()}, **found}
@@ -183,6 +184,13 @@ def main(argv: list[str] | None = None) -> dict:
     path = Path(args.out or f"benchmarks/results/lossless_{args.dtype}.json")
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _timed_cost(runner: Runner, cost: float | str) -> float | None:
+    """The ratio ``draft_cost="auto"`` timed for the pair (kept from its first call), where it was asked for."""
+    from r2r_hf.core.costs import measured_draft_cost
+
+    return measured_draft_cost(runner.r2r.routed_pair()) if cost == "auto" else None
 
 
 if __name__ == "__main__":

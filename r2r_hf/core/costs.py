@@ -21,8 +21,8 @@ from .features import input_device
 from .layouts.model_calls import cached_forward, make_cache
 from .notes import notes
 from .pair import RoutedPair
+from .policy import MEASURED_COST
 
-AUTO = "auto"  # draft_cost: measure it (``measured_draft_cost``)
 VERIFY_TOKENS = 9  # a draft of 8 and the LLM's own token: what a verifying read holds
 CONTEXT = 16  # tokens the model has read before the timed forward
 REPEATS = 3  # timed forwards per model (their median), after one untimed
@@ -72,5 +72,5 @@ def measured_draft_cost(pair: RoutedPair) -> float:
 
 
 def resolved_draft_cost(value: object, pair: RoutedPair) -> object:
-    """``value`` (a ``draft_cost`` as given), the pair's measured ratio where it is ``AUTO``."""
-    return measured_draft_cost(pair) if value == AUTO else value
+    """``value`` (a ``draft_cost`` as given), the pair's measured ratio where it is ``MEASURED_COST``."""
+    return measured_draft_cost(pair) if value == MEASURED_COST else value
