@@ -100,14 +100,17 @@ def _bounded(expected: str, accept) -> type:
 learning_rate = _bounded("a learning rate in (0, 1] (the paper's is 5e-5)", lambda v: 0 < v <= 1)
 finite_non_negative = _bounded("a finite number >= 0", lambda v: 0 <= v < math.inf)
 finite_non_positive = _bounded("a finite number <= 0 (a log-probability)", lambda v: -math.inf < v <= 0)
+dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
+positive_seconds = _bounded("a finite number of seconds > 0", lambda v: 0 < v < math.inf)
+
+
 def draft_cost(text: str) -> float | str:
-    """An LLM forward's cost in SLM steps, or 'auto' (timed on the pair's device: ``core/costs.py``)."""
+    """An LLM forward's cost in SLM steps, or 'auto' (``core.policy.MEASURED_COST``, spelt here: the CLI imports
+    nothing heavy before parsing; timed on the pair's device: ``core/costs.py``)."""
     return text if text == "auto" else finite_non_negative(text)
 
 
 draft_cost.__name__ = "a finite number >= 0 or 'auto'"
-dropout = _bounded("a dropout rate in [0, 1)", lambda v: 0 <= v < 1)
-positive_seconds = _bounded("a finite number of seconds > 0", lambda v: 0 < v < math.inf)
 
 
 CAPTURE_MODES = ("auto", "graphs", "compile", "off")
