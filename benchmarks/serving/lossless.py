@@ -110,6 +110,25 @@ def draft_cost(costs, tokens: int = 9) -> float:
     return costs.forward("llm", 1, tokens) / (costs.forward("slm", 1, 1) + costs.step / DRAFT_BLOCK)
 
 
+def served_by_policy(tag: str, policies: dict, costs: dict, agreements, concurrencies, iid) -> list[dict]:
+    """Each policy of ``policies`` on today's server (``costs``: ``first_run_costs``) against the fair LLM alone, per
+    agreement (``iid(concurrency, agreement)``'s load, or the real pair's traces) and concurrency."""
+    out = []
+    for agreement in agreements:
+        for c in concurrencies:
+            load = traced(c) if agreement == "real pair" else iid(c, agreement)
+            alone = alone_on_the_engine(load, c, costs["alone"], SLOTS, DRAFT_BLOCK)
+            for name, policy in policies.items():
+                got = simulate(load, c, policy, costs["r2r"], SLOTS, routes=True)
+                out.append({"concurrency": c, "agreement": agreement, "policy": name, "vs_llm_alone":
+                            got["tokens_per_s"] / alone, "tokens_per_s": got["tokens_per_s"],
+                            "llm_alone_tokens_per_s": alone, "llm_calls_per_token": got["llm_calls_per_token"],
+                            "thrown_per_token": got["thrown_per_token"]})
+            print(f"{tag}: {c:2d} users, agreement {agreement}: " + ", ".join(
+                f"{r['policy']} {r['vs_llm_alone']:.2f}x" for r in out[-len(policies):]), flush=True)
+    return out
+
+
 def gains(first: dict, fused: dict, agreements=("real pair", 0.9, 0.99), concurrencies=(1, 8, 16)) -> dict:
     """The expected-gain rule (``core.moves.draft_ends``, ``WaitPolicy.draft_cost``) on today's server (``today``'s
     costs and fair LLM alone), beside the GPU default (fixed depths by load) and depth by acceptance up to 16, the
@@ -128,19 +147,8 @@ def gains(first: dict, fused: dict, agreements=("real pair", 0.9, 0.99), concurr
         fixed, speculate=32, adapts=False, draft_cost=ratio)
     server = serving_policy("cuda", SLOTS, speculate=32, draft_cost=ratio)  # (--speculate 32 --draft-cost)
     policies[f"expected gain, cost {ratio:.1f}: the server's (depths {server.depths})"] = server
-    out = []
-    for agreement in agreements:
-        for c in concurrencies:
-            load = traced(c) if agreement == "real pair" else calibrated(answers(c, agreement), agreement)
-            alone = alone_on_the_engine(load, c, costs["alone"], SLOTS, DRAFT_BLOCK)
-            for name, policy in policies.items():
-                got = simulate(load, c, policy, costs["r2r"], SLOTS, routes=True)
-                out.append({"concurrency": c, "agreement": agreement, "policy": name, "vs_llm_alone":
-                            got["tokens_per_s"] / alone, "tokens_per_s": got["tokens_per_s"],
-                            "llm_alone_tokens_per_s": alone, "llm_calls_per_token": got["llm_calls_per_token"],
-                            "thrown_per_token": got["thrown_per_token"]})
-            print(f"gains: {c:2d} users, agreement {agreement}: " + ", ".join(
-                f"{r['policy']} {r['vs_llm_alone']:.2f}x" for r in out[-len(policies):]), flush=True)
+    out = served_by_policy("gains", policies, costs, agreements, concurrencies,
+                           lambda c, a: calibrated(answers(c, a), a))
     return {"draft_cost": ratio, "rows": out}
 
 
@@ -148,24 +156,12 @@ def adaptive(first: dict, fused: dict, agreements=(0.99, 0.9, 0.8, "real pair"),
     """Drafts that adapt (``plan.adapted``) on today's server (``today``'s costs and fair LLM alone): the GPU default
     with fixed depths by load (before), adapting within them (the default now), and adapting up to ``--speculate``
     16 at any load; the agreement i.i.d. per position, or the real pair's traces (clustered)."""
-    costs, out = first_run_costs(first, fused), []
+    costs = first_run_costs(first, fused)
     fixed = serving_policy("cuda", SLOTS, speculate=16)  # (on a GPU: fixed depths by load)
     policies = {"fixed depths by load (8, 8, 6)": fixed,
                 "adapting within the depths by load": replace(fixed, adapts=True),
                 "adapting up to 16 at any load": replace(fixed, adapts=True, depths=())}
-    for agreement in agreements:
-        for c in concurrencies:
-            load = traced(c) if agreement == "real pair" else answers(c, agreement)
-            alone = alone_on_the_engine(load, c, costs["alone"], SLOTS, DRAFT_BLOCK)
-            for name, policy in policies.items():
-                got = simulate(load, c, policy, costs["r2r"], SLOTS, routes=True)
-                out.append({"concurrency": c, "agreement": agreement, "policy": name, "vs_llm_alone":
-                            got["tokens_per_s"] / alone, "tokens_per_s": got["tokens_per_s"],
-                            "llm_alone_tokens_per_s": alone, "llm_calls_per_token": got["llm_calls_per_token"],
-                            "thrown_per_token": got["thrown_per_token"]})
-            print(f"adaptive: {c:2d} users, agreement {agreement}: " + ", ".join(
-                f"{r['policy']} {r['vs_llm_alone']:.2f}x" for r in out[-len(policies):]), flush=True)
-    return out
+    return served_by_policy("adaptive", policies, costs, agreements, concurrencies, answers)
 
 
 def main(argv: list[str] | None = None) -> dict:
