@@ -364,6 +364,23 @@ def test_draft_cost_auto_is_the_pairs_own_measured_ratio(related, tok):
     assert unpriced.counters != auto.counters, "the setup: the rule drafts otherwise than the default"
 
 
+def test_a_model_cast_after_its_timing_is_timed_again():
+    """The timing is kept per dtype and device: a model cast after its first timing is timed again (else ``auto``
+    would weigh an fp32 read's cost for a bf16 model), and each kept value is found again as it was."""
+    from r2r_hf.core.costs import forward_seconds
+    from r2r_hf.core.notes import notes
+
+    model = make_tiny_slm(seed=5)
+    fp32 = forward_seconds(model, 1, repeats=1)
+    assert forward_seconds(model, 1) == fp32, "kept: not timed twice"
+    model.to(torch.bfloat16)
+    bf16 = forward_seconds(model, 1, repeats=1)
+    timed = [key for key in notes(model) if key[0] == "forward_seconds"]
+    assert sorted(str(key[3]) for key in timed) == ["torch.bfloat16", "torch.float32"] and bf16 > 0
+    model.to(torch.float32)
+    assert forward_seconds(model, 1) == fp32
+
+
 def test_speculate_below_holds_back_routed_rows_not_those_that_route_everywhere(identity, tok):
     """Where a row routed by the router runs it, a row at threshold 0 beside it is not held back by the router's
     score (``speculate_below`` decides nothing where every position routes, as where the router does not run)."""

@@ -5,9 +5,9 @@ The ratio depends on the pair and on where it runs (on the 2-core CPU of benchma
 Qwen2.5-Coder 0.5B + 1.5B in bf16; with the first H200 run's costs 5.6-7.8 for R1-Distill 1.5B + 32B), and the
 parameter counts guess it badly (3.1 and 21 there: a GPU reads small models' weights faster than their counts say
 and launches as many kernels for each), so it is timed: the LLM's read of a draft (``VERIFY_TOKENS``) over the
-SLM's one-token step, each after a short context, the median of a few, once per model and shape (kept in the core's
-notes on the model). Where a draft ends never changes what the LLM writes, so the measured value moves the speed
-only, never an answer.
+SLM's one-token step, each after a short context, the median of a few, once per model, shape, dtype and device
+(kept in the core's notes on the model). Where a draft ends never changes what the LLM writes, so the measured value
+moves the speed only, never an answer.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def forward_seconds(model: torch.nn.Module, tokens: int, stepwise: str | None = 
                     repeats: int = REPEATS) -> float:
     """Seconds ``model`` takes to read ``tokens`` after ``context`` (its cached read, as the loop runs it: one
     forward, or one per token where it cannot continue its cache's state: ``stepwise``, its
-    ``Abilities.continues``), timed once and kept."""
-    known, key = notes(model), ("forward_seconds", tokens, context)
+    ``Abilities.continues``), timed once per dtype and device and kept (a model cast or moved is timed again)."""
+    weight = next(model.parameters())
+    known, key = notes(model), ("forward_seconds", tokens, context, weight.dtype, weight.device)
     if key not in known:
         known[key] = _timed(model, tokens, stepwise, context, repeats)
     return known[key]
