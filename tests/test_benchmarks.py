@@ -339,3 +339,18 @@ def test_tables_says_in_one_line_what_it_cannot_tabulate(capsys):
             main(argv)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and said in err and "Traceback" not in err
+
+
+def test_score_bands_choose_where_the_llm_keeps_fewer_than_two_in_three():
+    """``speculate_below`` is the lowest band edge at and above which the LLM keeps under 2/3 of the SLM's tokens;
+    positions below the threshold are not counted; a router whose routed tokens are all kept is saved without it."""
+    from benchmarks.quality.score_agreement import bands
+
+    scores = torch.tensor([0.1, 0.45, 0.55, 0.91, 0.92, 0.93, 0.94, 0.96, 0.97, 0.99])
+    kept = torch.tensor([False, True, True, True, True, True, True, False, False, True])
+    found = bands(scores, kept, threshold=0.4)
+    assert found["routed"] == 9 and found["bands"][0]["positions"] == 1  # (0.1: not routed)
+    above = {b["from"]: b["kept_at_or_above"] for b in found["bands"]}
+    assert above[0.9] == round(5 / 7, 4) and above[0.95] == round(1 / 3, 4) and above[0.98] == 1.0
+    assert found["speculate_below"] == 0.95
+    assert bands(scores, torch.ones(10, dtype=torch.bool), threshold=0.4)["speculate_below"] is None
