@@ -8,8 +8,8 @@ The same as the CLI:
     r2r-hf label --slm SLM --llm LLM --prompts prompts.jsonl --out my-run/labels --verifier code,divergent
     r2r-hf train --data my-run/labels --out my-run/router
 
-The default verifier chain is the one the shipped router was labelled with (``code,divergent``: a difference
-the code verifier cannot show harmless counts as divergent); ``--verifiers code,llm --judge MODEL`` asks a
+The default verifier chain is the code one (``code,divergent``: a difference the code verifier cannot show
+harmless counts as divergent; the shipped router, whose prompts are half GSM8K questions, adds ``maths``); ``--verifiers code,llm --judge MODEL`` asks a
 judge model instead (a small judge is no better than chance: docs/results.md).
 """
 
