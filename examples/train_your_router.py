@@ -1,6 +1,6 @@
 """From a prompts file to a calibrated router: label, train, calibrate, load.
 
-    python examples/train_your_router.py                 # the demo's pair on 32 of the shipped training prompts
+    python examples/train_your_router.py                 # the demo's pair on 32 standard-library prompts
     python examples/train_your_router.py --slm SLM --llm LLM --prompts prompts.jsonl --out my-run/
     python examples/train_your_router.py ... --llm-rate 0.1        # calibrate to a cost instead of a recall
 
@@ -9,8 +9,9 @@ The same as the CLI:
     r2r-hf train --data my-run/labels --out my-run/router
 
 The default verifier chain is the code one (``code,divergent``: a difference the code verifier cannot show
-harmless counts as divergent; the shipped router, whose prompts are half GSM8K questions, adds ``maths``); ``--verifiers code,llm --judge MODEL`` asks a
-judge model instead (a small judge is no better than chance: docs/results.md).
+harmless counts as divergent; the shipped router, whose prompts are half GSM8K questions, adds ``maths``);
+``--verifiers code,llm --judge MODEL`` asks a judge model instead (a small judge is no better than chance:
+docs/results.md).
 """
 
 import argparse
@@ -21,13 +22,14 @@ from r2r_hf import R2RForCausalLM
 from r2r_hf.pipeline import LabelSettings, label, load_labels
 from r2r_hf.training import TrainSettings, calibrate_router, train_router
 
-SHIPPED_PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "stdlib_prompts.jsonl"
+STDLIB_PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "stdlib_prompts.jsonl"
 parser = argparse.ArgumentParser()
 parser.add_argument("--slm", default="Qwen/Qwen2.5-Coder-0.5B-Instruct", help="SLM Hub id or folder")
 parser.add_argument("--llm", default="Qwen/Qwen2.5-Coder-1.5B-Instruct", help="LLM Hub id or folder")
 parser.add_argument("--verifiers", default="code,divergent", help="verifier chain, e.g. code,divergent or code,llm")
 parser.add_argument("--judge", help="judge model of the llm verifier (default: the LLM)")
-parser.add_argument("--prompts", default=str(SHIPPED_PROMPTS), help="JSONL of prompts (default: the shipped ones)")
+parser.add_argument("--prompts", default=str(STDLIB_PROMPTS),
+                    help="JSONL of prompts (default: the standard-library ones the previous router learned from)")
 parser.add_argument("--out", default="my-run", help="run folder (labels/ and router/ go inside)")
 parser.add_argument("--limit", type=int, default=32, help="label only the first N prompts")
 parser.add_argument("--max-new-tokens", type=int, default=256)

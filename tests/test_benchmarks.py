@@ -342,8 +342,9 @@ def test_tables_says_in_one_line_what_it_cannot_tabulate(capsys):
 
 
 def test_score_bands_choose_where_the_llm_keeps_fewer_than_two_in_three():
-    """``speculate_below`` is the lowest band edge at and above which the LLM keeps under 2/3 of the SLM's tokens;
-    positions below the threshold are not counted; a router whose routed tokens are all kept is saved without it."""
+    """``speculate_below`` is the lowest band edge, the threshold included, at and above which the LLM keeps under 2/3
+    of the SLM's tokens; positions below the threshold are not counted; a router whose routed tokens are all kept is
+    saved without it."""
     from benchmarks.quality.score_agreement import bands
 
     scores = torch.tensor([0.1, 0.45, 0.55, 0.91, 0.92, 0.93, 0.94, 0.96, 0.97, 0.99])
@@ -354,3 +355,5 @@ def test_score_bands_choose_where_the_llm_keeps_fewer_than_two_in_three():
     assert above[0.9] == round(5 / 7, 4) and above[0.95] == round(1 / 3, 4) and above[0.98] == 1.0
     assert found["speculate_below"] == 0.95
     assert bands(scores, torch.ones(10, dtype=torch.bool), threshold=0.4)["speculate_below"] is None
+    seldom = bands(scores, torch.zeros(10, dtype=torch.bool), threshold=0.4)
+    assert seldom["speculate_below"] == 0.4, "kept nowhere: every routed position waits, from the threshold on"

@@ -78,3 +78,12 @@ def test_train_with_signals_from_the_command_line(tmp_path):
     loaded = R2RForCausalLM.from_pretrained(out, load_pair=False)
     assert loaded.config.router_signals == ["entropy", "margin"]
     assert "signal_head.weight" in loaded.router.state_dict()
+
+
+def test_the_model_card_names_the_signals_a_router_reads():
+    """A router that reads entropy and margin says so on its card; the paper's router does not claim them."""
+    from r2r_hf.model.model_card import render_model_card
+
+    reads = R2RConfig(**CONFIG, router_signals=["entropy", "margin"])
+    assert "also reads the SLM's entropy and margin" in render_model_card(reads)
+    assert "also reads" not in render_model_card(R2RConfig(**CONFIG))

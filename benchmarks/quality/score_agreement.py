@@ -8,8 +8,9 @@ in bf16: the SLM reads prompt + answer (the router's score and the SLM's argmax 
 LLM (its argmax). At the positions the router routes at its threshold, the share where the LLM's argmax is the SLM's,
 by score band. A speculating row goes on with the SLM's token at a routed position and throws its draft where the LLM
 disagrees, so a band where the LLM seldom keeps the token is where a row should wait instead. The rule this prints
-(``speculate_below``) restates the one the shipped router was saved with: the lowest band edge at and above which
-the LLM keeps fewer than two in three of the SLM's tokens (none: the router is saved without it).
+(``speculate_below``) writes down the one the previous shipped router's 0.95 was chosen by (its bands then: 58-60 %
+kept above, 91-96 % below): the lowest band edge, the threshold included, at and above which the LLM keeps fewer
+than two in three of the SLM's tokens (none: the router is saved without it).
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.quality.humaneval import Runner, _problems, router_scores_over
+from benchmarks.quality.humaneval import Runner, _problems
+from r2r_hf.core.features import Features, score
+from r2r_hf.pipeline.prefill import slm_features
 from benchmarks.quality.humaneval_results import read_rows
 
 EDGES = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)  # band edges above the threshold (scores lie in [0, 1])
-KEEPS = 2 / 3  # below this share kept, a routed position waits (the shipped router's 0.95: 58-60 % above it)
+# Below this share kept, a routed position waits: a draft of depth d at a position kept with probability p throws
+# (1 - p) of its d tokens, so below 2/3 a row throws away more than half of what it keeps there.
+KEEPS = 2 / 3
 
 
 @torch.no_grad()
@@ -38,13 +43,17 @@ def positions(runner: Runner, answers: dict[str, dict], tasks: int | None = None
         answer = runner.tok(row["answer"], add_special_tokens=False)["input_ids"]
         if not answer:
             continue
-        scores.append(router_scores_over(runner.r2r, [{"id": problem["task_id"], "prompt_ids": prompt,
-                                                       "response_ids": answer}]))
+        model = runner.r2r  # (the SLM's read gives the router's inputs and its proposal at every answer token)
+        read, _ = slm_features(model.slm, [{"id": problem["task_id"], "prompt_ids": prompt, "response_ids": answer}],
+                               model.config.num_topk_logits, model.shared_vocab_size)
+        scores.append(score(model.router, Features.from_dict(read)))
         ids = torch.tensor([prompt + answer])
         reads = slice(len(prompt) - 1, len(prompt) + len(answer) - 1)  # the logits that predict each answer token
-        slm, llm = (model(input_ids=ids).logits[0, reads].argmax(-1) for model in (runner.slm, runner.llm))
-        kept.append(slm == llm)
-    return {"scores": torch.cat(scores), "kept": torch.cat(kept)}
+        llm = runner.llm(input_ids=ids).logits[0, reads, :model.shared_vocab_size].argmax(-1)
+        kept.append(read["slm_token"] == llm)
+    if not scores:
+        raise ValueError("no answer to read: the answers file holds none of the tasks asked for (--tasks).")
+    return {"scores": torch.cat(scores), "kept": torch.cat(kept), "tasks": len(scores)}
 
 
 def bands(scores: torch.Tensor, kept: torch.Tensor, threshold: float) -> dict:
@@ -58,13 +67,14 @@ def bands(scores: torch.Tensor, kept: torch.Tensor, threshold: float) -> dict:
         table.append({"from": round(low, 4), "to": None if high == float("inf") else high,
                       "positions": int(inside.sum()), "kept": _share(kept, inside),
                       "positions_at_or_above": int(above.sum()), "kept_at_or_above": _share(kept, above)})
-    below = next((b["from"] for b in table[1:] if b["kept_at_or_above"] is not None
-                  and b["kept_at_or_above"] < KEEPS), None)
+    below = next((b["from"] for b in table if b["kept_at_or_above"] is not None and b["kept_at_or_above"] < KEEPS),
+                 None)  # (the threshold itself: every routed position waits)
     return {"threshold": threshold, "answer_tokens": len(scores), "routed": int(routed.sum()),
             "kept_where_routed": _share(kept, routed), "bands": table, "speculate_below": below}
 
 
 def _share(kept: torch.Tensor, where: torch.Tensor) -> float | None:
+    """The share of ``where``'s positions the LLM kept (none there: None)."""
     return round(kept[where].float().mean().item(), 4) if where.any() else None
 
 
@@ -82,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.answers} holds no answers; run benchmarks.quality.humaneval --systems r2r first.")
     runner = Runner(args.router, None, 0, torch.bfloat16)
     found = positions(runner, answers, args.tasks)
-    result = {"router": args.router, "answers": args.answers, "tasks": min(len(answers), args.tasks or len(answers)),
+    result = {"router": args.router, "answers": args.answers, "tasks": found["tasks"],
               **bands(found["scores"], found["kept"], runner.r2r.config.threshold)}
     print(json.dumps(result, indent=1))
     if args.out:

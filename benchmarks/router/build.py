@@ -81,15 +81,18 @@ def build(labels: str, seed: int, out: Path = OUT, label_set: str | None = None,
 
 
 def add_evaluation(path: str, out: Path = OUT) -> None:
-    """The 563 tasks' results (``code_tasks report``) into the router's record and card."""
+    """The 563 tasks' results (``code_tasks report``) into the router's record and card; notes written into the
+    record's evaluation by hand (what other runs found: its default on HumanEval, its ``speculate_below``) are kept."""
     model = R2RForCausalLM.from_pretrained(out, load_pair=False)
     results = json.loads(Path(path).read_text())
+    notes = {k: v for k, v in (model.record.get("evaluation") or {}).items()
+             if k not in ("benchmark", "results") and " vs " not in k}  # (pairs are named "A vs B": rewritten below)
     model.record["evaluation"] = {
         "benchmark": results["benchmark"] + ", greedy, chat template; details in docs/results.md",
         "results": [{"system": name, "passed": r["passed"], "of": r["tasks"], "HumanEval": r["by_suite"]["humaneval"],
                      "MBPP+": r["by_suite"]["mbpp+"], "LLM token rate": round(r["llm_token_rate"], 3)}
                     for name, r in results["systems"].items()],
-    }
+    } | notes
     for pair, p in results.get("pairs", {}).items():
         model.record["evaluation"][pair] = (f"only the first passes {p['only_first']}, only the second "
                                             f"{p['only_second']}, exact McNemar p = {p['p_value']:.3g}")

@@ -135,6 +135,8 @@ def render_model_card(config: R2RConfig, record: RouterRecord | dict[str, Any] |
         f"an MLP router over {len(config.router_hidden_dims)} residual blocks of width "
         f"{config.router_hidden_dims[0]}" if config.router_type == "mlp" else f"the {config.router_type} baseline router"
     )
+    if config.router_type == "mlp" and config.router_signals:  # (a reader of the card should know all it reads)
+        router += f", which also reads the SLM's {' and '.join(config.router_signals)} over its top-k logits"
     return _template().format(
         metadata=_metadata(config, record),
         title=f"R2R router: {config.slm_name_or_path} + {config.llm_name_or_path}",
