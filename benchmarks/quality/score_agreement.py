@@ -36,14 +36,13 @@ KEEPS = 2 / 3
 def positions(runner: Runner, answers: dict[str, dict], tasks: int | None = None) -> dict[str, torch.Tensor]:
     """Every answer token's router score and whether the LLM's argmax there is the SLM's (teacher-forced), over the
     first ``tasks`` of HumanEval's order that ``answers`` holds."""
-    scores, kept = [], []
+    scores, kept, model = [], [], runner.r2r  # (the SLM's read gives the router's inputs and its proposals)
     for problem in [p for p in _problems() if p["task_id"] in answers][:tasks]:
         row = answers[problem["task_id"]]
         prompt = runner.tok(runner.chat_text(problem), add_special_tokens=False)["input_ids"]
         answer = runner.tok(row["answer"], add_special_tokens=False)["input_ids"]
         if not answer:
             continue
-        model = runner.r2r  # (the SLM's read gives the router's inputs and its proposal at every answer token)
         read, _ = slm_features(model.slm, [{"id": problem["task_id"], "prompt_ids": prompt, "response_ids": answer}],
                                model.config.num_topk_logits, model.shared_vocab_size)
         scores.append(score(model.router, Features.from_dict(read)))
